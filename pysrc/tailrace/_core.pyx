@@ -1,0 +1,20 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: freethreading_compatible=False
+"""tailrace._core: the compiled core of tailrace.
+
+Assembled from fragments, one concern each (uvloop style):
+  _status.pxi      the one error checker (C status -> exceptions in errors.py)
+  _types.pxi       Envelope and Coordinator (made once per message, so compiled)
+  _primitives.pxi  Python wrappers of the C queue, sequencer and watermark
+"""
+
+cimport cython
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport malloc, free
+
+from tailrace cimport _capi as capi
+
+include "_status.pxi"
+include "_types.pxi"
+include "_primitives.pxi"

@@ -1,0 +1,153 @@
+# Envelope and Coordinator: one of each is made per message, so they are
+# compiled, final, and kept on a freelist. Both engines use these classes.
+
+from tailrace.types import Scope as _Scope
+from tailrace.types import SystemStreamPartition as _SSP
+
+# Coordinator request bits (engines read them with Coordinator.take()).
+COMMIT_CURRENT = 1
+COMMIT_ALL = 2
+SHUTDOWN_CURRENT = 4
+SHUTDOWN_ALL = 8
+
+
+@cython.final
+@cython.freelist(1024)
+cdef class Envelope:
+    """One input message: system, stream, partition, offset, key, message (immutable)."""
+
+    cdef readonly str system
+    cdef readonly str stream
+    cdef readonly Py_ssize_t partition
+    cdef readonly object offset
+    cdef readonly object key
+    cdef readonly object message
+
+    def __init__(self, str system, str stream, Py_ssize_t partition, offset, key, message):
+        self.system = system
+        self.stream = stream
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.message = message
+
+    @property
+    def ssp(self):
+        """The SystemStreamPartition this message came from."""
+        return _SSP(self.system, self.stream, self.partition)
+
+    def __repr__(self):
+        return (f"Envelope({self.system}.{self.stream}[{self.partition}] offset={self.offset!r} "
+                f"key={self.key!r} message={self.message!r})")
+
+    def _astuple(self):
+        return (self.system, self.stream, self.partition, self.offset, self.key, self.message)
+
+    def __eq__(self, other):
+        if not isinstance(other, Envelope):
+            return NotImplemented
+        return self._astuple() == (<Envelope>other)._astuple()
+
+    def __hash__(self):
+        return hash((self.system, self.stream, self.partition, self.offset))
+
+    def __reduce__(self):
+        return (Envelope, self._astuple())
+
+
+cdef inline Envelope new_envelope(str system, str stream, Py_ssize_t partition,
+                                  object offset, object key, object message):
+    """New reference. Skips __init__ (arguments are trusted, types already checked)."""
+    cdef Envelope e = Envelope.__new__(Envelope)
+    e.system = system
+    e.stream = stream
+    e.partition = partition
+    e.offset = offset
+    e.key = key
+    e.message = message
+    return e
+
+
+def make_envelopes(str system, str stream, Py_ssize_t partition, Py_ssize_t first_offset,
+                   messages, keys=None):
+    """Envelopes for ``messages`` with consecutive int offsets from ``first_offset``.
+
+    ``keys`` is None or a sequence as long as ``messages``. Returns a new list.
+    """
+    cdef list out = []
+    cdef Py_ssize_t i = first_offset
+    if keys is None:
+        for m in messages:
+            out.append(new_envelope(system, stream, partition, i, None, m))
+            i += 1
+    else:
+        if len(keys) != len(messages):
+            raise ValueError(f"{len(messages)} messages but {len(keys)} keys")
+        for k, m in zip(keys, messages):
+            out.append(new_envelope(system, stream, partition, i, k, m))
+            i += 1
+    return out
+
+
+@cython.final
+@cython.freelist(256)
+cdef class Coordinator:
+    """Lets process/window/end_of_stream request a commit or a shutdown (rule 14).
+
+    A request made while processing message k takes effect once messages 0..k of
+    the task have completed in order. Scope.CURRENT_TASK (default) or
+    Scope.ALL_TASKS_IN_CONTAINER. Requests are recorded; they never raise later.
+    """
+
+    cdef public int _requests
+
+    def __cinit__(self):
+        self._requests = 0
+
+    def commit(self, scope=_Scope.CURRENT_TASK):
+        """Request a commit of this task (or of every task)."""
+        cdef int s = _scope(scope)
+        self._requests |= COMMIT_CURRENT if s == 1 else COMMIT_ALL
+
+    def shutdown(self, scope=_Scope.CURRENT_TASK):
+        """Vote to stop (CURRENT_TASK), or stop the whole container (ALL_TASKS_IN_CONTAINER)."""
+        cdef int s = _scope(scope)
+        self._requests |= SHUTDOWN_CURRENT if s == 1 else SHUTDOWN_ALL
+
+    @property
+    def commit_requested(self):
+        """The widest commit scope requested so far, or None."""
+        if self._requests & COMMIT_ALL:
+            return _Scope.ALL_TASKS_IN_CONTAINER
+        if self._requests & COMMIT_CURRENT:
+            return _Scope.CURRENT_TASK
+        return None
+
+    @property
+    def shutdown_requested(self):
+        """The widest shutdown scope requested so far, or None."""
+        if self._requests & SHUTDOWN_ALL:
+            return _Scope.ALL_TASKS_IN_CONTAINER
+        if self._requests & SHUTDOWN_CURRENT:
+            return _Scope.CURRENT_TASK
+        return None
+
+    cpdef int take(self):
+        """Engines: the request bits (COMMIT_*/SHUTDOWN_*), and clear them."""
+        cdef int r = self._requests
+        self._requests = 0
+        return r
+
+    def __repr__(self):
+        return f"Coordinator(commit={self.commit_requested!r}, shutdown={self.shutdown_requested!r})"
+
+
+cdef inline int _scope(object scope) except -1:
+    cdef int s
+    try:
+        s = int(scope)
+    except (TypeError, ValueError):
+        s = 0
+    if s != 1 and s != 2:
+        raise ValueError(f"scope must be Scope.CURRENT_TASK or Scope.ALL_TASKS_IN_CONTAINER, got {scope!r}")
+    return s

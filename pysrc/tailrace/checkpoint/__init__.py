@@ -1,0 +1,5 @@
+"""Checkpoint stores."""
+
+from .base import CheckpointStore, MemoryCheckpointStore
+
+__all__ = ["CheckpointStore", "MemoryCheckpointStore"]

@@ -1,0 +1,238 @@
+"""The one config parser.
+
+Accepts Samza's keys as-is (``task.max.concurrency``) and their snake_case
+keyword equivalents (``task_max_concurrency``). Every key is checked at start-up:
+an unknown key, a value of the wrong type or out of range raises ConfigError
+naming the key and the allowed values. Nothing starts with a half-valid config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+
+def _int(key: str, value: Any, minimum: int | None, maximum: int | None, allowed: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"expected an integer, got {value!r}", key=key, allowed=allowed)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip(), 10)
+        except ValueError:
+            raise ConfigError(f"expected an integer, got {value!r}", key=key, allowed=allowed) from None
+    if not isinstance(value, int):
+        raise ConfigError(
+            f"expected an integer, got {type(value).__name__} {value!r}", key=key, allowed=allowed
+        )
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ConfigError(f"{value} is out of range", key=key, allowed=allowed)
+    return value
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ConfigError(f"expected a boolean, got {value!r}", key=key, allowed="true, false")
+
+
+def _str(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"expected a non-empty string, got {value!r}", key=key)
+    return value.strip()
+
+
+def _names(key: str, value: Any) -> tuple[str, ...]:
+    allowed = "a comma-separated list of exception class names, or *"
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = [v.strip() for v in value]
+    else:
+        raise ConfigError(f"expected a list of names, got {value!r}", key=key, allowed=allowed)
+    items = [v for v in items if v]
+    for item in items:
+        if item != "*" and not all(part.isidentifier() for part in item.split(".")):
+            raise ConfigError(f"{item!r} is not an exception class name", key=key, allowed=allowed)
+    return tuple(items)
+
+
+_MAXI = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class _Key:
+    name: str
+    attr: str
+    default: Any
+    parse: Callable[[str, Any], Any]
+    doc: str
+
+
+def _ranged(minimum: int | None, maximum: int | None, allowed: str) -> Callable[[str, Any], int]:
+    return lambda key, value: _int(key, value, minimum, maximum, allowed)
+
+
+KEYS: tuple[_Key, ...] = (
+    _Key("job.name", "job_name", "tailrace-job", _str, "job name (checkpoints are kept per job)"),
+    _Key(
+        "task.max.concurrency",
+        "max_concurrency",
+        1,
+        _ranged(1, 1 << 20, "an integer from 1 to 1048576"),
+        "max outstanding callbacks per task",
+    ),
+    _Key(
+        "job.container.thread.pool.size",
+        "thread_pool_size",
+        0,
+        _ranged(0, 1024, "an integer from 0 to 1024"),
+        "threads running sync process (0 = the loop thread)",
+    ),
+    _Key("task.window.ms", "window_ms", -1, _ranged(None, _MAXI, "an integer; <= 0 disables"), "window period"),
+    _Key(
+        "task.commit.ms",
+        "commit_ms",
+        60000,
+        _ranged(None, _MAXI, "an integer; <= 0 disables timer commits"),
+        "commit period",
+    ),
+    _Key("task.async.commit", "async_commit", False, _bool, "allow commit while callbacks are outstanding"),
+    _Key(
+        "task.callback.timeout.ms",
+        "callback_timeout_ms",
+        -1,
+        _ranged(None, _MAXI, "an integer; <= 0 disables"),
+        "per-callback deadline",
+    ),
+    _Key(
+        "task.max.idle.ms",
+        "max_idle_ms",
+        10,
+        _ranged(0, _MAXI, "an integer >= 0"),
+        "longest idle wait before re-polling inputs",
+    ),
+    _Key(
+        "task.shutdown.ms",
+        "shutdown_ms",
+        30000,
+        _ranged(0, _MAXI, "an integer >= 0"),
+        "graceful-shutdown wait for outstanding callbacks",
+    ),
+    _Key(
+        "task.ignored.exceptions",
+        "ignored_exceptions",
+        (),
+        _names,
+        "exception class names (or *) counted and skipped in sync process/window",
+    ),
+    _Key(
+        "task.input.buffer.size",
+        "input_buffer_size",
+        1024,
+        _ranged(1, 1 << 24, "an integer from 1 to 16777216"),
+        "messages buffered ahead of dispatch per partition (backpressure beyond)",
+    ),
+)
+
+_BY_NAME = {k.name: k for k in KEYS}
+_BY_SNAKE = {k.name.replace(".", "_"): k for k in KEYS}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated run-loop configuration. Build it with :func:`parse_config`."""
+
+    job_name: str = "tailrace-job"
+    max_concurrency: int = 1
+    thread_pool_size: int = 0
+    window_ms: int = -1
+    commit_ms: int = 60000
+    async_commit: bool = False
+    callback_timeout_ms: int = -1
+    max_idle_ms: int = 10
+    shutdown_ms: int = 30000
+    ignored_exceptions: tuple[str, ...] = ()
+    input_buffer_size: int = 1024
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_samza(self) -> dict[str, Any]:
+        """The config as Samza-style ``key: value`` pairs."""
+        return {k.name: getattr(self, k.attr) for k in KEYS}
+
+    def ignores(self, exc: BaseException) -> bool:
+        """True when ``exc`` is listed in ``task.ignored.exceptions`` (rule 16)."""
+        names = self.ignored_exceptions
+        if not names:
+            return False
+        if "*" in names:
+            return True
+        for cls in type(exc).__mro__:
+            if cls.__name__ in names or f"{cls.__module__}.{cls.__qualname__}" in names:
+                return True
+        return False
+
+
+def parse_config(
+    config: Mapping[str, Any] | Config | None = None,
+    /,
+    *,
+    source: str | None = None,
+    allow_prefixes: tuple[str, ...] = (),
+    **kwargs: Any,
+) -> Config:
+    """Validate Samza-style keys and snake_case keywords into a :class:`Config`.
+
+    ``allow_prefixes`` lets keys under those prefixes (e.g. ``"systems."``) pass
+    into ``Config.extra`` untouched for their owners to validate. Raises
+    ConfigError for an unknown key, a duplicate (both spellings given), a wrong
+    type or an out-of-range value.
+    """
+    if isinstance(config, Config):
+        if not kwargs:
+            return config
+        base: dict[str, Any] = config.as_samza()
+        base.update(config.extra)
+    else:
+        base = dict(config or {})
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    items = list(base.items()) + list(kwargs.items())
+    for raw_key, value in items:
+        if not isinstance(raw_key, str):
+            raise ConfigError(f"config keys must be strings, got {raw_key!r}", source=source)
+        key = _BY_NAME.get(raw_key) or _BY_SNAKE.get(raw_key)
+        if key is None:
+            if any(raw_key.startswith(p) for p in allow_prefixes):
+                extra[raw_key] = value
+                continue
+            raise ConfigError(
+                "unknown key",
+                key=raw_key,
+                allowed=", ".join(k.name for k in KEYS),
+                source=source,
+            )
+        if key.name in seen and seen[key.name] != raw_key:
+            raise ConfigError(
+                f"given twice (as {seen[key.name]!r} and {raw_key!r})", key=key.name, source=source
+            )
+        seen[key.name] = raw_key
+        try:
+            values[key.attr] = key.parse(key.name, value)
+        except ConfigError as e:
+            if source and not e.source:
+                raise ConfigError(e.reason, key=e.key, allowed=e.allowed, source=source) from None
+            raise
+    return dataclasses.replace(Config(), extra=extra, **values)
+
+
+def describe_keys() -> str:
+    """A table of every key, its default and meaning (for ``--help``)."""
+    width = max(len(k.name) for k in KEYS)
+    return "\n".join(f"  {k.name:<{width}}  default {k.default!r}: {k.doc}" for k in KEYS)

@@ -1,0 +1,243 @@
+"""The container: plans a job (tasks, partitions, readers, producers, checkpoints)
+and hands it to an engine (the C run loop, or the pure-Python reference engine).
+
+Both engines receive the same :class:`JobPlan` and must behave identically
+(SEMANTICS.md); everything that is not the run loop itself lives here so there
+is one way to do it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Union
+
+from .api import TaskContext, TimerService, task_kind
+from .checkpoint.base import CheckpointStore, MemoryCheckpointStore
+from .collector import Collector
+from .config import Config, parse_config
+from .errors import ConfigError, InputError
+from .metrics import ContainerMetrics, RunResult, TaskMetrics
+from .systems.base import PartitionReader, Producer, System
+from .types import Offset, SystemStreamPartition, parse_system_stream
+
+log = logging.getLogger("tailrace")
+
+TaskFactory = Callable[[], Any]
+
+ENGINES: dict[str, str] = {
+    "c": "tailrace.engine.native:NativeEngine",
+    "python": "tailrace.engine.reference:ReferenceEngine",
+}
+
+
+@dataclass
+class TaskPlan:
+    """One task: its instance, its partitions (in a fixed order: the partition
+    index used by engines), their readers and committed start offsets."""
+
+    name: str
+    index: int
+    task: Any
+    kind: str  # "sync", "async" or "asyncio"
+    partitions: list[SystemStreamPartition]
+    readers: list[PartitionReader]
+    start_offsets: dict[SystemStreamPartition, Offset]
+    collector: Collector
+
+    def make_context(
+        self,
+        config: Config,
+        timers: TimerService,
+        metrics: Callable[[], TaskMetrics],
+        loop: Any = None,
+    ) -> TaskContext:
+        return TaskContext(self.name, self.partitions, config, timers, metrics, loop)
+
+
+@dataclass
+class JobPlan:
+    config: Config
+    tasks: list[TaskPlan]
+    store: CheckpointStore
+    producers: dict[str, Producer]
+    systems: dict[str, System] = field(default_factory=dict)
+    _commit_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def commit(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+        """Flush every producer (output covering the commit is durable first), then
+        write the task's checkpoint atomically (rules 9, 13). Raises on failure."""
+        with self._commit_lock:
+            for producer in self.producers.values():
+                producer.flush()
+            if offsets:
+                self.store.write(task.name, dict(offsets))
+
+    def close(self) -> None:
+        """Close readers, producers, systems and the store (idempotent, best effort)."""
+        for t in self.tasks:
+            for r in t.readers:
+                _quietly(r.close)
+        for p in self.producers.values():
+            _quietly(p.close)
+        for s in self.systems.values():
+            _quietly(s.close)
+        _quietly(self.store.close)
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - closing must not mask the run's outcome
+        log.exception("error while closing %r", fn)
+
+
+class Engine(Protocol):
+    """What an engine provides. ``stop`` and ``metrics`` are safe from any thread
+    (``stop`` also from a signal handler)."""
+
+    def run(self) -> RunResult: ...
+
+    def stop(self) -> None: ...
+
+    def metrics(self) -> tuple[dict[str, TaskMetrics], ContainerMetrics]: ...
+
+
+def load_engine(name: str) -> Callable[[JobPlan], Engine]:
+    """The engine class registered as ``name`` ("c" or "python")."""
+    target = ENGINES.get(name)
+    if target is None:
+        raise ConfigError(f"unknown engine {name!r}", key="engine", allowed=", ".join(ENGINES))
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+InputSpec = Union[str, SystemStreamPartition]
+
+
+class Container:
+    """Runs a task class (or factory) over inputs; one run loop, many tasks.
+
+    ``inputs``: ``"system.stream"`` names (every partition) or explicit
+    SystemStreamPartitions. Tasks are grouped by partition number (Samza's
+    GroupByPartition): task "Partition N" owns partition N of every input.
+    ``config``: Samza keys (or snake_case keywords). ``checkpoints``: a
+    CheckpointStore (default: in memory). ``engine``: "c" (default) or "python".
+
+    ``run()`` blocks until end of stream, shutdown or error, and returns a
+    RunResult; an error raises TaskError (or another TailraceError) after the
+    container stopped. ``stop()`` is safe from any thread and signal handlers.
+    """
+
+    def __init__(
+        self,
+        task: type | TaskFactory,
+        *,
+        inputs: Sequence[InputSpec],
+        systems: Sequence[System] | Mapping[str, System],
+        config: Mapping[str, Any] | Config | None = None,
+        checkpoints: CheckpointStore | None = None,
+        engine: str = "c",
+        default_output_system: str | None = None,
+        **config_kwargs: Any,
+    ) -> None:
+        self.config = parse_config(config, **config_kwargs)
+        self._engine_cls = load_engine(engine)
+        self.engine_name = engine
+        if isinstance(systems, Mapping):
+            self.systems = dict(systems)
+        else:
+            self.systems = {s.name: s for s in systems}
+        if not inputs:
+            raise ConfigError("a container needs at least one input", key="inputs")
+        self._inputs = list(inputs)
+        self._factory = task
+        self._store = checkpoints if checkpoints is not None else MemoryCheckpointStore()
+        self._default_output_system = default_output_system
+        self._engine: Engine | None = None
+        self._stop_requested = False
+        self._lock = threading.Lock()
+
+    # -- planning -------------------------------------------------------------
+    def _input_partitions(self) -> list[SystemStreamPartition]:
+        ssps: list[SystemStreamPartition] = []
+        for spec in self._inputs:
+            if isinstance(spec, SystemStreamPartition):
+                if spec.system not in self.systems:
+                    raise ConfigError(f"input {spec} names unknown system {spec.system!r}", key="inputs")
+                ssps.append(spec)
+                continue
+            try:
+                ss = parse_system_stream(spec)
+            except ValueError as e:
+                raise ConfigError(str(e), key="inputs") from None
+            system = self.systems.get(ss.system)
+            if system is None:
+                raise ConfigError(
+                    f"input {spec!r} names unknown system {ss.system!r}",
+                    key="inputs",
+                    allowed=", ".join(sorted(self.systems)) or "no systems defined",
+                )
+            n = system.partitions(ss.stream)
+            ssps.extend(SystemStreamPartition(ss.system, ss.stream, p) for p in range(n))
+        if len(set(ssps)) != len(ssps):
+            raise ConfigError("an input partition is listed twice", key="inputs")
+        return ssps
+
+    def plan(self) -> JobPlan:
+        """Resolve inputs, group partitions into tasks, open the store, make readers."""
+        ssps = self._input_partitions()
+        by_partition: dict[int, list[SystemStreamPartition]] = {}
+        for ssp in ssps:
+            by_partition.setdefault(ssp.partition, []).append(ssp)
+        producers = {name: s.producer() for name, s in self.systems.items()}
+        self._store.open(self.config.job_name)
+        tasks: list[TaskPlan] = []
+        try:
+            for index, pnum in enumerate(sorted(by_partition)):
+                name = f"Partition {pnum}"
+                instance = self._factory()
+                kind = task_kind(instance)
+                parts = sorted(by_partition[pnum])
+                committed = self._store.load(name)
+                readers = [self.systems[s.system].reader(s) for s in parts]
+                start = {s: committed[s] for s in parts if s in committed}
+                collector = Collector(producers, self._default_output_system)
+                tasks.append(TaskPlan(name, index, instance, kind, parts, readers, start, collector))
+        except Exception:
+            self._store.close()
+            raise
+        return JobPlan(self.config, tasks, self._store, producers, dict(self.systems))
+
+    # -- running --------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Run until end of stream, shutdown or error (see class docstring)."""
+        plan = self.plan()
+        try:
+            engine = self._engine_cls(plan)
+            with self._lock:
+                self._engine = engine
+                stop_now = self._stop_requested
+            if stop_now:
+                engine.stop()
+            return engine.run()
+        finally:
+            plan.close()
+
+    def stop(self) -> None:
+        """Request a graceful stop (rule 19). Safe from any thread and signal handlers."""
+        self._stop_requested = True
+        engine = self._engine
+        if engine is not None:
+            engine.stop()
+
+    def metrics(self) -> tuple[dict[str, TaskMetrics], ContainerMetrics] | None:
+        """A live snapshot while running (None before the engine starts)."""
+        engine = self._engine
+        return None if engine is None else engine.metrics()
+
+
+__all__ = ["Container", "Engine", "JobPlan", "TaskPlan", "load_engine", "InputError"]

@@ -1,0 +1,128 @@
+"""Exception classes of tailrace, shared by both engines.
+
+Plain Python on purpose: the compiled core raises these too (through one error
+checker that maps C status codes to exceptions), so ``except`` clauses work the
+same whichever engine runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TailraceError(Exception):
+    """Base class of every error tailrace raises."""
+
+
+class ConfigError(TailraceError, ValueError):
+    """Invalid configuration, rejected before anything starts.
+
+    ``key`` names the offending config key (or None), ``source`` the file it came
+    from (or None), ``allowed`` describes the values that would be accepted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        allowed: str | None = None,
+        source: str | None = None,
+    ) -> None:
+        self.key = key
+        self.allowed = allowed
+        self.source = source
+        self.reason = message
+        parts = []
+        if source:
+            parts.append(f"{source}: ")
+        if key:
+            parts.append(f"config key {key!r}: ")
+        parts.append(message)
+        if allowed:
+            parts.append(f" (allowed: {allowed})")
+        super().__init__("".join(parts))
+
+
+class TaskError(TailraceError):
+    """User code failed; the container stopped (SEMANTICS rule 16).
+
+    The original exception is ``__cause__`` (and ``original``); ``task``,
+    ``ssp`` and ``offset`` say where, when known (``ssp``/``offset`` are None for
+    a failure in ``window``, ``end_of_stream``, ``init`` or a timer).
+    """
+
+    def __init__(
+        self,
+        task: str,
+        ssp: Any = None,
+        offset: Any = None,
+        original: BaseException | None = None,
+        *,
+        phase: str = "process",
+        detail: str | None = None,
+    ) -> None:
+        self.task = task
+        self.ssp = ssp
+        self.offset = offset
+        self.original = original
+        self.phase = phase
+        where = f"task {task!r} failed in {phase}"
+        if ssp is not None:
+            where += f" of {ssp}"
+        if offset is not None:
+            where += f" at offset {offset!r}"
+        if detail:
+            where += f": {detail}"
+        elif original is not None:
+            where += f": {type(original).__name__}: {original}"
+        super().__init__(where)
+        if original is not None:
+            self.__cause__ = original
+
+    @property
+    def partition(self) -> int | None:
+        return getattr(self.ssp, "partition", None)
+
+
+class CallbackError(TaskError):
+    """A callback was completed or failed a second time (rule 17)."""
+
+
+class CallbackTimeoutError(TaskError):
+    """A callback was not completed within ``task.callback.timeout.ms`` (rule 16)."""
+
+
+class CheckpointError(TailraceError):
+    """The checkpoint store is unusable: corrupt, locked by another container, unreachable."""
+
+
+class InputError(TailraceError):
+    """Bad input: missing file or directory, unparseable line, partition gap.
+
+    ``source`` names the file (or stream), ``line`` the 1-based line when known.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None) -> None:
+        self.source = source
+        self.line = line
+        where = ""
+        if source is not None:
+            where = f"{source}:{line}: " if line is not None else f"{source}: "
+        super().__init__(where + message)
+
+
+class CoreError(TailraceError):
+    """A C core call returned an error status (see ``tr_status_name``)."""
+
+    def __init__(self, status: int, name: str, message: str, context: str | None = None) -> None:
+        self.status = status
+        self.name = name
+        text = f"{name}: {message}"
+        if context:
+            text = f"{context}: {text}"
+        super().__init__(text)
+
+
+class CoreUnavailableError(TailraceError, ImportError):
+    """The compiled core (``tailrace._core``) cannot be imported."""

@@ -1,0 +1,70 @@
+"""Metrics of SEMANTICS.md, as plain snapshots both engines produce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .types import Offset, SystemStreamPartition
+
+
+@dataclass
+class TaskMetrics:
+    """Per-task counters and gauges (a snapshot)."""
+
+    task: str
+    processed: int = 0  # process/process_async invocations
+    completed: int = 0  # callbacks released in order (rule 12)
+    failed: int = 0
+    ignored: int = 0  # exceptions skipped via task.ignored.exceptions
+    outstanding: int = 0  # gauge: invoked, not yet completed
+    windows: int = 0
+    commits: int = 0
+    timers: int = 0
+    committed: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
+    low_watermark: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
+    newest_read: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
+    # messages read but not yet committed, per partition (the watermark lag)
+    lag: dict[SystemStreamPartition, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        for k in ("committed", "low_watermark", "newest_read", "lag"):
+            d[k] = {str(ssp): v for ssp, v in d[k].items()}
+        return d
+
+
+@dataclass
+class ContainerMetrics:
+    """Per-container counters (a snapshot)."""
+
+    envelopes_chosen: int = 0
+    idle_wakeups: int = 0
+    loop_iterations: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RunResult:
+    """What ``Container.run()`` returns after a graceful stop."""
+
+    tasks: dict[str, TaskMetrics]
+    container: ContainerMetrics
+    committed: dict[SystemStreamPartition, Offset]
+    reason: str  # "end_of_stream", "shutdown", "stop"
+    seconds: float = 0.0
+
+    @property
+    def processed(self) -> int:
+        return sum(t.processed for t in self.tasks.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "seconds": self.seconds,
+            "container": self.container.as_dict(),
+            "tasks": {name: t.as_dict() for name, t in self.tasks.items()},
+            "committed": {str(k): v for k, v in self.committed.items()},
+        }

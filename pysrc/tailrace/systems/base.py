@@ -1,0 +1,92 @@
+"""The system interface: where input comes from and output goes.
+
+A :class:`System` has a name and streams; each input stream has a fixed number of
+partitions. The engine owns a bounded buffer per partition (rule 6) and asks a
+:class:`PartitionReader` for at most as many messages as the buffer has room
+for; a reader never drops anything, it simply stops being asked while the
+buffer is full (backpressure). Producers may block in ``send`` while their own
+output buffer is full (rule 24).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from .._core import Envelope
+from ..types import Offset, SystemStreamPartition
+
+
+class PartitionReader(ABC):
+    """Reads one partition in offset order.
+
+    ``start`` and ``poll`` and ``at_end`` are called on the loop thread (with the
+    GIL); ``wakeup`` may be called by the reader from any thread whenever new
+    messages or the end of the stream become available after a ``poll`` that
+    returned nothing.
+    """
+
+    def __init__(self, ssp: SystemStreamPartition) -> None:
+        self.ssp = ssp
+
+    @abstractmethod
+    def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
+        """Position after ``after`` (the committed offset), or at the start when None."""
+
+    @abstractmethod
+    def poll(self, max_messages: int) -> list[Envelope]:
+        """Up to ``max_messages`` envelopes, in order; ``[]`` when none is ready now. Never blocks."""
+
+    @abstractmethod
+    def at_end(self) -> bool:
+        """True once the partition is exhausted (bounded sources) and ``poll`` returned everything."""
+
+    def skipped(self) -> int:
+        """Messages skipped as bad input (when the config asks for skipping), for metrics."""
+        return 0
+
+    def close(self) -> None:
+        """Release resources (threads, files, connections). Idempotent."""
+
+
+class Producer(ABC):
+    """Writes output messages of one system."""
+
+    @abstractmethod
+    def partitions(self, stream: str) -> int:
+        """Partition count of an output stream (used to place keyed messages)."""
+
+    @abstractmethod
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        """Append one message; may block while the output is full (rule 24). Thread-safe."""
+
+    def flush(self) -> None:
+        """Make everything sent so far durable (called before a checkpoint is written)."""
+
+    def close(self) -> None:
+        """Flush and release resources. Idempotent."""
+
+
+class System(ABC):
+    """A named source and sink of partitioned streams."""
+
+    def __init__(self, name: str) -> None:
+        if not name or "." in name:
+            raise ValueError(f"system name {name!r} must be non-empty and contain no '.'")
+        self.name = name
+
+    @abstractmethod
+    def partitions(self, stream: str) -> int:
+        """Partition count of input stream ``stream``; raises InputError when unknown."""
+
+    @abstractmethod
+    def reader(self, ssp: SystemStreamPartition) -> PartitionReader:
+        """A new reader for one input partition."""
+
+    @abstractmethod
+    def producer(self) -> Producer:
+        """The system's producer (one per container)."""
+
+    def close(self) -> None:
+        """Release system-wide resources. Idempotent."""

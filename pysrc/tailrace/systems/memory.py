@@ -1,0 +1,244 @@
+"""In-memory system: bounded streams (lists, end of stream when exhausted) and
+live streams (appended from any thread while running, bounded, blocking when full).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .._core import make_envelopes
+from ..errors import InputError
+from ..types import Offset, SystemStreamPartition
+from .base import PartitionReader, Producer, System
+
+
+class _LivePartition:
+    """A bounded FIFO fed by any thread; offsets are 0, 1, 2, ... in append order."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.items: deque[tuple[Any, Any]] = deque()
+        self.next_offset = 0  # offset of items[0]
+        self.ended = False
+        self.cond = threading.Condition()
+        self.wakeup: Callable[[], None] | None = None
+
+
+class _BoundedReader(PartitionReader):
+    def __init__(self, ssp: SystemStreamPartition, messages: Sequence[Any], keys: Sequence[Any] | None) -> None:
+        super().__init__(ssp)
+        self._messages = messages
+        self._keys = keys
+        self._pos = 0
+
+    def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
+        if after is None:
+            self._pos = 0
+        elif not isinstance(after, int) or after < -1:
+            raise InputError(f"committed offset {after!r} is not a memory offset", source=str(self.ssp))
+        else:
+            self._pos = min(after + 1, len(self._messages))
+
+    def poll(self, max_messages: int) -> list[Any]:
+        start = self._pos
+        end = min(start + max_messages, len(self._messages))
+        if end <= start:
+            return []
+        self._pos = end
+        keys = None if self._keys is None else self._keys[start:end]
+        s = self.ssp
+        return make_envelopes(s.system, s.stream, s.partition, start, self._messages[start:end], keys)
+
+    def at_end(self) -> bool:
+        return self._pos >= len(self._messages)
+
+
+class _LiveReader(PartitionReader):
+    def __init__(self, ssp: SystemStreamPartition, part: _LivePartition) -> None:
+        super().__init__(ssp)
+        self._part = part
+
+    def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
+        p = self._part
+        with p.cond:
+            if after is not None:
+                if not isinstance(after, int):
+                    raise InputError(f"committed offset {after!r} is not a memory offset", source=str(self.ssp))
+                while p.items and p.next_offset <= after:
+                    p.items.popleft()
+                    p.next_offset += 1
+                    p.cond.notify_all()
+            p.wakeup = wakeup
+
+    def poll(self, max_messages: int) -> list[Any]:
+        p = self._part
+        with p.cond:
+            n = min(max_messages, len(p.items))
+            if n == 0:
+                return []
+            first = p.next_offset
+            batch = [p.items.popleft() for _ in range(n)]
+            p.next_offset += n
+            p.cond.notify_all()  # room for blocked appenders
+        s = self.ssp
+        return make_envelopes(
+            s.system, s.stream, s.partition, first, [m for _, m in batch], [k for k, _ in batch]
+        )
+
+    def at_end(self) -> bool:
+        p = self._part
+        with p.cond:
+            return p.ended and not p.items
+
+    def close(self) -> None:
+        with self._part.cond:
+            self._part.wakeup = None
+
+
+class _MemoryProducer(Producer):
+    def __init__(self, system: MemorySystem) -> None:
+        self._system = system
+
+    def partitions(self, stream: str) -> int:
+        return self._system.output_partitions(stream)
+
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        self._system._output(stream, partition).append((key, message))
+
+
+class MemorySystem(System):
+    """In-memory streams for tests and examples.
+
+    ``add_stream(name, partitions)`` defines a bounded input stream from lists;
+    ``add_live_stream(name, n)`` a live one fed by ``append`` from any thread
+    (blocks while ``capacity`` messages wait); ``end(name, partition)`` marks the
+    end of a live partition. Output streams are created on first send and read
+    back with ``messages(stream, partition)``.
+    """
+
+    def __init__(self, name: str = "mem", *, output_partitions: int = 1) -> None:
+        super().__init__(name)
+        self._bounded: dict[str, tuple[list[Sequence[Any]], list[Sequence[Any] | None]]] = {}
+        self._live: dict[str, list[_LivePartition]] = {}
+        self._outputs: dict[str, list[list[tuple[Any, Any]]]] = {}
+        self._output_partitions: dict[str, int] = {}
+        self._default_output_partitions = output_partitions
+        self._lock = threading.Lock()
+
+    # -- inputs ---------------------------------------------------------------
+    def add_stream(
+        self,
+        stream: str,
+        partitions: Sequence[Sequence[Any]],
+        keys: Sequence[Sequence[Any] | None] | None = None,
+    ) -> MemorySystem:
+        """A bounded input stream: ``partitions[p]`` is the list of messages of partition p."""
+        self._check_new(stream)
+        parts = [list(p) for p in partitions]
+        ks: list[Sequence[Any] | None] = [None] * len(parts) if keys is None else [None if k is None else list(k) for k in keys]
+        if len(ks) != len(parts):
+            raise ValueError(f"stream {stream!r}: {len(parts)} partitions but {len(ks)} key lists")
+        for p, (m, k) in enumerate(zip(parts, ks)):
+            if k is not None and len(k) != len(m):
+                raise ValueError(f"stream {stream!r} partition {p}: {len(m)} messages but {len(k)} keys")
+        self._bounded[stream] = (parts, ks)
+        return self
+
+    def add_live_stream(self, stream: str, partitions: int, *, capacity: int = 10000) -> MemorySystem:
+        """A live input stream of ``partitions`` partitions, each holding at most ``capacity`` waiting messages."""
+        self._check_new(stream)
+        if partitions < 1 or capacity < 1:
+            raise ValueError("partitions and capacity must be >= 1")
+        self._live[stream] = [_LivePartition(capacity) for _ in range(partitions)]
+        return self
+
+    def append(self, stream: str, partition: int, message: Any, key: Any = None, timeout: float | None = None) -> int:
+        """Append to a live partition from any thread; returns the offset. Blocks while full.
+
+        Raises TimeoutError if still full after ``timeout`` seconds, ValueError after ``end``.
+        """
+        p = self._live_partition(stream, partition)
+        with p.cond:
+            if p.ended:
+                raise ValueError(f"{self.name}.{stream}[{partition}] has ended")
+            if not p.cond.wait_for(lambda: len(p.items) < p.capacity, timeout):
+                raise TimeoutError(f"{self.name}.{stream}[{partition}] stayed full for {timeout}s")
+            p.items.append((key, message))
+            offset = p.next_offset + len(p.items) - 1
+            wake = p.wakeup
+        if wake is not None:
+            wake()
+        return offset
+
+    def end(self, stream: str, partition: int | None = None) -> None:
+        """Mark the end of one live partition (or all, when ``partition`` is None)."""
+        parts = self._live.get(stream)
+        if parts is None:
+            raise KeyError(f"no live stream {stream!r} in system {self.name!r}")
+        for i in range(len(parts)) if partition is None else [partition]:
+            p = self._live_partition(stream, i)
+            with p.cond:
+                p.ended = True
+                wake = p.wakeup
+            if wake is not None:
+                wake()
+
+    def partitions(self, stream: str) -> int:
+        if stream in self._bounded:
+            return len(self._bounded[stream][0])
+        if stream in self._live:
+            return len(self._live[stream])
+        raise InputError(f"system {self.name!r} has no input stream {stream!r}", source=f"{self.name}.{stream}")
+
+    def reader(self, ssp: SystemStreamPartition) -> PartitionReader:
+        if ssp.stream in self._bounded:
+            parts, keys = self._bounded[ssp.stream]
+            return _BoundedReader(ssp, parts[ssp.partition], keys[ssp.partition])
+        return _LiveReader(ssp, self._live_partition(ssp.stream, ssp.partition))
+
+    # -- outputs --------------------------------------------------------------
+    def set_output_partitions(self, stream: str, n: int) -> None:
+        self._output_partitions[stream] = n
+
+    def output_partitions(self, stream: str) -> int:
+        return self._output_partitions.get(stream, self._default_output_partitions)
+
+    def producer(self) -> Producer:
+        return _MemoryProducer(self)
+
+    def _output(self, stream: str, partition: int) -> list[tuple[Any, Any]]:
+        parts = self._outputs.get(stream)
+        if parts is None:
+            with self._lock:
+                parts = self._outputs.setdefault(
+                    stream, [[] for _ in range(self.output_partitions(stream))]
+                )
+        return parts[partition]
+
+    def messages(self, stream: str, partition: int | None = None) -> list[Any]:
+        """Messages sent to an output stream (one partition, or all partitions concatenated)."""
+        parts = self._outputs.get(stream, [])
+        chosen: Iterable[list[tuple[Any, Any]]] = parts if partition is None else [parts[partition]]
+        return [m for part in chosen for _, m in part]
+
+    def records(self, stream: str, partition: int | None = None) -> list[tuple[Any, Any]]:
+        """(key, message) pairs sent to an output stream."""
+        parts = self._outputs.get(stream, [])
+        chosen: Iterable[list[tuple[Any, Any]]] = parts if partition is None else [parts[partition]]
+        return [r for part in chosen for r in part]
+
+    # -- helpers --------------------------------------------------------------
+    def _check_new(self, stream: str) -> None:
+        if stream in self._bounded or stream in self._live:
+            raise ValueError(f"stream {stream!r} already exists in system {self.name!r}")
+
+    def _live_partition(self, stream: str, partition: int) -> _LivePartition:
+        parts = self._live.get(stream)
+        if parts is None:
+            raise KeyError(f"no live stream {stream!r} in system {self.name!r}")
+        if not 0 <= partition < len(parts):
+            raise IndexError(f"{self.name}.{stream} has no partition {partition}")
+        return parts[partition]

@@ -1,0 +1,51 @@
+"""Small value types shared across tailrace."""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple, Union
+
+Offset = Union[int, str]
+"""A message offset: an int for memory/file systems, an entry id string for Redis."""
+
+
+class Scope(enum.IntEnum):
+    """Scope of a commit or shutdown request (rule 14)."""
+
+    CURRENT_TASK = 1
+    ALL_TASKS_IN_CONTAINER = 2
+
+
+class SystemStream(NamedTuple):
+    system: str
+    stream: str
+
+    def __str__(self) -> str:
+        return f"{self.system}.{self.stream}"
+
+
+class SystemStreamPartition(NamedTuple):
+    """One ordered input sequence: (system, stream, partition number)."""
+
+    system: str
+    stream: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.system}.{self.stream}[{self.partition}]"
+
+    @property
+    def system_stream(self) -> SystemStream:
+        return SystemStream(self.system, self.stream)
+
+
+def parse_system_stream(name: str, default_system: str | None = None) -> SystemStream:
+    """Parse ``"system.stream"`` (or ``"stream"`` when a default system is given)."""
+    system, sep, stream = name.partition(".")
+    if not sep:
+        if default_system is None:
+            raise ValueError(f"stream {name!r} must be written as 'system.stream'")
+        return SystemStream(default_system, name)
+    if not system or not stream:
+        raise ValueError(f"stream {name!r} must be written as 'system.stream'")
+    return SystemStream(system, stream)
