@@ -421,7 +421,9 @@ class ReferenceEngine:
                 progress |= self._end_of_stream()
                 if self._failure is not None:
                     return
-                progress |= self._dispatch()
+                self._check_stop()  # requests from window, timers or end_of_stream
+                if not self._draining:
+                    progress |= self._dispatch()
             if self._failure is None and not progress:
                 self._wait()
 
