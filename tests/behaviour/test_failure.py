@@ -207,4 +207,4 @@ def test_failure_never_moves_the_watermark_past_the_failed_message(engine: str) 
     assert isinstance(err, TaskError) and err.offset == 1
     for _, offsets in store.history:
         assert offsets[ssp(0)] < 1
-    assert store.committed().get(ssp(0), -1) <= 0
+    assert store.committed("tailrace-job").get(ssp(0), -1) <= 0
