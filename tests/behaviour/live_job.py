@@ -1,15 +1,15 @@
 """A live job run as a separate process by test_shutdown.py (rules 19, 20).
 
-    python live_job.py ENGINE signal OUT.json
-        Feeds a live stream from a thread, processes it with an async task,
-        stops gracefully on SIGINT/SIGTERM (container.stop() in the handler) and
-        writes what was processed and committed to OUT.json. Prints "ready" once
-        messages are flowing.
+python live_job.py ENGINE signal OUT.json
+    Feeds a live stream from a thread, processes it with an async task,
+    stops gracefully on SIGINT/SIGTERM (container.stop() in the handler) and
+    writes what was processed and committed to OUT.json. Prints "ready" once
+    messages are flowing.
 
-    python live_job.py ENGINE crash STORE.json LOG.txt
-        Processes a bounded stream slowly, committing every 20 ms into a JSON
-        file store, logging each processed offset to LOG.txt; the test kills it
-        with SIGKILL and runs it again to the end (same arguments).
+python live_job.py ENGINE crash STORE.json LOG.txt
+    Processes a bounded stream slowly, committing every 20 ms into a JSON
+    file store, logging each processed offset to LOG.txt; the test kills it
+    with SIGKILL and runs it again to the end (same arguments).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def run_signal(engine: str, out_path: str) -> None:
 
 def run_crash(engine: str, store_path: str, log_path: str) -> None:
     system = MemorySystem().add_stream("in", [list(range(CRASH_MESSAGES)) for _ in range(PARTITIONS)])
-    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - open for the whole run
+    log = open(log_path, "a", buffering=1)
 
     class Task(StreamTask):
         def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
@@ -124,7 +124,11 @@ def run_crash(engine: str, store_path: str, log_path: str) -> None:
             time.sleep(0.0005)
 
     container = Container(
-        Task, inputs=["mem.in"], systems=[system], checkpoints=JsonFileStore(store_path), engine=engine,
+        Task,
+        inputs=["mem.in"],
+        systems=[system],
+        checkpoints=JsonFileStore(store_path),
+        engine=engine,
         task_commit_ms=20,
     )
     result = container.run()

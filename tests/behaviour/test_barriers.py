@@ -7,7 +7,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tailrace import AsyncStreamTask, MemoryCheckpointStore, MemorySystem, Scope, StreamTask, SystemStreamPartition
+from tailrace import (
+    AsyncStreamTask,
+    MemoryCheckpointStore,
+    MemorySystem,
+    Scope,
+    StreamTask,
+    SystemStreamPartition,
+)
 
 from .helpers import HeldCallbacks, bounded, history_of, run_job, ssp, start, wait_until
 
@@ -212,7 +219,7 @@ def test_end_of_stream_hook_runs_before_its_requested_commit(engine: str) -> Non
             super().write(task_name, offsets)
 
     system = bounded([list(range(3))])
-    result, store = run_job(engine, Task, system, store=Store())
+    result, _store = run_job(engine, Task, system, store=Store())
     assert order == ["eos", "commit 2"]
     assert system.messages("out") == ["summary"]
     assert result.committed == {ssp(0): 2}

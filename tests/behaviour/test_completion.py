@@ -20,7 +20,7 @@ def test_out_of_order_completion_is_held_and_released_in_order(engine: str) -> N
     system = MemorySystem().add_live_stream("in", 1)
     for i in range(3):
         system.append("in", 0, i)
-    bg, store = start(engine, Task, system, task_max_concurrency=3)
+    bg, _store = start(engine, Task, system, task_max_concurrency=3)
     held.wait_for((0, 0), (0, 1), (0, 2))
     held.complete(0, 2)
     held.complete(0, 1)
@@ -204,7 +204,7 @@ def test_pending_commit_runs_before_shutdown_all(engine: str) -> None:
     result, store = run_job(engine, Task, bounded([list(range(10)), list(range(10))]))
     assert result.reason == "shutdown"
     assert ("Partition 0", {ssp(0): 4}) in store.history
-    for task, offsets in store.history:
+    for _task, offsets in store.history:
         for part, off in offsets.items():
             assert off <= result.committed[part]
     assert result.committed[ssp(0)] == 4

@@ -32,7 +32,7 @@ def test_several_tasks_each_process_their_partition(engine: str) -> None:
     # rule 1 (Samza: one task per partition; each task gets only its partition, in order)
     Recorder.seen = []
     parts = [[f"p{p}-{i}" for i in range(50 + 10 * p)] for p in range(4)]
-    result, store = run_job(engine, Recorder, bounded(parts))
+    result, _store = run_job(engine, Recorder, bounded(parts))
     assert result.reason == "end_of_stream"
     for p in range(4):
         mine = [(o, m) for name, part, o, m in Recorder.seen if part == p]

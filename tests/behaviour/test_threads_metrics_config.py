@@ -196,7 +196,7 @@ def test_metrics_after_a_run(engine: str) -> None:
         def window(self, collector: Any, coordinator: Any) -> None:
             pass
 
-    result, store = run_job(engine, Task, bounded([list(range(10)), list(range(3))]), task_window_ms=600000)
+    result, _store = run_job(engine, Task, bounded([list(range(10)), list(range(3))]), task_window_ms=600000)
     m0, m1 = result.tasks["Partition 0"], result.tasks["Partition 1"]
     assert (m0.processed, m0.completed, m0.failed, m0.outstanding) == (10, 10, 0, 0)
     assert (m1.processed, m1.completed) == (3, 3)

@@ -36,6 +36,10 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
   right after the hook, before the task is done.
 - A task that reached end of stream counts as having voted for shutdown
   (CURRENT_TASK); otherwise one finished task would keep a voted container alive.
+- Stopping is decided right after releases and again after barriers, before
+  end of stream and dispatch: a shutdown request released together with the
+  last message wins (reason "shutdown", the ``end_of_stream`` hook does not run),
+  and nothing is dispatched once a stop is due.
 - Commit ALL marks every task for a commit at its own next barrier; only the
   requesting task's release stops at the request (rule 15).
 - Shutdown (votes, shutdown ALL, end of stream, ``stop()``) drains: no new
@@ -53,6 +57,7 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -190,7 +195,7 @@ class _Timers:
 
     def pop_due(self, now: float) -> list[tuple[Any, Callable[..., Any]]]:
         """Remove and return the timers due at ``now``, in time order."""
-        due = []
+        due: list[tuple[Any, Callable[..., Any]]] = []
         with self._lock:
             while True:
                 self._drop_stale()
@@ -287,6 +292,8 @@ class ReferenceEngine:
         self._reason = "stop"
         self._drain_deadline = 0.0
         self._shutdown_all = False
+        self._done_count = 0  # tasks at end of stream
+        self._vote_count = 0  # tasks that voted for shutdown or are done
         self._workers: list[queue.SimpleQueue[Any]] = []
         self._threads: list[threading.Thread] = []
         self._next_worker = 0
@@ -384,7 +391,7 @@ class ReferenceEngine:
             init = hook(t.instance, "init")
             if init is None:
                 continue
-            context = t.plan.make_context(self.config, t.timers, lambda t=t: self._task_metrics(t))
+            context = t.plan.make_context(self.config, t.timers, functools.partial(self._task_metrics, t))
             try:
                 init(context)
             except Exception as e:  # noqa: BLE001 - user code
@@ -418,10 +425,12 @@ class ReferenceEngine:
             else:
                 progress |= self._poll_inputs()
                 progress |= self._run_barriers(commit_only=False)
-                progress |= self._end_of_stream()
-                if self._failure is not None:
-                    return
-                self._check_stop()  # requests from window, timers or end_of_stream
+                self._check_stop()  # requests released by a commit, or from window and timers
+                if not self._draining:
+                    progress |= self._end_of_stream()
+                    if self._failure is not None:
+                        return
+                    self._check_stop()  # requests from end_of_stream, or the end itself
                 if not self._draining:
                     progress |= self._dispatch()
             if self._failure is None and not progress:
@@ -511,17 +520,24 @@ class ReferenceEngine:
             for other in self._tasks:
                 other.commit_requested = True
         if bits & SHUTDOWN_CURRENT:
-            t.voted = True
+            self._vote(t)
         if bits & SHUTDOWN_ALL:
             self._shutdown_all = True
 
     # -- 3. deciding to stop --------------------------------------------------
+    def _vote(self, t: _Task) -> None:
+        if not t.voted:
+            t.voted = True
+            self._vote_count += 1
+
     def _check_stop(self) -> None:
+        """Start draining on end of stream, shutdown requests or stop() (rules 11, 14, 19)."""
         if self._draining:
             return
-        if all(t.done for t in self._tasks):
+        n = len(self._tasks)
+        if self._done_count == n:
             reason = "end_of_stream"
-        elif self._shutdown_all or all(t.voted or t.done for t in self._tasks):
+        elif self._shutdown_all or self._vote_count == n:
             reason = "shutdown"
         elif self._stop_flag:
             reason = "stop"
@@ -561,6 +577,9 @@ class ReferenceEngine:
         for t in self._tasks:
             if self._failure is not None:
                 break
+            if not commit_only:
+                self._check_stop()  # O(1); no window or timer once a stop is due
+                commit_only = self._draining
             if t.next_commit is not None and now >= t.next_commit:
                 t.commit_requested = True
                 t.next_commit = now + self.config.commit_ms / 1000
@@ -660,6 +679,8 @@ class ReferenceEngine:
                     self._commit(t)
                     t.commit_requested = False
             t.done = True
+            self._done_count += 1
+            self._vote(t)
             finished = True
         return finished
 
@@ -765,10 +786,10 @@ class ReferenceEngine:
     def _fail(self, error: BaseException) -> None:
         """Record the first failure (rule 16); the loop stops at its next check."""
         if self._failure is None:
-            log.error("stopping: %s", error)
+            log.info("stopping on error: %s", error)
             self._failure = error
         else:
-            log.error("further error while stopping: %s", error)
+            log.warning("further error while stopping: %s", error)
 
     def _final_commit(self) -> None:
         """Commit every task's low watermark (rule 19); after an error too, never more (rule 18)."""
