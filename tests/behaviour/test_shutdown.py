@@ -22,9 +22,13 @@ SCRIPT = Path(__file__).with_name("live_job.py")
 
 
 def _env() -> dict[str, str]:
+    """The child imports the same installed tailrace as this process (pysrc only when it
+    is where this process found a complete package, e.g. an editable install)."""
+    import tailrace
+
     env = dict(os.environ)
-    src = Path(__file__).resolve().parents[2] / "pysrc"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
+    pkg_parent = str(Path(tailrace.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH", "")) if p)
     return env
 
 
