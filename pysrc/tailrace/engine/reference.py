@@ -777,8 +777,9 @@ class ReferenceEngine:
             if self._events or self._signalled or (self._stop_flag and not self._draining):
                 self._signalled = False
                 return
-            if timeout > 0:
-                self._cv.wait(timeout)
+            if timeout <= 0:
+                return
+            self._cv.wait(timeout)
             self._signalled = False
         self._metrics.idle_wakeups += 1
 
