@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 try:
-    from . import _core
+    from . import _core  # noqa: F401 - fail early with a clear message
 except ImportError as _e:  # pragma: no cover - exercised only on broken installs
     from .errors import CoreUnavailableError
 
@@ -14,8 +14,8 @@ except ImportError as _e:  # pragma: no cover - exercised only on broken install
         "(or `pip install .` in a checkout)."
     ) from _e
 
-from .api import AsyncStreamTask, Callback, Collector, StreamTask, TaskContext
 from ._core import Coordinator, Envelope
+from .api import AsyncStreamTask, Callback, Collector, StreamTask, TaskContext
 from .checkpoint import CheckpointStore, MemoryCheckpointStore
 from .config import Config, parse_config
 from .container import Container

@@ -47,9 +47,7 @@ class Callback(Protocol):
 class Collector(Protocol):
     """Sends output messages (rule 24: ``send`` waits while the output is full)."""
 
-    def send(
-        self, stream: str, message: Any, key: Any = None, partition: int | None = None
-    ) -> None: ...
+    def send(self, stream: str, message: Any, key: Any = None, partition: int | None = None) -> None: ...
 
 
 class TimerService(Protocol):
@@ -149,14 +147,15 @@ def task_kind(task: object) -> str:
         if getattr(cls, "process_async", None) is AsyncStreamTask.process_async:
             raise TypeError(f"{cls.__qualname__} must define process_async() or async def process()")
         return "async"
+    proc = getattr(cls, "process", None)
     if isinstance(task, StreamTask):
-        if cls.process is StreamTask.process:
+        if proc is StreamTask.process:
             raise TypeError(f"{cls.__qualname__} must define process()")
         return "sync"
     if hasattr(task, "process_async"):
         return "async"
-    if hasattr(task, "process"):
-        return "asyncio" if asyncio.iscoroutinefunction(cls.process) else "sync"
+    if proc is not None:
+        return "asyncio" if asyncio.iscoroutinefunction(proc) else "sync"
     raise TypeError(f"{cls.__qualname__} is not a task: define process() or process_async()")
 
 

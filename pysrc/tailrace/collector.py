@@ -30,7 +30,7 @@ class Collector:
     call from any thread (producers are thread-safe).
     """
 
-    __slots__ = ("_producers", "_default_system", "_resolved", "_rr", "sent")
+    __slots__ = ("_default_system", "_producers", "_resolved", "_rr", "sent")
 
     def __init__(self, producers: Mapping[str, Producer], default_system: str | None = None) -> None:
         self._producers = producers

@@ -94,7 +94,9 @@ KEYS: tuple[_Key, ...] = (
         _ranged(0, 1024, "an integer from 0 to 1024"),
         "threads running sync process (0 = the loop thread)",
     ),
-    _Key("task.window.ms", "window_ms", -1, _ranged(None, _MAXI, "an integer; <= 0 disables"), "window period"),
+    _Key(
+        "task.window.ms", "window_ms", -1, _ranged(None, _MAXI, "an integer; <= 0 disables"), "window period"
+    ),
     _Key(
         "task.commit.ms",
         "commit_ms",

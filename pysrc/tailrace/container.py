@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 from .api import TaskContext, TimerService, task_kind
 from .checkpoint.base import CheckpointStore, MemoryCheckpointStore
@@ -91,7 +91,7 @@ class JobPlan:
 def _quietly(fn: Callable[[], Any]) -> None:
     try:
         fn()
-    except Exception:  # noqa: BLE001 - closing must not mask the run's outcome
+    except Exception:
         log.exception("error while closing %r", fn)
 
 
@@ -112,10 +112,10 @@ def load_engine(name: str) -> Callable[[JobPlan], Engine]:
     if target is None:
         raise ConfigError(f"unknown engine {name!r}", key="engine", allowed=", ".join(ENGINES))
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), attr)
 
 
-InputSpec = Union[str, SystemStreamPartition]
+InputSpec = str | SystemStreamPartition
 
 
 class Container:
@@ -240,4 +240,4 @@ class Container:
         return None if engine is None else engine.metrics()
 
 
-__all__ = ["Container", "Engine", "JobPlan", "TaskPlan", "load_engine", "InputError"]
+__all__ = ["Container", "Engine", "InputError", "JobPlan", "TaskPlan", "load_engine"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
-Offset = Union[int, str]
+Offset = int | str
 """A message offset: an int for memory/file systems, an entry id string for Redis."""
 
 

@@ -28,7 +28,9 @@ class _LivePartition:
 
 
 class _BoundedReader(PartitionReader):
-    def __init__(self, ssp: SystemStreamPartition, messages: Sequence[Any], keys: Sequence[Any] | None) -> None:
+    def __init__(
+        self, ssp: SystemStreamPartition, messages: Sequence[Any], keys: Sequence[Any] | None
+    ) -> None:
         super().__init__(ssp)
         self._messages = messages
         self._keys = keys
@@ -66,7 +68,9 @@ class _LiveReader(PartitionReader):
         with p.cond:
             if after is not None:
                 if not isinstance(after, int):
-                    raise InputError(f"committed offset {after!r} is not a memory offset", source=str(self.ssp))
+                    raise InputError(
+                        f"committed offset {after!r} is not a memory offset", source=str(self.ssp)
+                    )
                 while p.items and p.next_offset <= after:
                     p.items.popleft()
                     p.next_offset += 1
@@ -137,8 +141,10 @@ class MemorySystem(System):
     ) -> MemorySystem:
         """A bounded input stream: ``partitions[p]`` is the list of messages of partition p."""
         self._check_new(stream)
-        parts = [list(p) for p in partitions]
-        ks: list[Sequence[Any] | None] = [None] * len(parts) if keys is None else [None if k is None else list(k) for k in keys]
+        parts: list[Sequence[Any]] = [list(p) for p in partitions]
+        ks: list[Sequence[Any] | None] = (
+            [None] * len(parts) if keys is None else [None if k is None else list(k) for k in keys]
+        )
         if len(ks) != len(parts):
             raise ValueError(f"stream {stream!r}: {len(parts)} partitions but {len(ks)} key lists")
         for p, (m, k) in enumerate(zip(parts, ks)):
@@ -148,14 +154,16 @@ class MemorySystem(System):
         return self
 
     def add_live_stream(self, stream: str, partitions: int, *, capacity: int = 10000) -> MemorySystem:
-        """A live input stream of ``partitions`` partitions, each holding at most ``capacity`` waiting messages."""
+        """A live input stream of ``partitions`` partitions, at most ``capacity`` waiting in each."""
         self._check_new(stream)
         if partitions < 1 or capacity < 1:
             raise ValueError("partitions and capacity must be >= 1")
         self._live[stream] = [_LivePartition(capacity) for _ in range(partitions)]
         return self
 
-    def append(self, stream: str, partition: int, message: Any, key: Any = None, timeout: float | None = None) -> int:
+    def append(
+        self, stream: str, partition: int, message: Any, key: Any = None, timeout: float | None = None
+    ) -> int:
         """Append to a live partition from any thread; returns the offset. Blocks while full.
 
         Raises TimeoutError if still full after ``timeout`` seconds, ValueError after ``end``.
@@ -191,7 +199,9 @@ class MemorySystem(System):
             return len(self._bounded[stream][0])
         if stream in self._live:
             return len(self._live[stream])
-        raise InputError(f"system {self.name!r} has no input stream {stream!r}", source=f"{self.name}.{stream}")
+        raise InputError(
+            f"system {self.name!r} has no input stream {stream!r}", source=f"{self.name}.{stream}"
+        )
 
     def reader(self, ssp: SystemStreamPartition) -> PartitionReader:
         if ssp.stream in self._bounded:
@@ -213,9 +223,7 @@ class MemorySystem(System):
         parts = self._outputs.get(stream)
         if parts is None:
             with self._lock:
-                parts = self._outputs.setdefault(
-                    stream, [[] for _ in range(self.output_partitions(stream))]
-                )
+                parts = self._outputs.setdefault(stream, [[] for _ in range(self.output_partitions(stream))])
         return parts[partition]
 
     def messages(self, stream: str, partition: int | None = None) -> list[Any]:
