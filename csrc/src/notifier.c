@@ -15,6 +15,7 @@
 #include "tailrace/notifier.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <time.h>
 
 #include "tailrace/clock.h"
@@ -64,9 +65,14 @@ tr_status tr_notifier_commit_wait(tr_notifier *n, uint64_t key, int64_t timeout_
     tr_status rc = TR_OK;
     struct timespec deadline;
     if (timeout_ns >= 0) {
-        int64_t at = tr_now_ns() + timeout_ns;
-        deadline.tv_sec = (time_t)(at / 1000000000);
-        deadline.tv_nsec = (long)(at % 1000000000);
+        int64_t at = tr_now_ns();
+        if (timeout_ns > INT64_MAX - at) {
+            timeout_ns = -1; /* beyond the clock's range: no timeout, and no overflow */
+        } else {
+            at += timeout_ns;
+            deadline.tv_sec = (time_t)(at / 1000000000);
+            deadline.tv_nsec = (long)(at % 1000000000);
+        }
     }
     pthread_mutex_lock(&n->mutex);
     /* relaxed under the mutex: notify bumps the epoch while holding it. */

@@ -161,8 +161,7 @@ size_t tr_queue_try_push_batch_mpsc(tr_queue *q, const tr_item *items, size_t n)
     for (;;) {
         uint64_t cap = q->mask + 1;
         uint64_t want = n < cap ? n : cap;
-        /* Count the free run from pos; its last cell being free implies the rest are
-         * (see the essay above), but counting from the front stops at the first busy one. */
+        /* The free cells from pos form a prefix (see the essay above): count it. */
         for (k = 0; k < want; k++) {
             /* acquire: pairs with the consumer's release store freeing this cell. */
             uint64_t seq = atomic_load_explicit(&q->cells[(pos + k) & q->mask].seq, TR_ACQUIRE);
@@ -240,7 +239,12 @@ int tr_queue_empty_sc(const tr_queue *q) {
 }
 
 tr_status tr_queue_pop_wait_sc(tr_queue *q, tr_item *out, int64_t timeout_ns) {
-    int64_t deadline = timeout_ns >= 0 ? tr_now_ns() + timeout_ns : -1;
+    int64_t deadline = -1;
+    if (timeout_ns >= 0) {
+        int64_t now = tr_now_ns();
+        /* A timeout beyond the clock's range is the same as none (and must not overflow). */
+        deadline = timeout_ns > INT64_MAX - now ? -1 : now + timeout_ns;
+    }
     for (;;) {
         int spin;
         for (spin = 0; spin < TR_QUEUE_SPIN; spin++) {

@@ -16,9 +16,12 @@
  *   completing thread did before complete() happens-before the release batch that
  *   reports it (the loop then runs the commit/shutdown that completion asked for).
  *
- *   Classification of a lost CAS: seq >= next_seq means never handed out
- *   (TR_EUNKNOWN); otherwise it was handed out and resolved (TR_EALREADY), whether
- *   the slot still shows the resolution or it was released since.
+ *   Classification of a lost CAS, from the word it saw: DONE/FAILED of this seq
+ *   is TR_EALREADY (another resolution won); otherwise seq >= next_seq means it was
+ *   never handed out (TR_EUNKNOWN) and seq < released_upto that it was resolved and
+ *   released (TR_EALREADY). What remains is a caller racing acquire() itself with a
+ *   guessed seq: the word predates PENDING(seq), which the acquire load of next_seq
+ *   has made visible, so the CAS is retried once.
  *
  *   Cost: acquire and complete are O(1); release is O(released) and each seq is
  *   released once, so everything is O(1) amortised. Nothing allocates after create.
@@ -129,19 +132,28 @@ tr_status tr_sequencer_complete(tr_sequencer *s, uint64_t seq, uint32_t flags) {
         seq >= atomic_load_explicit(&s->next_seq, TR_ACQUIRE))
         return TR_EUNKNOWN; /* would alias a live slot's truncated seq */
     state = (flags & TR_SEQ_FAILED) ? SLOT_FAILED : SLOT_DONE;
-    expected = slot_word(seq, 0, SLOT_PENDING);
     desired = slot_word(seq, flags, state);
-    /* acq_rel on success: release pairs with the loop's acquire load in release(),
-     * publishing the completer's prior writes; acquire pairs with acquire()'s
-     * release store of PENDING. acquire on failure: the classification below reads
-     * next_seq after seeing the slot. */
-    if (atomic_compare_exchange_strong_explicit(&s->slots[seq & s->mask], &expected, desired,
-                                                TR_ACQ_REL, TR_ACQUIRE))
-        return TR_OK;
-    /* acquire: pairs with acquire()'s release store; a seq below it was handed out. */
-    if (seq >= atomic_load_explicit(&s->next_seq, TR_ACQUIRE))
-        return TR_EUNKNOWN;
-    return TR_EALREADY;
+    for (;;) {
+        uint64_t st;
+        expected = slot_word(seq, 0, SLOT_PENDING);
+        /* acq_rel on success: release pairs with the loop's acquire load in release(),
+         * publishing the completer's prior writes; acquire pairs with acquire()'s
+         * release store of PENDING. acquire on failure: the word we saw is classified. */
+        if (atomic_compare_exchange_strong_explicit(&s->slots[seq & s->mask], &expected, desired,
+                                                    TR_ACQ_REL, TR_ACQUIRE))
+            return TR_OK;
+        st = expected & SLOT_STATE_MASK;
+        if ((st == SLOT_DONE || st == SLOT_FAILED) && slot_seq_matches(expected, seq))
+            return TR_EALREADY; /* rule 17: another resolution of this seq won */
+        /* acquire: pairs with acquire()'s release store; below it, PENDING(seq) is visible. */
+        if (seq >= atomic_load_explicit(&s->next_seq, TR_ACQUIRE))
+            return TR_EUNKNOWN;
+        /* acquire: pairs with release()'s release store of released_upto. */
+        if (seq < atomic_load_explicit(&s->released_upto, TR_ACQUIRE))
+            return TR_EALREADY; /* released, its slot possibly reused since */
+        /* The word we saw predates acquire()'s PENDING(seq) store, which the
+         * next_seq load has now made visible: try again (at most once more). */
+    }
 }
 
 size_t tr_sequencer_release(tr_sequencer *s, tr_seq_release *out, size_t max) {

@@ -10,7 +10,8 @@
  *     flags given at complete (rule 12);
  *   - a commit-flagged completion is always the last of its release batch (rule 15);
  *   - outstanding never exceeds max concurrency (rule 2);
- *   - the one failed seq is never released and blocks everything after it (rule 18).
+ *   - the one failed seq is never released and blocks everything after it (rule 18);
+ *   - a completion racing acquire() of the same seq is TR_EUNKNOWN, then TR_OK.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -151,6 +152,50 @@ static void run_one(uint32_t max, uint64_t total) {
     tr_sequencer_destroy(r.s);
 }
 
+/* A completer that races acquire() itself: it completes 0, 1, 2, ... as soon as
+ * each is handed out, without being told. Before its seq is acquired it must get
+ * TR_EUNKNOWN, never TR_EALREADY (nothing resolved it yet), and then TR_OK once. */
+typedef struct guess_arg {
+    tr_sequencer *s;
+    uint64_t total;
+} guess_arg;
+
+static void *guesser(void *p) {
+    guess_arg *g = p;
+    uint64_t seq = 0;
+    while (seq < g->total) {
+        tr_status rc = tr_sequencer_complete(g->s, seq, (uint32_t)(seq & 0xff) << 8);
+        if (rc == TR_OK)
+            seq++;
+        else
+            CHECK_EQ(rc, TR_EUNKNOWN);
+    }
+    return NULL;
+}
+
+static void run_race_acquire(uint32_t max, uint64_t total) {
+    guess_arg g;
+    pthread_t th;
+    tr_seq_release out[64];
+    uint64_t expect = 0, seq;
+    CHECK_EQ(tr_sequencer_create(max, &g.s), TR_OK);
+    g.total = total;
+    CHECK_EQ(pthread_create(&th, NULL, guesser, &g), 0);
+    while (expect < total) {
+        size_t n, k;
+        if (tr_sequencer_next_seq(g.s) < total)
+            (void)tr_sequencer_acquire(g.s, 0, 0, &seq);
+        n = tr_sequencer_release(g.s, out, 64);
+        for (k = 0; k < n; k++, expect++) {
+            CHECK_EQ(out[k].seq, expect);
+            CHECK_EQ(out[k].flags, (expect & 0xff) << 8);
+        }
+    }
+    pthread_join(th, NULL);
+    tr_sequencer_destroy(g.s);
+    printf("race with acquire, max %u: %llu seqs\n", max, (unsigned long long)total);
+}
+
 int main(int argc, char **argv) {
     double scale = tr_test_scale(argc, argv);
     uint64_t total = tr_test_scaled(300000, scale);
@@ -158,6 +203,8 @@ int main(int argc, char **argv) {
     run_one(7, total);
     run_one(64, total);
     run_one(1000, total * 2 + 8000);
+    run_race_acquire(1, total / 4);
+    run_race_acquire(4, total / 4);
     puts("stress_sequencer: ok");
     return 0;
 }

@@ -41,11 +41,16 @@ int main(void) {
     CHECK_EQ(atomic_load(&n.wakeups), 1);
     CHECK_EQ(atomic_load(&n.sleeping), 0);
 
+    /* A timeout beyond the clock's range behaves as none (no overflow). */
+    key = tr_notifier_prepare_wait(&n);
+    tr_notifier_notify(&n);
+    CHECK_EQ(tr_notifier_commit_wait(&n, key, INT64_MAX), TR_OK);
+
     /* cancel_wait: the next notify is fast again. */
     key = tr_notifier_prepare_wait(&n);
     tr_notifier_cancel_wait(&n);
     tr_notifier_notify(&n);
-    CHECK_EQ(atomic_load(&n.wakeups), 1);
+    CHECK_EQ(atomic_load(&n.wakeups), 2);
 
     /* Timeout. */
     key = tr_notifier_prepare_wait(&n);

@@ -105,6 +105,9 @@ static void test_pop_wait_timeout_and_shared_notifier(void) {
     CHECK_EQ(tr_queue_try_push_mpsc(q1, item(8)), TR_OK);
     CHECK_EQ(tr_queue_pop_wait_sc(q1, &out, -1), TR_OK);
     CHECK_EQ(out.a, 8);
+    CHECK_EQ(tr_queue_try_push_mpsc(q1, item(9)), TR_OK);
+    CHECK_EQ(tr_queue_pop_wait_sc(q1, &out, INT64_MAX), TR_OK);
+    CHECK_EQ(out.a, 9);
     tr_queue_destroy(q1);
     tr_queue_destroy(q2);
     tr_notifier_destroy(&n);

@@ -65,7 +65,11 @@ size_t tr_queue_try_pop_batch_sc(tr_queue *q, tr_item *out, size_t max);
 /* Consumer only. Spins briefly, then sleeps on the notifier until an item
  * arrives or timeout_ns passes (< 0: forever). TR_OK, TR_ETIMEDOUT. */
 tr_status tr_queue_pop_wait_sc(tr_queue *q, tr_item *out, int64_t timeout_ns);
-/* Consumer only: true when no item is ready at the head. */
+/* Consumer only: true when no item is ready at the head and no producer has
+ * claimed a ticket that it has not yet published. A claimed-but-unpublished item
+ * counts as not empty (a pop may still return TR_EAGAIN for a moment), so a
+ * consumer that checks this after tr_notifier_prepare_wait never sleeps through
+ * a push whose notify saw it awake. */
 int tr_queue_empty_sc(const tr_queue *q);
 
 /* Any thread: number of claimed tickets not yet popped (a racy snapshot). */
