@@ -88,8 +88,7 @@ int tr_watermark_dirty(const tr_watermark *w);
 """
 
 SOURCE = "\n".join(
-    f'#include "tailrace/{h}.h"'
-    for h in ("status", "clock", "notifier", "queue", "sequencer", "watermark")
+    f'#include "tailrace/{h}.h"' for h in ("status", "clock", "notifier", "queue", "sequencer", "watermark")
 )
 
 

@@ -311,7 +311,7 @@ def test_racing_completions_from_threads(capi, sequencer):
         results = [[] for _ in range(nthreads)]
         barrier = threading.Barrier(nthreads)
 
-        def complete_all(tid):
+        def complete_all(tid, base=base, results=results, barrier=barrier):
             order = list(range(base, base + window))
             random.Random(tid).shuffle(order)
             barrier.wait()
