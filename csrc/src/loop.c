@@ -330,8 +330,8 @@ static void apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
 static void release_task(tr_loop *L, uint32_t t, int all) {
     task *T = &L->tasks[t];
     tr_seq_release buf[64];
-    if (T->commit_hold && !all) return;
     for (;;) {
+        if (T->commit_hold && !all) break;
         size_t n = tr_sequencer_release(T->seq, buf, 64);
         for (size_t i = 0; i < n; i++) {
             uint32_t p = (uint32_t)(buf[i].tag_a & PART_MASK);
@@ -344,10 +344,7 @@ static void release_task(tr_loop *L, uint32_t t, int all) {
             if (req && !all) apply_requests(L, t, req);
         }
         if (n == 0) break;
-        if ((buf[n - 1].flags & TR_SEQ_COMMIT) && !all) {
-            T->commit_hold = 1;
-            break;
-        }
+        if ((buf[n - 1].flags & TR_SEQ_COMMIT) && !all) T->commit_hold = 1;
     }
     maybe_ready(L, t);
     maybe_control(L, t);
@@ -1047,7 +1044,7 @@ void tr_loop_task_stats(const tr_loop *L, uint32_t t, tr_task_stats *out) {
     out->done = atomic_load_explicit(&T->done_pub, TR_RELAXED);
 }
 
-void tr_loop_stats(const tr_loop *L, tr_loop_stats *out) {
+void tr_loop_get_stats(const tr_loop *L, tr_loop_stats *out) {
     out->envelopes_chosen = atomic_load_explicit(&L->chosen, TR_RELAXED);
     out->idle_wakeups = atomic_load_explicit(&L->idle_wakeups, TR_RELAXED);
     out->loop_iterations = atomic_load_explicit(&L->iterations, TR_RELAXED);

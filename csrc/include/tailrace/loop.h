@@ -214,7 +214,7 @@ uint64_t tr_loop_read_count(const tr_loop *loop, uint32_t task, uint32_t partiti
 
 /* Any thread: counters. */
 void tr_loop_task_stats(const tr_loop *loop, uint32_t task, tr_task_stats *out);
-void tr_loop_stats(const tr_loop *loop, tr_loop_stats *out);
+void tr_loop_get_stats(const tr_loop *loop, tr_loop_stats *out);
 tr_stop_reason tr_loop_stop_reason(const tr_loop *loop);
 /* After a TR_STOP_TIMEOUT: the task, partition, seq and offset handle of the
  * callback that timed out. */
