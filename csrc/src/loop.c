@@ -138,6 +138,7 @@ struct tr_loop {
     uint32_t nidle;
     int64_t next_idle_poll;
     int progress, tick, ran;
+    uint64_t handed; /* ops returned by next_op */
     tr_status internal;
     uint32_t to_task, to_part;
     uint64_t to_seq, to_handle;
@@ -800,6 +801,7 @@ static void wait_for_work(tr_loop *L) {
         if (d < timeout) timeout = d;
     }
     if (timeout <= 0) return;
+    int tick_only = timeout == TICK_NS;
     uint64_t key = tr_notifier_prepare_wait(&L->notifier);
     /* seq_cst re-check (notifier protocol): a push, stop or error published
      * before our prepare_wait is seen here; one after it bumps the epoch */
@@ -810,7 +812,7 @@ static void wait_for_work(tr_loop *L) {
     }
     tr_status st = tr_notifier_commit_wait(&L->notifier, key, timeout);
     bump(&L->idle_wakeups);
-    if (st == TR_ETIMEDOUT) L->tick = 1;
+    if (st == TR_ETIMEDOUT && tick_only) L->tick = 1;
 }
 
 tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
@@ -838,15 +840,20 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
         L->workers[w].started = 1;
     }
     while (L->phase != PH_FINISHED) {
-        bump(&L->iterations);
+        /* a tick (an idle wake-up only for the binding's signal check) is not
+         * an iteration unless it turns up work */
+        int tick = L->tick;
+        L->tick = 0;
+        if (!tick) bump(&L->iterations);
         L->progress = 0;
         build(L);
         if (L->phase == PH_FINISHED) break;
-        if (L->nbatch || L->tick) {
-            L->tick = 0;
+        if (L->nbatch || tick) {
+            uint64_t handed = L->handed;
             L->budget = BATCH_BUDGET;
-            bump(&L->batches);
+            if (L->nbatch) bump(&L->batches);
             if (hooks->run_batch(hooks->ctx, L) != 0) finish(L, TR_STOP_ERROR);
+            if (tick && L->handed == handed && !L->progress && L->phase != PH_FINISHED) wait_for_work(L);
             continue;
         }
         if (L->progress) continue;
@@ -858,12 +865,18 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
 }
 
 int tr_loop_next_op(tr_loop *L, tr_op *out) {
+    /* an error posted by an op of this batch stops it before the next op
+     * (acquire: pairs with post_error's CAS); the rest is left for drain_items */
+    if (TR_UNLIKELY(atomic_load_explicit(&L->error, TR_ACQUIRE) != 0) && L->phase != PH_FINISHED)
+        finish(L, TR_STOP_ERROR);
+    if (L->phase == PH_FINISHED) return 0;
     if (L->bpos == L->nbatch) {
         if (L->phase == PH_FINISHED || L->budget == 0) return 0;
         build(L);
         if (L->nbatch == 0) return 0;
     }
     if (L->budget) L->budget--;
+    L->handed++;
     *out = L->batch[L->bpos++];
     return 1;
 }
