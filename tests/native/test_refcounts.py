@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tailrace import AsyncStreamTask, Container, MemorySystem, StreamTask, TaskError
+from tailrace import AsyncStreamTask, Container, StreamTask, TaskError
 from tailrace._core import Envelope
 from tailrace.systems.base import PartitionReader, Producer, System
 from tailrace.types import Offset, SystemStreamPartition

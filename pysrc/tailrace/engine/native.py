@@ -170,7 +170,9 @@ class NativeEngine:
             init = hook(s.plan.task, "init")
             if init is None:
                 continue
-            context = s.plan.make_context(self.config, self._timers[i], functools.partial(self._task_metrics, i))
+            context = s.plan.make_context(
+                self.config, self._timers[i], functools.partial(self._task_metrics, i)
+            )
             try:
                 init(context)
             except Exception as e:  # noqa: BLE001 - user code
@@ -188,7 +190,10 @@ class NativeEngine:
             slot.failed += 1
             ms = self.config.callback_timeout_ms
             error = CallbackTimeoutError(
-                slot.name, ssp, offset, TimeoutError(f"callback not completed within task.callback.timeout.ms={ms}")
+                slot.name,
+                ssp,
+                offset,
+                TimeoutError(f"callback not completed within task.callback.timeout.ms={ms}"),
             )
         if error is not None:
             self._fail(error)
@@ -242,7 +247,7 @@ class NativeEngine:
             self.plan.commit(s.plan, offsets)
         except TailraceError:
             raise
-        except Exception as e:  # noqa: BLE001 - a store or producer failure stops the container
+        except Exception as e:
             raise TaskError(s.name, original=e, phase="commit") from e
         for p in parts:
             p.committed = p.low_watermark
@@ -280,7 +285,9 @@ class NativeEngine:
             try:
                 fn(key, s.collector, coordinator)
             except Exception as e:  # noqa: BLE001 - user code
-                self._runner.post_error(TaskError(s.name, original=e, phase="timer", detail=f"timer {key!r}: {e!r}"))
+                self._runner.post_error(
+                    TaskError(s.name, original=e, phase="timer", detail=f"timer {key!r}: {e!r}")
+                )
                 return 0
             requests |= coordinator.take()
         return requests
