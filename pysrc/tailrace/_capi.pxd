@@ -1,6 +1,6 @@
 # Declarations of the C library's public headers (csrc/include/tailrace/*.h).
 # Nothing here touches Python objects; ownership rules live with the callers.
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 
 cdef extern from "tailrace/status.h" nogil:
@@ -93,3 +93,101 @@ cdef extern from "tailrace/watermark.h" nogil:
     tr_status tr_watermark_mark_committed(tr_watermark *w, uint32_t partition, tr_mark mark)
     tr_status tr_watermark_committed(const tr_watermark *w, uint32_t partition, tr_mark *out)
     int tr_watermark_dirty(const tr_watermark *w)
+
+
+cdef extern from "tailrace/loop.h" nogil:
+    uint32_t TR_REQ_COMMIT_CURRENT
+    uint32_t TR_REQ_COMMIT_ALL
+    uint32_t TR_REQ_SHUTDOWN_CURRENT
+    uint32_t TR_REQ_SHUTDOWN_ALL
+    uint32_t TR_REQ_MASK
+    uint32_t TR_TASK_POOL
+    uint32_t TR_TASK_WINDOW
+    uint32_t TR_OPF_FINAL
+    int TR_PART_ACTIVE
+    int TR_PART_IDLE
+    int TR_PART_ENDED
+    ctypedef enum tr_op_kind:
+        TR_OP_NONE
+        TR_OP_PROCESS
+        TR_OP_REFILL
+        TR_OP_WINDOW
+        TR_OP_COMMIT
+        TR_OP_TIMER
+        TR_OP_END_OF_STREAM
+    ctypedef enum tr_stop_reason:
+        TR_STOP_NONE
+        TR_STOP_END_OF_STREAM
+        TR_STOP_SHUTDOWN
+        TR_STOP_EXTERNAL
+        TR_STOP_ERROR
+        TR_STOP_TIMEOUT
+    ctypedef struct tr_loop:
+        pass
+    ctypedef struct tr_op:
+        uint32_t kind
+        uint32_t task
+        uint32_t partition
+        uint32_t flags
+        uint64_t seq
+        uint64_t item
+        uint64_t handle
+    ctypedef struct tr_loop_config:
+        uint32_t ntasks
+        uint32_t max_concurrency
+        uint32_t input_buffer
+        uint32_t pool_size
+        int32_t async_commit
+        int64_t window_ns
+        int64_t commit_ns
+        int64_t callback_timeout_ns
+        int64_t max_idle_ns
+        int64_t shutdown_ns
+    ctypedef struct tr_loop_task:
+        uint32_t npartitions
+        uint32_t flags
+    ctypedef struct tr_loop_hooks:
+        void *ctx
+        int (*run_batch)(void *ctx, tr_loop *loop) noexcept nogil
+        void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
+                               int discard) noexcept nogil
+        void (*worker_started)(void *ctx, uint32_t worker) noexcept nogil
+        void (*worker_stopping)(void *ctx, uint32_t worker) noexcept nogil
+    ctypedef struct tr_task_stats:
+        uint64_t processed
+        uint64_t completed
+        uint64_t outstanding
+        uint64_t windows
+        uint64_t commits
+        uint64_t timers
+        uint32_t done
+    ctypedef struct tr_loop_stats:
+        uint64_t envelopes_chosen
+        uint64_t idle_wakeups
+        uint64_t loop_iterations
+        uint64_t batches
+
+    tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out)
+    void tr_loop_destroy(tr_loop *loop)
+    tr_status tr_loop_run(tr_loop *loop, const tr_loop_hooks *hooks)
+    int tr_loop_next_op(tr_loop *loop, tr_op *out)
+    tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, uint64_t item, uint64_t handle)
+    void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state)
+    void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests)
+    tr_status tr_loop_complete(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests)
+    tr_status tr_loop_complete_local(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests)
+    tr_status tr_loop_fail(tr_loop *loop, uint32_t task, uint64_t seq)
+    tr_status tr_loop_post_error(tr_loop *loop, uint64_t error)
+    uint64_t tr_loop_take_error(tr_loop *loop)
+    void tr_loop_wake_partition(tr_loop *loop, uint32_t task, uint32_t partition)
+    void tr_loop_set_user_timer(tr_loop *loop, uint32_t task, int64_t when_ns)
+    void tr_loop_stop(tr_loop *loop)
+    tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
+    tr_status tr_loop_committed(const tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
+    uint64_t tr_loop_read_count(const tr_loop *loop, uint32_t task, uint32_t partition)
+    void tr_loop_task_stats(const tr_loop *loop, uint32_t task, tr_task_stats *out)
+    void tr_loop_get_stats(const tr_loop *loop, tr_loop_stats *out)
+    tr_stop_reason tr_loop_stop_reason(const tr_loop *loop)
+    void tr_loop_timeout_info(const tr_loop *loop, uint32_t *task, uint32_t *partition, uint64_t *seq,
+                              uint64_t *handle)
+    size_t tr_loop_drain_items(tr_loop *loop, uint64_t *out, size_t max)

@@ -6,6 +6,7 @@ Assembled from fragments, one concern each (uvloop style):
   _status.pxi      the one error checker (C status -> exceptions in errors.py)
   _types.pxi       Envelope and Coordinator (made once per message, so compiled)
   _primitives.pxi  Python wrappers of the C queue, sequencer and watermark
+  _loop.pxi        the C dispatch loop binding: trampolines, Callback, LoopRunner
 """
 
 cimport cython
@@ -17,3 +18,4 @@ from tailrace cimport _capi as capi
 include "_status.pxi"
 include "_types.pxi"
 include "_primitives.pxi"
+include "_loop.pxi"

@@ -1,0 +1,232 @@
+/* tailrace/loop.h: the dispatch loop (SEMANTICS rules 1-19, 21-23).
+ *
+ * One loop thread owns every task's scheduling state: per-partition bounded
+ * input rings (opaque 64-bit items, e.g. pinned envelope pointers), a
+ * tr_sequencer and a tr_watermark per task, barrier state (window, commit,
+ * user timers, end of stream, shutdown votes), a timer heap and the counters.
+ * The loop never calls the binding's language runtime itself; it decides what
+ * runs next (the one place that does) and hands operations to the binding:
+ *
+ *   tr_loop_run (no runtime lock held)
+ *     for (;;) {
+ *       drain completions -> release in sequence order -> advance watermarks
+ *       -> fire due timers -> evaluate barriers -> build a batch of ops
+ *       if (ops) hooks.run_batch(ctx, loop)   // binding takes its lock ONCE,
+ *                                             // pulls ops with tr_loop_next_op
+ *                                             // until it returns 0
+ *       else spin briefly, then park on the notifier (timeout from the timer
+ *            heap and the idle re-poll period; never a hot idle loop)
+ *     }
+ *
+ * tr_loop_next_op rebuilds the batch when it runs dry (same steps as above,
+ * without parking), so a task completed inline by the binding gets its next
+ * message in the same batch: one lock acquisition covers many messages.
+ *
+ * Threads:
+ *   - create / destroy / drain_items / take_error: the owning thread, loop not running.
+ *   - run: the loop thread. next_op, push_input, partition_state, complete_local,
+ *     control_done, watermark, mark_committed: the loop thread, inside run_batch.
+ *   - complete, fail, post_error, wake_partition, set_user_timer, stop, stats:
+ *     any thread, any time between create and destroy (also after run returned).
+ *
+ * Completion path (rules 12, 17, 22): the completing thread resolves the
+ * sequencer slot itself (one CAS, so exactly one of racing resolutions wins and
+ * double completion is detected exactly), then pushes the task index onto the
+ * loop's MPSC completion queue, whose notifier wakes a parked loop. The queue's
+ * capacity covers every outstanding sequence number plus one wake item per
+ * partition and one timer item per task, so a push never finds it full.
+ *
+ * Errors: the first error object posted (tr_loop_post_error) wins; the loop
+ * stops without dispatching anything more. The binding takes the object back
+ * with tr_loop_take_error once run returned.
+ */
+#ifndef TAILRACE_LOOP_H
+#define TAILRACE_LOOP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tailrace/status.h"
+#include "tailrace/watermark.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tr_loop tr_loop;
+
+/* Request bits reported by the binding (the Coordinator's take() bits). */
+#define TR_REQ_COMMIT_CURRENT 0x1u
+#define TR_REQ_COMMIT_ALL 0x2u
+#define TR_REQ_SHUTDOWN_CURRENT 0x4u
+#define TR_REQ_SHUTDOWN_ALL 0x8u
+#define TR_REQ_MASK 0xfu
+
+/* Task flags (tr_loop_task.flags). */
+#define TR_TASK_POOL 0x1u   /* process runs on the worker pool (sync tasks, pool size > 0) */
+#define TR_TASK_WINDOW 0x2u /* the task has a window hook (rule 8) */
+
+/* Operation kinds handed to the binding. */
+typedef enum tr_op_kind {
+    TR_OP_NONE = 0,
+    TR_OP_PROCESS = 1,       /* task, partition, seq, item (ownership passes to the binding), handle */
+    TR_OP_REFILL = 2,        /* task, partition, count = free ring slots: poll the reader */
+    TR_OP_WINDOW = 3,        /* task: run window(); then tr_loop_control_done */
+    TR_OP_COMMIT = 4,        /* task (flags TR_OPF_FINAL for the last one); then control_done */
+    TR_OP_TIMER = 5,         /* task: run due user timers; then control_done */
+    TR_OP_END_OF_STREAM = 6  /* task: run end_of_stream(); then control_done */
+} tr_op_kind;
+
+#define TR_OPF_FINAL 0x1u /* TR_OP_COMMIT: the final commit of a graceful stop */
+
+typedef struct tr_op {
+    uint32_t kind;
+    uint32_t task;
+    uint32_t partition;
+    uint32_t flags;
+    uint64_t seq;
+    uint64_t item;   /* PROCESS: the item pushed with push_input */
+    uint64_t handle; /* PROCESS: the offset handle; REFILL: free slots */
+} tr_op;
+
+/* Why the loop stopped. */
+typedef enum tr_stop_reason {
+    TR_STOP_NONE = 0,
+    TR_STOP_END_OF_STREAM = 1, /* every task done (rule 11) */
+    TR_STOP_SHUTDOWN = 2,      /* shutdown requests (rule 14) */
+    TR_STOP_EXTERNAL = 3,      /* tr_loop_stop (rule 19) */
+    TR_STOP_ERROR = 4,         /* an error was posted (rule 16) */
+    TR_STOP_TIMEOUT = 5        /* a callback timed out (rule 16); see tr_loop_timeout_info */
+} tr_stop_reason;
+
+/* Partition states for tr_loop_partition_state. */
+#define TR_PART_ACTIVE 0 /* poll again when the ring has room */
+#define TR_PART_IDLE 1   /* nothing ready: poll after a wake-up or max_idle_ns */
+#define TR_PART_ENDED 2  /* exhausted (bounded source): never poll again */
+
+typedef struct tr_loop_config {
+    uint32_t ntasks;              /* >= 1 */
+    uint32_t max_concurrency;     /* 1..TR_SEQ_MAX_CONCURRENCY */
+    uint32_t input_buffer;        /* items buffered per partition, >= 1 (rule 6) */
+    uint32_t pool_size;           /* worker threads for TR_TASK_POOL tasks (0: none) */
+    int32_t async_commit;         /* rule 10 */
+    int64_t window_ns;            /* <= 0 disables (rule 8) */
+    int64_t commit_ns;            /* <= 0 disables timer commits (rule 9) */
+    int64_t callback_timeout_ns;  /* <= 0 disables (rule 16) */
+    int64_t max_idle_ns;          /* idle re-poll period (clamped to >= 1 ms) */
+    int64_t shutdown_ns;          /* graceful wait for outstanding callbacks (rule 19) */
+} tr_loop_config;
+
+typedef struct tr_loop_hooks {
+    void *ctx;
+    /* Loop thread, runtime lock not held. Take it once, execute ops from
+     * tr_loop_next_op until it returns 0, release it. Return 0 to go on,
+     * nonzero to stop with an error (post the error object first). */
+    int (*run_batch)(void *ctx, tr_loop *loop);
+    /* (run_batch is also called with no ops after an idle timeout, at least
+     * every 100 ms, so the binding can check for signals.) */
+    /* Worker thread `worker`, runtime lock not held. Execute n PROCESS ops
+     * (or, when discard is set, only drop their items) and resolve each one
+     * with tr_loop_complete / tr_loop_fail. NULL when pool_size is 0. */
+    void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n, int discard);
+    /* Optional (may be NULL): called on each worker thread when it starts and
+     * before it exits, e.g. to keep a runtime thread state for its lifetime. */
+    void (*worker_started)(void *ctx, uint32_t worker);
+    void (*worker_stopping)(void *ctx, uint32_t worker);
+} tr_loop_hooks;
+
+/* Per-task counters (a snapshot; any thread). */
+typedef struct tr_task_stats {
+    uint64_t processed;  /* messages dispatched */
+    uint64_t completed;  /* completions released in order */
+    uint64_t outstanding;
+    uint64_t windows;
+    uint64_t commits;
+    uint64_t timers;
+    uint32_t done;
+} tr_task_stats;
+
+typedef struct tr_loop_stats {
+    uint64_t envelopes_chosen;
+    uint64_t idle_wakeups;
+    uint64_t loop_iterations;
+    uint64_t batches;
+} tr_loop_stats;
+
+typedef struct tr_loop_task {
+    uint32_t npartitions; /* 0..2^20 */
+    uint32_t flags;       /* TR_TASK_* */
+} tr_loop_task;
+
+/* tasks: cfg->ntasks entries. TR_EINVAL (bad config), TR_ENOMEM. */
+tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out);
+/* The owning thread; the loop must not be running, and no other thread may
+ * still call into it. Items and errors it still holds must be drained first. */
+void tr_loop_destroy(tr_loop *loop);
+
+/* Run until stopped. Returns TR_OK (see tr_loop_stop_reason), TR_ESYS if a
+ * worker thread could not start, TR_ENOMEM, TR_EINVAL if run is called twice. */
+tr_status tr_loop_run(tr_loop *loop, const tr_loop_hooks *hooks);
+
+/* Loop thread, inside run_batch: the next op, 1; 0 when the batch is over. */
+int tr_loop_next_op(tr_loop *loop, tr_op *out);
+
+/* Loop thread, inside run_batch (REFILL): append one item with its offset
+ * handle. TR_EAGAIN when the ring is full (nothing stored). */
+tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, uint64_t item, uint64_t handle);
+/* Loop thread, inside run_batch: TR_PART_IDLE or TR_PART_ENDED after a poll. */
+void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state);
+/* Loop thread, inside run_batch: the WINDOW/COMMIT/TIMER/END_OF_STREAM op of
+ * `task` has finished; `requests` are its coordinator's TR_REQ_* bits. */
+void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests);
+
+/* Any thread: resolve callback `seq` of `task` as completed, with the
+ * coordinator requests made for that message. TR_OK (this call won),
+ * TR_EALREADY (resolved before: rule 17), TR_EUNKNOWN, TR_EINVAL. */
+tr_status tr_loop_complete(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests);
+/* Loop thread inside run_batch: the same, without the completion queue. */
+tr_status tr_loop_complete_local(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests);
+/* Any thread: resolve as failed (never released, rule 18). Same statuses.
+ * The caller then posts the error object with tr_loop_post_error. */
+tr_status tr_loop_fail(tr_loop *loop, uint32_t task, uint64_t seq);
+/* Any thread: stop the loop with an error. `error` is an opaque nonzero word
+ * (the binding: a pinned exception). TR_OK: the loop owns it now (give it back
+ * with tr_loop_take_error). TR_EALREADY: an earlier error won; the caller keeps it. */
+tr_status tr_loop_post_error(tr_loop *loop, uint64_t error);
+/* Owning thread after run (or before destroy): the posted error word, or 0; clears it. */
+uint64_t tr_loop_take_error(tr_loop *loop);
+
+/* Any thread: new input (or its end) may be ready for this partition. */
+void tr_loop_wake_partition(tr_loop *loop, uint32_t task, uint32_t partition);
+/* Any thread: the task's earliest user timer is due at when_ns (tr_now_ns
+ * clock); INT64_MAX: no timer. The latest call wins. */
+void tr_loop_set_user_timer(tr_loop *loop, uint32_t task, int64_t when_ns);
+/* Any thread (also a signal handler: one atomic store and a notify): stop
+ * gracefully (rule 19). */
+void tr_loop_stop(tr_loop *loop);
+
+/* Loop thread: the task partition's low watermark / record a durable commit. */
+tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out);
+tr_status tr_loop_mark_committed(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark mark);
+/* Any thread: the last committed mark (TR_EAGAIN if none), messages read. */
+tr_status tr_loop_committed(const tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out);
+uint64_t tr_loop_read_count(const tr_loop *loop, uint32_t task, uint32_t partition);
+
+/* Any thread: counters. */
+void tr_loop_task_stats(const tr_loop *loop, uint32_t task, tr_task_stats *out);
+void tr_loop_get_stats(const tr_loop *loop, tr_loop_stats *out);
+tr_stop_reason tr_loop_stop_reason(const tr_loop *loop);
+/* After a TR_STOP_TIMEOUT: the task, partition, seq and offset handle of the
+ * callback that timed out. */
+void tr_loop_timeout_info(const tr_loop *loop, uint32_t *task, uint32_t *partition, uint64_t *seq,
+                          uint64_t *handle);
+
+/* Owning thread, after run: items the binding still owns a pin for (buffered
+ * in rings, or handed out in a batch the binding abandoned). Returns how many
+ * were written to out (call until 0). */
+size_t tr_loop_drain_items(tr_loop *loop, uint64_t *out, size_t max);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,145 @@
+/* test_loop: exact scenarios of the dispatch loop (timeouts, stop, errors,
+ * wake-ups, shutdown votes, user timers), with the fake binding of loop_harness.h. */
+#include "loop_harness.h"
+
+#include <stdio.h>
+#include <unistd.h>
+
+typedef struct delayed {
+    tr_loop *loop;
+    int what; /* 0 stop, 1 post error, 2 wake all partitions after making input available */
+    harness *h;
+} delayed;
+
+static void *delayed_main(void *arg) {
+    delayed *d = arg;
+    usleep(20000);
+    if (d->what == 0) tr_loop_stop(d->loop);
+    if (d->what == 1) CHECK_EQ(tr_loop_post_error(d->loop, 0xdead), TR_OK);
+    return NULL;
+}
+
+/* rule 16: a callback not completed in time stops the loop, naming it */
+static void test_callback_timeout(void) {
+    tr_loop_config c = h_config(2, 2);
+    c.callback_timeout_ns = 30000000;
+    harness h;
+    h_init(&h, &c, 1, 5, H_NEVER);
+    CHECK_EQ(h_run(&h, 0), TR_STOP_TIMEOUT);
+    uint32_t t, p;
+    uint64_t seq, handle;
+    tr_loop_timeout_info(h.loop, &t, &p, &seq, &handle);
+    CHECK(t < 2);
+    CHECK_EQ(p, 0);
+    CHECK_EQ(seq, 0);
+    CHECK_EQ(handle, 0);
+    CHECK_EQ(h.final_commits, 0);
+    h_free(&h);
+}
+
+/* rule 19: an external stop wakes a parked loop; graceful: final commit of every task */
+static void test_stop_wakes_parked_loop(void) {
+    tr_loop_config c = h_config(3, 1);
+    c.max_idle_ns = 10000000000LL; /* the idle re-poll must not be what wakes it */
+    harness h;
+    h_init(&h, &c, 1, UINT64_MAX, H_INLINE);
+    delayed d = {h.loop, 0, &h};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, delayed_main, &d), 0);
+    int64_t t0 = tr_now_ns();
+    CHECK_EQ(h_run(&h, 0), TR_STOP_EXTERNAL);
+    CHECK(tr_now_ns() - t0 < 2000000000LL);
+    pthread_join(th, NULL);
+    CHECK_EQ(h.final_commits, 3);
+    for (uint32_t t = 0; t < 3; t++) {
+        tr_mark m;
+        CHECK_EQ(tr_loop_committed(h.loop, t, 0, &m), TR_OK);
+        CHECK_EQ(m.position, 2); /* the live source gave 3 messages, all completed */
+    }
+    h_free(&h);
+}
+
+/* rule 16: an error posted from another thread stops the loop; the first error wins */
+static void test_post_error(void) {
+    tr_loop_config c = h_config(1, 1);
+    harness h;
+    h_init(&h, &c, 1, UINT64_MAX, H_INLINE);
+    delayed d = {h.loop, 1, &h};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, delayed_main, &d), 0);
+    CHECK_EQ(h_run(&h, 0), TR_STOP_ERROR);
+    pthread_join(th, NULL);
+    CHECK_EQ(tr_loop_post_error(h.loop, 0xbeef), TR_EALREADY);
+    CHECK_EQ(tr_loop_take_error(h.loop), 0xdead);
+    CHECK_EQ(tr_loop_take_error(h.loop), 0);
+    CHECK_EQ(h.final_commits, 0);
+    h_free(&h);
+}
+
+/* rule 14: the container stops once every task voted */
+static void test_shutdown_votes(void) {
+    tr_loop_config c = h_config(4, 1);
+    harness h;
+    h_init(&h, &c, 2, UINT64_MAX, H_INLINE);
+    h.shutdown_after = 2;
+    h.live_avail = 1000;
+    CHECK_EQ(h_run(&h, 0), TR_STOP_SHUTDOWN);
+    for (uint32_t t = 0; t < 4; t++) CHECK(h.next_proc[h_tp(&h, t, 0)] >= 3 || h.next_proc[h_tp(&h, t, 1)] >= 3);
+    CHECK_EQ(h.final_commits, 4);
+    h_free(&h);
+}
+
+/* rule 23: a user timer wakes the loop and runs like a window */
+static void test_user_timer(void) {
+    tr_loop_config c = h_config(2, 1);
+    c.max_idle_ns = 10000000000LL;
+    harness h;
+    h_init(&h, &c, 1, UINT64_MAX, H_INLINE);
+    tr_loop_set_user_timer(h.loop, 1, tr_now_ns() + 10000000);
+    tr_loop_set_user_timer(h.loop, 0, tr_now_ns() + 5000000);
+    tr_loop_set_user_timer(h.loop, 0, INT64_MAX); /* cancels task 0's */
+    delayed d = {h.loop, 0, &h};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, delayed_main, &d), 0);
+    CHECK_EQ(h_run(&h, 0), TR_STOP_EXTERNAL);
+    pthread_join(th, NULL);
+    CHECK_EQ(h.timers, 1);
+    tr_task_stats ts;
+    tr_loop_task_stats(h.loop, 1, &ts);
+    CHECK_EQ(ts.timers, 1);
+    tr_loop_task_stats(h.loop, 0, &ts);
+    CHECK_EQ(ts.timers, 0);
+    h_free(&h);
+}
+
+/* a task without partitions is at end of stream at once; bad configs are refused */
+static void test_edges(void) {
+    tr_loop_config c = h_config(2, 1);
+    harness h;
+    h_init(&h, &c, 0, 0, H_INLINE);
+    CHECK_EQ(h_run(&h, 0), TR_STOP_END_OF_STREAM);
+    CHECK_EQ(h.eos, 2);
+    tr_loop_hooks hooks = {&h, h_run_batch, NULL, NULL, NULL};
+    CHECK_EQ(tr_loop_run(h.loop, &hooks), TR_EINVAL); /* runs once */
+    h_free(&h);
+    tr_loop *L = NULL;
+    tr_loop_task one = {1, 0};
+    c = h_config(1, 0);
+    CHECK_EQ(tr_loop_create(&c, &one, &L), TR_EINVAL);
+    c = h_config(0, 1);
+    CHECK_EQ(tr_loop_create(&c, &one, &L), TR_EINVAL);
+    c = h_config(1, 1);
+    c.input_buffer = 0;
+    CHECK_EQ(tr_loop_create(&c, &one, &L), TR_EINVAL);
+}
+
+int main(void) {
+    test_callback_timeout();
+    test_stop_wakes_parked_loop();
+    test_post_error();
+    test_shutdown_votes();
+    test_user_timer();
+    test_edges();
+    printf("test_loop: ok\n");
+    return 0;
+}

@@ -1,0 +1,531 @@
+# The binding of the C dispatch loop (csrc/include/tailrace/loop.h).
+#
+# The GIL is released in one place, LoopRunner.run (`with nogil`). The C loop
+# re-enters Python only through the trampolines below (`noexcept with gil`):
+# _batch_trampoline once per batch on the loop thread, _pool_trampoline once
+# per batch on a pool thread. They catch every exception, record it, and tell
+# the loop to stop; nothing propagates into C.
+#
+# Pins (habit 5): while C holds a pointer to a Python object, a reference is
+# held for it:
+#   - envelope in an input ring: INCREF in _refill; the PROCESS op hands that
+#     reference back (_take_item steals it); leftovers are released in _drain.
+#   - error object posted to the loop: INCREF in _post; released by take_error
+#     (handed to the caller) or __dealloc__.
+#   - string offsets: not pointers in C; C holds integer ids, the objects live
+#     in _PartState.pinned and are released (with the GIL) in _refill once the
+#     watermark moved past them.
+#   - the runner itself: every Callback holds a reference to its LoopRunner, so
+#     the C loop outlives any callback that can still call into it.
+
+from cpython.exc cimport PyErr_CheckSignals
+
+import threading as _threading
+import time as _time
+
+from tailrace.errors import CallbackError as _CallbackError
+from tailrace.errors import TaskError as _TaskError
+
+cdef extern from "Python.h":
+    unsigned long PyThread_get_thread_ident()
+
+DEF _INT_HANDLE_LIMIT = 4611686018427387904  # 2**62
+
+OP_PROCESS = capi.TR_OP_PROCESS
+OP_WINDOW = capi.TR_OP_WINDOW
+OP_COMMIT = capi.TR_OP_COMMIT
+OP_TIMER = capi.TR_OP_TIMER
+OP_END_OF_STREAM = capi.TR_OP_END_OF_STREAM
+STOP_REASONS = {
+    capi.TR_STOP_NONE: "none",
+    capi.TR_STOP_END_OF_STREAM: "end_of_stream",
+    capi.TR_STOP_SHUTDOWN: "shutdown",
+    capi.TR_STOP_EXTERNAL: "stop",
+    capi.TR_STOP_ERROR: "error",
+    capi.TR_STOP_TIMEOUT: "timeout",
+}
+
+
+@cython.final
+cdef class _PartState:
+    """Loop-side state of one input partition (touched with the GIL)."""
+
+    cdef public object ssp
+    cdef public object reader
+    cdef public object low_watermark  # last released offset (or the start offset)
+    cdef public object committed  # last committed offset
+    cdef public object newest_read
+    cdef public long long read_n
+    cdef public long long released_n
+    cdef public long long committed_n
+    cdef dict pinned  # id -> offset object, for offsets that are not small ints
+    cdef long long next_id
+    cdef long long purged
+
+    def __init__(self, ssp, reader, start):
+        self.ssp = ssp
+        self.reader = reader
+        self.low_watermark = start
+        self.committed = start
+        self.newest_read = None
+        self.pinned = {}
+
+    cdef inline uint64_t handle_for(self, object offset):
+        if type(offset) is int and 0 <= offset < _INT_HANDLE_LIMIT:
+            return (<uint64_t>offset) << 1
+        cdef long long i = self.next_id
+        self.next_id += 1
+        self.pinned[i] = offset  # a reference held until the watermark passes it
+        return ((<uint64_t>i) << 1) | 1
+
+    cdef object offset_of(self, uint64_t handle):
+        if handle & 1 == 0:
+            return <object>(handle >> 1)
+        return self.pinned.get(<long long>(handle >> 1))
+
+    cdef void purge_below(self, uint64_t handle):
+        """Drop pinned offsets older than the watermark's own (GIL held)."""
+        if handle & 1 == 0:
+            return
+        cdef long long upto = <long long>(handle >> 1)
+        cdef dict pinned = self.pinned
+        while self.purged < upto:
+            pinned.pop(self.purged, None)
+            self.purged += 1
+
+    @property
+    def pinned_count(self):
+        return len(self.pinned)
+
+
+@cython.final
+cdef class _TaskSlot:
+    """Per-task data the batch executor needs (immutable during the run)."""
+
+    cdef public str name
+    cdef public object plan
+    cdef public object process  # bound process / process_async
+    cdef public object collector
+    cdef public Coordinator coordinator  # reused by sync process (one thread at a time)
+    cdef public bint is_async
+    cdef public bint pooled_concurrent  # sync on the pool at max concurrency > 1
+    cdef public list parts  # _PartState per partition index
+    cdef public long long failed
+    cdef public long long ignored
+    cdef public long long commits
+
+    def __init__(self, str name, plan, process, collector, bint is_async, list parts):
+        self.name = name
+        self.plan = plan
+        self.process = process
+        self.collector = collector
+        self.coordinator = Coordinator()
+        self.is_async = is_async
+        self.parts = parts
+
+
+@cython.final
+@cython.freelist(1024)
+cdef class Callback:
+    """Completion handle of one envelope (rules 12, 17, 22). Any thread, once.
+
+    Exactly one of ``complete()`` / ``fail(exc)`` may be called; a second
+    resolution stops the container with CallbackError.
+    """
+
+    cdef LoopRunner _runner  # pins the runner and its C loop
+    cdef Envelope _env
+    cdef Coordinator _coordinator
+    cdef uint64_t _seq
+    cdef uint32_t _task
+
+    def complete(self):
+        """Mark the message done (from any thread)."""
+        self._runner._resolve(self, None)
+
+    def fail(self, exc):
+        """Mark the message failed: stops the container with TaskError (rule 16)."""
+        if not isinstance(exc, BaseException):
+            exc = TypeError(f"callback.fail() expects an exception, got {exc!r}")
+        self._runner._resolve(self, exc)
+
+    def __repr__(self):
+        return f"<callback task={self._task} seq={self._seq} offset={self._env.offset!r}>"
+
+
+cdef inline Envelope _take_item(uint64_t item):
+    """Steals the ring's pin of an envelope: returns it as a new reference."""
+    cdef Envelope env = <Envelope><PyObject *>item  # new reference ...
+    Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
+    return env
+
+
+cdef int _batch_trampoline(void *ctx, capi.tr_loop *loop) noexcept with gil:
+    cdef LoopRunner r = <LoopRunner>ctx
+    try:
+        PyErr_CheckSignals()  # Python-level signal handlers (stop()) run here
+        r._run_batch()
+        return 0
+    except BaseException as e:  # noqa: B036 - nothing may cross into C
+        r._fatal(e)
+        return 1
+
+
+cdef void _pool_trampoline(void *ctx, capi.tr_loop *loop, uint32_t worker, const capi.tr_op *ops,
+                           size_t n, int discard) noexcept with gil:
+    cdef LoopRunner r = <LoopRunner>ctx
+    cdef size_t i
+    try:
+        r._run_pool_batch(ops, n, discard)
+    except BaseException as e:  # noqa: B036 - nothing may cross into C
+        r._fatal(e)
+
+
+cdef class LoopRunner:
+    """The C dispatch loop and its batch executor; used by tailrace.engine.native.
+
+    ``handler`` provides the rarely-run operations as Python methods:
+    ``on_window(task)``, ``on_commit(task, final)``, ``on_timer(task)`` and
+    ``on_end_of_stream(task)``, each returning coordinator request bits
+    (an exception there is recorded and stops the loop).
+    """
+
+    cdef capi.tr_loop *_loop
+    cdef list _slots
+    cdef PyObject **_slotv  # borrowed from _slots
+    cdef uint32_t _ntasks
+    cdef object _handler
+    cdef object _ignores
+    cdef bint _has_ignores
+    cdef unsigned long _loop_thread
+    cdef bint _in_batch
+    cdef object _fatal_error
+    cdef bint _running
+
+    def __cinit__(self):
+        self._loop = NULL
+        self._slotv = NULL
+
+    def __init__(self, list slots, handler, config, list window_flags):
+        cdef capi.tr_loop_config cfg
+        cdef capi.tr_loop_task *tasks
+        cdef Py_ssize_t i
+        cdef _TaskSlot s
+        self._slots = slots
+        self._ntasks = len(slots)
+        self._handler = handler
+        self._ignores = config.ignores
+        self._has_ignores = bool(config.ignored_exceptions)
+        cfg.ntasks = self._ntasks
+        cfg.max_concurrency = config.max_concurrency
+        cfg.input_buffer = config.input_buffer_size
+        cfg.pool_size = config.thread_pool_size
+        cfg.async_commit = 1 if config.async_commit else 0
+        cfg.window_ns = <int64_t>config.window_ms * 1000000
+        cfg.commit_ns = <int64_t>config.commit_ms * 1000000
+        cfg.callback_timeout_ns = <int64_t>config.callback_timeout_ms * 1000000
+        cfg.max_idle_ns = <int64_t>config.max_idle_ms * 1000000
+        cfg.shutdown_ns = <int64_t>config.shutdown_ms * 1000000
+        tasks = <capi.tr_loop_task *>malloc(max(1, self._ntasks) * sizeof(capi.tr_loop_task))
+        self._slotv = <PyObject **>malloc(max(1, self._ntasks) * sizeof(PyObject *))
+        if tasks is NULL or self._slotv is NULL:
+            free(tasks)
+            raise MemoryError()
+        try:
+            for i in range(self._ntasks):
+                s = <_TaskSlot>slots[i]
+                self._slotv[i] = <PyObject *>s  # borrowed: _slots keeps it alive
+                tasks[i].npartitions = len(s.parts)
+                tasks[i].flags = 0
+                if not s.is_async and config.thread_pool_size > 0:
+                    tasks[i].flags |= capi.TR_TASK_POOL
+                    s.pooled_concurrent = config.max_concurrency > 1
+                if window_flags[i]:
+                    tasks[i].flags |= capi.TR_TASK_WINDOW
+            check(capi.tr_loop_create(&cfg, tasks, &self._loop), "dispatch loop")
+        finally:
+            free(tasks)
+
+    def __dealloc__(self):
+        cdef uint64_t err
+        if self._loop is not NULL:
+            self._drain()
+            err = capi.tr_loop_take_error(self._loop)
+            if err:
+                Py_DECREF(<object><PyObject *>err)  # the pin taken in _post
+            capi.tr_loop_destroy(self._loop)
+            self._loop = NULL
+        free(self._slotv)
+        self._slotv = NULL
+
+    # -- running (the loop thread) ---------------------------------------------
+    def run(self):
+        """Run the loop on this thread until it stops; returns the stop reason name."""
+        cdef capi.tr_loop_hooks hooks
+        cdef capi.tr_status st
+        hooks.ctx = <void *>self
+        hooks.run_batch = _batch_trampoline
+        hooks.run_pool_batch = _pool_trampoline
+        hooks.worker_started = NULL
+        hooks.worker_stopping = NULL
+        self._loop_thread = PyThread_get_thread_ident()
+        self._running = True
+        try:
+            with nogil:  # the one place the GIL is released (habit 6)
+                st = capi.tr_loop_run(self._loop, &hooks)
+        finally:
+            self._running = False
+            self._drain()
+        check(st, "dispatch loop")
+        return STOP_REASONS.get(<int>capi.tr_loop_stop_reason(self._loop), "error")
+
+    cdef int _run_batch(self) except -1:
+        cdef capi.tr_op op
+        cdef capi.tr_loop *loop = self._loop
+        cdef _TaskSlot slot
+        cdef Envelope env
+        cdef Coordinator coord
+        cdef Callback cb
+        cdef int req
+        self._in_batch = True
+        try:
+            while capi.tr_loop_next_op(loop, &op):
+                slot = <_TaskSlot>self._slotv[op.task]
+                if op.kind == capi.TR_OP_PROCESS:
+                    env = _take_item(op.item)
+                    if not slot.is_async:
+                        coord = slot.coordinator
+                        try:
+                            slot.process(env, slot.collector, coord)
+                        except Exception as e:
+                            if not self._sync_error(slot, op.task, op.seq, env, e, coord, True):
+                                continue
+                        req = coord._requests
+                        coord._requests = 0
+                        capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req)
+                    else:
+                        cb = Callback.__new__(Callback)
+                        cb._runner = self
+                        cb._env = env
+                        cb._seq = op.seq
+                        cb._task = op.task
+                        coord = Coordinator.__new__(Coordinator)
+                        cb._coordinator = coord
+                        try:
+                            slot.process(env, slot.collector, coord, cb)
+                        except Exception as e:
+                            slot.failed += 1
+                            self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                elif op.kind == capi.TR_OP_REFILL:
+                    self._refill(slot, op.task, op.partition, <Py_ssize_t>op.handle)
+                else:
+                    self._control(op.kind, op.task, op.flags)
+        finally:
+            self._in_batch = False
+        return 0
+
+    cdef bint _sync_error(self, _TaskSlot slot, uint32_t t, uint64_t seq, Envelope env, object e,
+                          Coordinator coord, bint local):
+        """A sync process raised: True when ignored (complete normally), else fail and post."""
+        if self._has_ignores and self._ignores(e):
+            slot.ignored += 1
+            return True
+        coord._requests = 0
+        slot.failed += 1
+        capi.tr_loop_fail(self._loop, t, seq)
+        self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+        return False
+
+    cdef int _run_pool_batch(self, const capi.tr_op *ops, size_t n, int discard) except -1:
+        cdef size_t i
+        cdef _TaskSlot slot
+        cdef Envelope env
+        cdef Coordinator coord
+        cdef int req
+        for i in range(n):
+            env = _take_item(ops[i].item)
+            if discard:
+                continue
+            slot = <_TaskSlot>self._slotv[ops[i].task]
+            coord = Coordinator.__new__(Coordinator) if slot.pooled_concurrent else slot.coordinator
+            try:
+                slot.process(env, slot.collector, coord)
+            except Exception as e:
+                if not self._sync_error(slot, ops[i].task, ops[i].seq, env, e, coord, False):
+                    continue
+            req = coord._requests
+            coord._requests = 0
+            capi.tr_loop_complete(self._loop, ops[i].task, ops[i].seq, <uint32_t>req)
+        return 0
+
+    cdef int _refill(self, _TaskSlot slot, uint32_t t, uint32_t p, Py_ssize_t free_slots) except -1:
+        cdef _PartState ps = <_PartState>slot.parts[p]
+        cdef capi.tr_mark mark
+        cdef capi.tr_status st
+        cdef Py_ssize_t n
+        if ps.pinned and capi.tr_loop_watermark(self._loop, t, p, &mark) == capi.TR_OK:
+            ps.purge_below(mark.handle)
+        batch = ps.reader.poll(free_slots)
+        n = len(batch)
+        if n == 0:
+            if ps.reader.at_end():
+                capi.tr_loop_partition_state(self._loop, t, p, capi.TR_PART_ENDED)
+            else:
+                capi.tr_loop_partition_state(self._loop, t, p, capi.TR_PART_IDLE)
+            return 0
+        if n > free_slots:
+            raise RuntimeError(f"reader of {ps.ssp} returned {n} messages, asked for at most {free_slots}")
+        for env in batch:
+            Py_INCREF(env)  # the ring's pin: released by _take_item or _drain
+            st = capi.tr_loop_push_input(self._loop, t, p, <uint64_t><PyObject *>env,
+                                         ps.handle_for((<Envelope?>env).offset))
+            if st != capi.TR_OK:
+                Py_DECREF(env)
+                check(st, f"input ring of {ps.ssp}")
+        ps.read_n += n
+        ps.newest_read = (<Envelope>batch[n - 1]).offset
+        return 0
+
+    cdef int _control(self, uint32_t kind, uint32_t t, uint32_t flags) except -1:
+        cdef int req = 0
+        h = self._handler
+        if kind == capi.TR_OP_COMMIT:
+            req = h.on_commit(t, bool(flags & capi.TR_OPF_FINAL))
+        elif kind == capi.TR_OP_WINDOW:
+            req = h.on_window(t)
+        elif kind == capi.TR_OP_TIMER:
+            req = h.on_timer(t)
+        elif kind == capi.TR_OP_END_OF_STREAM:
+            req = h.on_end_of_stream(t)
+        capi.tr_loop_control_done(self._loop, t, <uint32_t>req)
+        return 0
+
+    cdef void _fatal(self, object e):
+        """An exception escaped the batch executor (a bug, or KeyboardInterrupt)."""
+        if self._fatal_error is None:
+            self._fatal_error = e
+
+    cdef void _drain(self):
+        """Release the pins of envelopes the loop still holds (GIL held, loop not running)."""
+        cdef uint64_t items[64]
+        cdef size_t n, i
+        if self._loop is NULL or self._running:
+            return
+        while True:
+            n = capi.tr_loop_drain_items(self._loop, items, 64)
+            if n == 0:
+                break
+            for i in range(n):
+                Py_DECREF(<object><PyObject *>items[i])
+
+    # -- any thread -----------------------------------------------------------
+    cdef _resolve(self, Callback cb, object exc):
+        cdef capi.tr_status st
+        cdef int req = cb._coordinator._requests
+        cdef _TaskSlot slot = <_TaskSlot>self._slotv[cb._task]
+        cb._coordinator._requests = 0
+        if exc is None:
+            if self._in_batch and PyThread_get_thread_ident() == self._loop_thread:
+                st = capi.tr_loop_complete_local(self._loop, cb._task, cb._seq, <uint32_t>req)
+            else:
+                st = capi.tr_loop_complete(self._loop, cb._task, cb._seq, <uint32_t>req)
+            if st == capi.TR_OK:
+                return
+            what = "completed"
+        else:
+            st = capi.tr_loop_fail(self._loop, cb._task, cb._seq)
+            if st == capi.TR_OK:
+                slot.failed += 1
+                self._post(_TaskError(slot.name, cb._env.ssp, cb._env.offset, exc))
+                return
+            what = "failed"
+        if st == capi.TR_EALREADY:
+            self._post(_CallbackError(slot.name, cb._env.ssp, cb._env.offset, exc,
+                                      detail=f"callback {what} a second time (rule 17)"))
+            return
+        check(st, "callback")
+
+    cdef void _post(self, object err):
+        """Hand an error to the loop (the first one wins and stops it)."""
+        Py_INCREF(err)  # the loop's pin: released by take_error or __dealloc__
+        if capi.tr_loop_post_error(self._loop, <uint64_t><PyObject *>err) != capi.TR_OK:
+            Py_DECREF(err)  # an earlier error won; this one is dropped
+
+    def post_error(self, err):
+        """Stop the loop with ``err`` unless an error is already recorded (any thread)."""
+        self._post(err)
+
+    def take_error(self):
+        """The error that stopped the loop (exceptions raised in the executor first), or None."""
+        cdef uint64_t w = capi.tr_loop_take_error(self._loop)
+        err = None
+        if w:
+            err = <object><PyObject *>w  # new reference ...
+            Py_DECREF(err)  # ... drop the pin taken in _post
+        fatal = self._fatal_error
+        self._fatal_error = None
+        return fatal if fatal is not None else err
+
+    def stop(self):
+        """Request a graceful stop; wakes a parked loop (any thread, signal handlers)."""
+        capi.tr_loop_stop(self._loop)
+
+    def waker(self, uint32_t task, uint32_t partition):
+        """A callable for PartitionReader.start: new input may be ready (any thread)."""
+        return _Waker(self, task, partition)
+
+    def set_user_timer(self, uint32_t task, when):
+        """Wake the loop for ``task``'s timers at ``when`` (time.time() seconds; None: no timer)."""
+        cdef int64_t ns
+        if when is None:
+            ns = 0x7fffffffffffffff
+        else:
+            ns = capi.tr_now_ns() + <int64_t>((when - _time.time()) * 1e9)
+        capi.tr_loop_set_user_timer(self._loop, task, ns)
+
+    # -- loop thread, in control ops or after run --------------------------------
+    def watermark(self, uint32_t task, uint32_t partition):
+        """(released count, offset) of a partition's low watermark, or None."""
+        cdef capi.tr_mark m
+        if capi.tr_loop_watermark(self._loop, task, partition, &m) != capi.TR_OK:
+            return None
+        ps = <_PartState>(<_TaskSlot>self._slotv[task]).parts[partition]
+        return (m.position + 1, ps.offset_of(m.handle))
+
+    def timeout_info(self):
+        """(task, partition, offset) of the callback that timed out."""
+        cdef uint32_t t, p
+        cdef uint64_t seq, handle
+        capi.tr_loop_timeout_info(self._loop, &t, &p, &seq, &handle)
+        ps = <_PartState>(<_TaskSlot>self._slotv[t]).parts[p]
+        return (t, ps.ssp, ps.offset_of(handle))
+
+    # -- metrics (any thread) ---------------------------------------------------
+    def task_stats(self, uint32_t task):
+        """(processed, completed, outstanding, windows, timers) of a task."""
+        cdef capi.tr_task_stats s
+        capi.tr_loop_task_stats(self._loop, task, &s)
+        return (s.processed, s.completed, s.outstanding, s.windows, s.timers)
+
+    def stats(self):
+        """(envelopes_chosen, idle_wakeups, loop_iterations, batches)."""
+        cdef capi.tr_loop_stats s
+        capi.tr_loop_get_stats(self._loop, &s)
+        return (s.envelopes_chosen, s.idle_wakeups, s.loop_iterations, s.batches)
+
+
+@cython.final
+cdef class _Waker:
+    """Reader wakeup: any thread, cheap (an atomic flag and at most one queue push)."""
+
+    cdef LoopRunner _runner  # keeps the C loop alive while a reader holds this
+    cdef uint32_t _task
+    cdef uint32_t _part
+
+    def __cinit__(self, LoopRunner runner, uint32_t task, uint32_t part):
+        self._runner = runner
+        self._task = task
+        self._part = part
+
+    def __call__(self):
+        capi.tr_loop_wake_partition(self._runner._loop, self._task, self._part)

@@ -1,0 +1,343 @@
+"""The C engine: the dispatch loop of ``csrc/src/loop.c`` driven through ``tailrace._core``.
+
+The C loop decides what runs next (completions, release, watermarks, barriers,
+timers, round robin); the compiled batch executor (``_core.LoopRunner``) runs
+process calls and input polling with the GIL taken once per batch. The rarely
+run operations (window, commit, timers, end of stream) are the methods
+``on_*`` below, called from that executor on the loop thread.
+
+Behaviour matches the reference engine (``engine/reference.py``) decision for
+decision, including where SEMANTICS.md leaves room: commits write only when a
+watermark moved, ``commits`` counts store writes, requests from window, timers
+and end of stream take effect at once, a task at end of stream counts as having
+voted for shutdown, and a failure stops the loop at once, then each task's low
+watermark is committed and every task is closed before the error is raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartState, _TaskSlot
+from ..api import hook
+from ..container import JobPlan
+from ..errors import CallbackTimeoutError, TailraceError, TaskError
+from ..metrics import ContainerMetrics, RunResult, TaskMetrics
+
+log = logging.getLogger("tailrace.engine.native")
+
+_TIMER_SLACK = 0.0002  # seconds: the C timer and time.time() disagree by rounding only
+
+
+class _Timers:
+    """Per-task one-shot timers (rule 23): the TimerService of TaskContext.
+
+    ``schedule``/``cancel`` from any thread; each change tells the C loop the
+    earliest due time, which wakes it (tr_loop_set_user_timer).
+    """
+
+    def __init__(self, runner: LoopRunner | None, index: int) -> None:
+        self._lock = threading.Lock()
+        self._heap: list[tuple[float, int, Any]] = []
+        self._entries: dict[Any, tuple[float, int, Callable[..., Any]]] = {}
+        self._counter = itertools.count()
+        self.runner = runner
+        self.index = index
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        while heap:
+            _, n, key = heap[0]
+            entry = self._entries.get(key)
+            if entry is not None and entry[1] == n:
+                return
+            heapq.heappop(heap)
+
+    def _publish(self) -> None:
+        # lock held: the latest call into the loop carries the latest earliest time
+        self._drop_stale()
+        if self.runner is not None:
+            self.runner.set_user_timer(self.index, self._heap[0][0] if self._heap else None)
+
+    def schedule(self, key: Any, when: float, fn: Callable[..., Any]) -> None:
+        with self._lock:
+            n = next(self._counter)
+            self._entries[key] = (when, n, fn)
+            heapq.heappush(self._heap, (when, n, key))
+            self._publish()
+
+    def cancel(self, key: Any) -> bool:
+        with self._lock:
+            found = self._entries.pop(key, None) is not None
+            if found:
+                self._publish()
+            return found
+
+    def pop_due(self, now: float) -> list[tuple[Any, Callable[..., Any]]]:
+        """Remove and return the timers due at ``now``, in time order."""
+        due: list[tuple[Any, Callable[..., Any]]] = []
+        with self._lock:
+            while True:
+                self._drop_stale()
+                if not self._heap or self._heap[0][0] > now:
+                    break
+                _, _, key = heapq.heappop(self._heap)
+                _, _, fn = self._entries.pop(key)
+                due.append((key, fn))
+            self._publish()
+        return due
+
+
+class NativeEngine:
+    """The C run loop for "sync" and "async" tasks (SEMANTICS.md).
+
+    ``run()`` blocks on the calling thread (the GIL is released while the loop
+    waits); ``stop()`` and ``metrics()`` are safe from any thread, ``stop()``
+    also from a signal handler.
+    """
+
+    def __init__(self, plan: JobPlan) -> None:
+        for t in plan.tasks:
+            if t.kind == "asyncio":
+                raise TailraceError(
+                    f"task {t.name!r} ({type(t.task).__qualname__}) uses async def process(); "
+                    "asyncio tasks are not supported by the c engine yet"
+                )
+            if t.kind not in ("sync", "async"):
+                raise TailraceError(f"task {t.name!r}: unknown task kind {t.kind!r}")
+        self.plan = plan
+        self.config = cfg = plan.config
+        self._slots: list[_TaskSlot] = []
+        self._windows: list[Callable[..., Any] | None] = []
+        self._timers: list[_Timers] = []
+        for tp in plan.tasks:
+            parts = [_PartState(s, r, tp.start_offsets.get(s)) for s, r in zip(tp.partitions, tp.readers)]
+            process = tp.task.process if tp.kind == "sync" else tp.task.process_async
+            self._slots.append(_TaskSlot(tp.name, tp, process, tp.collector, tp.kind == "async", parts))
+            self._windows.append(hook(tp.task, "window") if cfg.window_ms > 0 else None)
+            self._timers.append(_Timers(None, tp.index))
+        self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows])
+        for timers in self._timers:
+            timers.runner = self._runner
+        self._ran = False
+        self._failure: BaseException | None = None
+        self._reason = "stop"
+
+    # -- Engine protocol ---------------------------------------------------------
+    def stop(self) -> None:
+        """Request a graceful stop (rule 19); wakes a parked loop. Any thread, signal handlers."""
+        self._runner.stop()
+
+    def metrics(self) -> tuple[dict[str, TaskMetrics], ContainerMetrics]:
+        """A snapshot of task and container metrics; safe from any thread."""
+        chosen, wakeups, iterations, _ = self._runner.stats()
+        tasks = {s.name: self._task_metrics(i) for i, s in enumerate(self._slots)}
+        return tasks, ContainerMetrics(chosen, wakeups, iterations)
+
+    def run(self) -> RunResult:
+        """Run until end of stream, shutdown, stop or error (raises TaskError)."""
+        if self._ran:
+            raise TailraceError("NativeEngine.run() may be called once")
+        self._ran = True
+        started = time.monotonic()
+        try:
+            if self._start():
+                self._loop()
+            if self._failure is not None:
+                self._final_commit()  # the low watermark, never past a failure (rules 18, 19)
+        finally:
+            self._close_tasks()
+        if self._failure is not None:
+            raise self._failure
+        tasks, container = self.metrics()
+        committed = {p.ssp: p.committed for s in self._slots for p in s.parts if p.committed is not None}
+        return RunResult(tasks, container, committed, self._reason, time.monotonic() - started)
+
+    # -- start, loop, end -------------------------------------------------------------
+    def _start(self) -> bool:
+        runner = self._runner
+        for i, s in enumerate(self._slots):
+            for j, p in enumerate(s.parts):
+                p.reader.start(p.committed, runner.waker(i, j))
+        for i, s in enumerate(self._slots):
+            init = hook(s.plan.task, "init")
+            if init is None:
+                continue
+            context = s.plan.make_context(
+                self.config, self._timers[i], functools.partial(self._task_metrics, i)
+            )
+            try:
+                init(context)
+            except Exception as e:  # noqa: BLE001 - user code
+                self._fail(TaskError(s.name, original=e, phase="init"))
+                return False
+        return True
+
+    def _loop(self) -> None:
+        runner = self._runner
+        reason = runner.run()
+        error = runner.take_error()
+        if reason == "timeout":
+            t, ssp, offset = runner.timeout_info()
+            slot = self._slots[t]
+            slot.failed += 1
+            ms = self.config.callback_timeout_ms
+            error = CallbackTimeoutError(
+                slot.name,
+                ssp,
+                offset,
+                TimeoutError(f"callback not completed within task.callback.timeout.ms={ms}"),
+            )
+        if error is not None:
+            self._fail(error)
+        elif reason == "error":
+            self._fail(TailraceError("the dispatch loop stopped with an error but recorded none"))
+        else:
+            self._reason = reason
+
+    def _fail(self, error: BaseException) -> None:
+        if self._failure is None:
+            log.info("stopping on error: %s", error)
+            self._failure = error
+        else:
+            log.warning("further error while stopping: %s", error)
+
+    def _final_commit(self) -> None:
+        for i in range(len(self._slots)):
+            try:
+                self._commit(i)
+            except BaseException as e:  # noqa: BLE001 - the first error wins
+                self._fail(e)
+
+    def _close_tasks(self) -> None:
+        for s in self._slots:
+            close = hook(s.plan.task, "close")
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as e:  # user code; close every task regardless
+                log.exception("close() of task %r failed", s.name)
+                if self._failure is None:
+                    self._failure = TaskError(s.name, original=e, phase="close")
+
+    # -- operations the C loop hands over (loop thread) ------------------------------
+    def _refresh(self, i: int) -> None:
+        for j, p in enumerate(self._slots[i].parts):
+            mark = self._runner.watermark(i, j)
+            if mark is not None:
+                p.released_n, p.low_watermark = mark
+
+    def _commit(self, i: int) -> None:
+        """Write each partition's low watermark when one moved (rules 9, 10, 12, 13). Raises."""
+        s = self._slots[i]
+        self._refresh(i)
+        parts = s.parts
+        if not any(p.low_watermark != p.committed for p in parts):
+            return
+        offsets = {p.ssp: p.low_watermark for p in parts if p.low_watermark is not None}
+        try:
+            self.plan.commit(s.plan, offsets)
+        except TailraceError:
+            raise
+        except Exception as e:
+            raise TaskError(s.name, original=e, phase="commit") from e
+        for p in parts:
+            p.committed = p.low_watermark
+            p.committed_n = p.released_n
+        s.commits += 1
+
+    def on_commit(self, i: int, final: bool) -> int:
+        try:
+            self._commit(i)
+        except BaseException as e:  # noqa: BLE001 - recorded; stops the loop
+            self._runner.post_error(e)
+        return 0
+
+    def on_window(self, i: int) -> int:
+        s = self._slots[i]
+        window = self._windows[i]
+        if window is None:
+            return 0
+        coordinator = Coordinator()
+        try:
+            window(s.collector, coordinator)
+        except Exception as e:  # noqa: BLE001 - user code
+            if self.config.ignores(e):
+                s.ignored += 1
+            else:
+                self._runner.post_error(TaskError(s.name, original=e, phase="window"))
+                return 0
+        return coordinator.take()
+
+    def on_timer(self, i: int) -> int:
+        s = self._slots[i]
+        requests = 0
+        for key, fn in self._timers[i].pop_due(time.time() + _TIMER_SLACK):
+            coordinator = Coordinator()
+            try:
+                fn(key, s.collector, coordinator)
+            except Exception as e:  # noqa: BLE001 - user code
+                self._runner.post_error(
+                    TaskError(s.name, original=e, phase="timer", detail=f"timer {key!r}: {e!r}")
+                )
+                return 0
+            requests |= coordinator.take()
+        return requests
+
+    def on_end_of_stream(self, i: int) -> int:
+        s = self._slots[i]
+        eos = hook(s.plan.task, "end_of_stream")
+        if eos is None:
+            return 0
+        coordinator = Coordinator()
+        try:
+            eos(s.collector, coordinator)
+        except Exception as e:  # noqa: BLE001 - user code
+            self._runner.post_error(TaskError(s.name, original=e, phase="end_of_stream"))
+            return 0
+        requests = coordinator.take()
+        if requests & (COMMIT_CURRENT | COMMIT_ALL):  # the hook's own commit runs before the task is done
+            try:
+                self._commit(i)
+            except BaseException as e:  # noqa: BLE001 - recorded; stops the loop
+                self._runner.post_error(e)
+                return 0
+        return requests & ~COMMIT_CURRENT
+
+    # -- metrics -----------------------------------------------------------------------
+    def _task_metrics(self, i: int) -> TaskMetrics:
+        s = self._slots[i]
+        processed, completed, outstanding, windows, timers = self._runner.task_stats(i)
+        m = TaskMetrics(
+            task=s.name,
+            processed=processed,
+            completed=completed,
+            failed=s.failed,
+            ignored=s.ignored,
+            outstanding=outstanding,
+            windows=windows,
+            commits=s.commits,
+            timers=timers,
+        )
+        for j, p in enumerate(list(s.parts)):
+            mark = self._runner.watermark(i, j)
+            low = p.low_watermark if mark is None or mark[1] is None else mark[1]
+            if p.committed is not None:
+                m.committed[p.ssp] = p.committed
+            if low is not None:
+                m.low_watermark[p.ssp] = low
+            if p.newest_read is not None:
+                m.newest_read[p.ssp] = p.newest_read
+            m.lag[p.ssp] = p.read_n - p.committed_n
+        return m
+
+
+__all__ = ["NativeEngine"]
