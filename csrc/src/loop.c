@@ -46,8 +46,13 @@ enum { CQ_DONE = 1, CQ_WAKE = 2, CQ_TIMER = 3 };
 
 enum { H_WINDOW = 1, H_COMMIT = 2, H_USER = 3, H_CBTIMEOUT = 4 };
 enum { PH_RUNNING = 0, PH_DRAINING = 1, PH_FINAL = 2, PH_FINISHED = 3 };
-enum { CTL_NONE = 0, CTL_COMMIT = TR_OP_COMMIT, CTL_WINDOW = TR_OP_WINDOW, CTL_TIMER = TR_OP_TIMER,
-       CTL_EOS = TR_OP_END_OF_STREAM };
+enum {
+    CTL_NONE = 0,
+    CTL_COMMIT = TR_OP_COMMIT,
+    CTL_WINDOW = TR_OP_WINDOW,
+    CTL_TIMER = TR_OP_TIMER,
+    CTL_EOS = TR_OP_END_OF_STREAM
+};
 
 typedef struct part {
     uint64_t *items;
@@ -152,7 +157,8 @@ static inline void bump(_Atomic uint64_t *c) {
 
 static uint32_t pow2_at_least(uint64_t n) {
     uint64_t p = 2;
-    while (p < n && p < (1ull << 30)) p <<= 1;
+    while (p < n && p < (1ull << 30))
+        p <<= 1;
     return (uint32_t)p;
 }
 
@@ -173,7 +179,8 @@ static int heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32
     hent e = {when, t, kind, gen};
     while (i > 0) {
         size_t up = (i - 1) / 2;
-        if (L->heap[up].when <= when) break;
+        if (L->heap[up].when <= when)
+            break;
         L->heap[i] = L->heap[up];
         i = up;
     }
@@ -186,9 +193,12 @@ static void heap_sift_down(tr_loop *L, size_t i) {
     size_t n = L->nheap;
     for (;;) {
         size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && L->heap[c + 1].when < L->heap[c].when) c++;
-        if (L->heap[c].when >= e.when) break;
+        if (c >= n)
+            break;
+        if (c + 1 < n && L->heap[c + 1].when < L->heap[c].when)
+            c++;
+        if (L->heap[c].when >= e.when)
+            break;
         L->heap[i] = L->heap[c];
         i = c;
     }
@@ -198,7 +208,8 @@ static void heap_sift_down(tr_loop *L, size_t i) {
 static hent heap_pop(tr_loop *L) {
     hent top = L->heap[0];
     L->heap[0] = L->heap[--L->nheap];
-    if (L->nheap) heap_sift_down(L, 0);
+    if (L->nheap)
+        heap_sift_down(L, 0);
     return top;
 }
 
@@ -208,16 +219,20 @@ static void heap_compact(tr_loop *L) {
     size_t j = 0;
     for (size_t i = 0; i < L->nheap; i++) {
         hent e = L->heap[i];
-        if (e.kind == H_USER && e.gen != L->tasks[e.task].timer_gen) continue;
+        if (e.kind == H_USER && e.gen != L->tasks[e.task].timer_gen)
+            continue;
         L->heap[j++] = e;
     }
     L->nheap = j;
-    for (size_t i = j / 2; i-- > 0;) heap_sift_down(L, i);
+    for (size_t i = j / 2; i-- > 0;)
+        heap_sift_down(L, i);
 }
 
 /* ------------------------------------------------------------ scheduling */
 
-static inline int commit_pending(const task *T) { return T->commit_req || T->commit_due; }
+static inline int commit_pending(const task *T) {
+    return T->commit_req || T->commit_due;
+}
 
 static inline int worker_has_room(const tr_loop *L, const task *T) {
     const worker *W = &L->workers[T->worker];
@@ -227,17 +242,23 @@ static inline int worker_has_room(const tr_loop *L, const task *T) {
 }
 
 static int runnable(const tr_loop *L, const task *T) {
-    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due) return 0;
-    if (!L->cfg.async_commit && commit_pending(T)) return 0;
-    if (T->buffered == 0) return 0;
-    if (tr_sequencer_outstanding(T->seq) >= L->cfg.max_concurrency) return 0;
-    if ((T->flags & TR_TASK_POOL) && !worker_has_room(L, T)) return 0;
+    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due)
+        return 0;
+    if (!L->cfg.async_commit && commit_pending(T))
+        return 0;
+    if (T->buffered == 0)
+        return 0;
+    if (tr_sequencer_outstanding(T->seq) >= L->cfg.max_concurrency)
+        return 0;
+    if ((T->flags & TR_TASK_POOL) && !worker_has_room(L, T))
+        return 0;
     return 1;
 }
 
 static void maybe_ready(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
-    if (T->in_ready || !runnable(L, T)) return;
+    if (T->in_ready || !runnable(L, T))
+        return;
     T->in_ready = 1;
     L->ready[(L->ready_head + L->ready_count) % L->cfg.ntasks] = t;
     L->ready_count++;
@@ -245,39 +266,48 @@ static void maybe_ready(tr_loop *L, uint32_t t) {
 
 /* Which control op may run for T now (commit > window > timer > end of stream). */
 static int control_kind(const tr_loop *L, const task *T) {
-    if (T->in_control || T->done || L->phase >= PH_FINAL) return CTL_NONE;
+    if (T->in_control || T->done || L->phase >= PH_FINAL)
+        return CTL_NONE;
     if (commit_pending(T)) {
         /* rule 9: nothing invoked-and-incomplete, unless async commit (rule 10);
          * completed-but-held messages are fine: they are exactly the tail the
          * commit must not cover (rule 15) */
-        if (L->cfg.async_commit || T->acquired == T->completions) return CTL_COMMIT;
+        if (L->cfg.async_commit || T->acquired == T->completions)
+            return CTL_COMMIT;
         return CTL_NONE;
     }
-    if (L->phase != PH_RUNNING) return CTL_NONE;
+    if (L->phase != PH_RUNNING)
+        return CTL_NONE;
     uint32_t out = tr_sequencer_outstanding(T->seq);
-    if (T->window_due) return out == 0 ? CTL_WINDOW : CTL_NONE;
-    if (T->timer_due) return out == 0 ? CTL_TIMER : CTL_NONE;
-    if (T->nended == T->nparts && T->buffered == 0 && out == 0) return CTL_EOS;
+    if (T->window_due)
+        return out == 0 ? CTL_WINDOW : CTL_NONE;
+    if (T->timer_due)
+        return out == 0 ? CTL_TIMER : CTL_NONE;
+    if (T->nended == T->nparts && T->buffered == 0 && out == 0)
+        return CTL_EOS;
     return CTL_NONE;
 }
 
 static void maybe_control(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
-    if (T->in_ctl || control_kind(L, T) == CTL_NONE) return;
+    if (T->in_ctl || control_kind(L, T) == CTL_NONE)
+        return;
     T->in_ctl = 1;
     L->ctl[L->nctl++] = t;
 }
 
 static void mark_dirty(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
-    if (T->in_dirty) return;
+    if (T->in_dirty)
+        return;
     T->in_dirty = 1;
     L->dirty[L->ndirty++] = t;
 }
 
 static void queue_refill(tr_loop *L, uint32_t t, uint32_t p) {
     part *P = &L->tasks[t].parts[p];
-    if (P->refill_queued || P->state != TR_PART_ACTIVE) return;
+    if (P->refill_queued || P->state != TR_PART_ACTIVE)
+        return;
     P->refill_queued = 1;
     L->refill[(L->refill_head + L->refill_count) % L->refill_cap] = ((uint64_t)t << 32) | p;
     L->refill_count++;
@@ -286,17 +316,21 @@ static void queue_refill(tr_loop *L, uint32_t t, uint32_t p) {
 static void finish(tr_loop *L, tr_stop_reason reason) {
     uint32_t none = TR_STOP_NONE;
     /* relaxed: read by stats and by the owner after run returns (join orders it) */
-    atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED, TR_RELAXED);
+    atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED,
+                                            TR_RELAXED);
     L->phase = PH_FINISHED;
 }
 
 static void begin_drain(tr_loop *L, tr_stop_reason reason) {
-    if (L->phase != PH_RUNNING) return;
+    if (L->phase != PH_RUNNING)
+        return;
     uint32_t none = TR_STOP_NONE;
-    atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED, TR_RELAXED);
+    atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED,
+                                            TR_RELAXED);
     L->phase = PH_DRAINING;
     L->drain_deadline = L->now + (L->cfg.shutdown_ns > 0 ? L->cfg.shutdown_ns : 0);
-    for (uint32_t t = 0; t < L->cfg.ntasks; t++) maybe_control(L, t);
+    for (uint32_t t = 0; t < L->cfg.ntasks; t++)
+        maybe_control(L, t);
 }
 
 static void settle_check(tr_loop *L) {
@@ -319,10 +353,12 @@ static void apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
     }
     if ((req & TR_REQ_SHUTDOWN_CURRENT) && !T->voted) {
         T->voted = 1;
-        if (!T->done) L->settled_count++;
+        if (!T->done)
+            L->settled_count++;
         settle_check(L);
     }
-    if (req & TR_REQ_SHUTDOWN_ALL) begin_drain(L, TR_STOP_SHUTDOWN);
+    if (req & TR_REQ_SHUTDOWN_ALL)
+        begin_drain(L, TR_STOP_SHUTDOWN);
 }
 
 /* Release T's contiguous completed prefix into its watermarks (rule 12). Stops
@@ -332,7 +368,8 @@ static void release_task(tr_loop *L, uint32_t t, int all) {
     task *T = &L->tasks[t];
     tr_seq_release buf[64];
     for (;;) {
-        if (T->commit_hold && !all) break;
+        if (T->commit_hold && !all)
+            break;
         size_t n = tr_sequencer_release(T->seq, buf, 64);
         for (size_t i = 0; i < n; i++) {
             uint32_t p = (uint32_t)(buf[i].tag_a & PART_MASK);
@@ -342,10 +379,13 @@ static void release_task(tr_loop *L, uint32_t t, int all) {
             (void)tr_watermark_advance(T->wm, p, pos, buf[i].tag_b);
             bump(&T->completed);
             uint32_t req = (buf[i].flags >> TR_SEQ_USER_SHIFT) & TR_REQ_MASK;
-            if (req && !all) apply_requests(L, t, req);
+            if (req && !all)
+                apply_requests(L, t, req);
         }
-        if (n == 0) break;
-        if ((buf[n - 1].flags & TR_SEQ_COMMIT) && !all) T->commit_hold = 1;
+        if (n == 0)
+            break;
+        if ((buf[n - 1].flags & TR_SEQ_COMMIT) && !all)
+            T->commit_hold = 1;
     }
     maybe_ready(L, t);
     maybe_control(L, t);
@@ -370,7 +410,8 @@ static void drain_completions(tr_loop *L) {
             task *T = &L->tasks[t];
             if (kind == CQ_DONE) {
                 T->completions++;
-                if (T->infl) T->infl[items[i].b & T->infl_mask].done = 1;
+                if (T->infl)
+                    T->infl[items[i].b & T->infl_mask].done = 1;
                 mark_dirty(L, t);
             } else if (kind == CQ_WAKE) {
                 uint32_t p = (uint32_t)items[i].b;
@@ -389,18 +430,21 @@ static void drain_completions(tr_loop *L) {
                 atomic_exchange_explicit(&T->timer_pending, 0, TR_ACQ_REL);
                 int64_t when = atomic_load_explicit(&T->timer_when, TR_ACQUIRE);
                 T->timer_gen++;
-                if (when != INT64_MAX && !T->done) heap_push(L, when, t, H_USER, T->timer_gen);
+                if (when != INT64_MAX && !T->done)
+                    heap_push(L, when, t, H_USER, T->timer_gen);
             }
         }
     }
-    if (L->nheap > 8u * L->cfg.ntasks + 64u) heap_compact(L);
+    if (L->nheap > 8u * L->cfg.ntasks + 64u)
+        heap_compact(L);
 }
 
 static void check_timeout(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
     uint64_t s = tr_sequencer_released_upto(T->seq);
     uint64_t end = tr_sequencer_next_seq(T->seq);
-    while (s < end && T->infl[s & T->infl_mask].done) s++;
+    while (s < end && T->infl[s & T->infl_mask].done)
+        s++;
     if (s == end) {
         T->timeout_armed = 0;
         return;
@@ -431,7 +475,8 @@ static void fire_timers(tr_loop *L) {
             check_timeout(L, e.task);
             continue;
         }
-        if (T->done || L->phase != PH_RUNNING) continue;
+        if (T->done || L->phase != PH_RUNNING)
+            continue;
         if (e.kind == H_WINDOW) {
             T->window_due = 1; /* coalesces: one pending window at a time */
             heap_push(L, rearm(e.when, L->cfg.window_ns, L->now), e.task, H_WINDOW, 0);
@@ -439,15 +484,16 @@ static void fire_timers(tr_loop *L) {
             T->commit_due = 1;
             heap_push(L, rearm(e.when, L->cfg.commit_ns, L->now), e.task, H_COMMIT, 0);
         } else if (e.kind == H_USER) {
-            if (e.gen != T->timer_gen) continue;
+            if (e.gen != T->timer_gen)
+                continue;
             T->timer_due = 1;
         }
         maybe_control(L, e.task);
     }
 }
 
-static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t flags, uint64_t seq, uint64_t item,
-                 uint64_t handle) {
+static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t flags, uint64_t seq,
+                 uint64_t item, uint64_t handle) {
     tr_op *op = &L->batch[L->nbatch++];
     op->kind = kind;
     op->task = t;
@@ -463,7 +509,8 @@ static void dispatch_one(tr_loop *L, uint32_t t) {
     uint32_t p = T->rr;
     for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
         part *P = &T->parts[p];
-        if (P->tail != P->head) break;
+        if (P->tail != P->head)
+            break;
     }
     T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
     part *P = &T->parts[p];
@@ -489,7 +536,8 @@ static void dispatch_one(tr_loop *L, uint32_t t) {
             heap_push(L, L->now + L->cfg.callback_timeout_ns, t, H_CBTIMEOUT, 0);
         }
     }
-    if (P->tail - P->head <= P->limit / 2) queue_refill(L, t, p);
+    if (P->tail - P->head <= P->limit / 2)
+        queue_refill(L, t, p);
     if (T->flags & TR_TASK_POOL) {
         tr_item it = {item, (seq << POOL_TASK_BITS) | t};
         /* room was checked by runnable(); the loop is the only producer */
@@ -505,21 +553,25 @@ static void dispatch_one(tr_loop *L, uint32_t t) {
 static int drained(const tr_loop *L) {
     for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
         const task *T = &L->tasks[t];
-        if (T->acquired != T->completions) return 0;
-        if (!T->done && (T->in_control || commit_pending(T))) return 0;
+        if (T->acquired != T->completions)
+            return 0;
+        if (!T->done && (T->in_control || commit_pending(T)))
+            return 0;
     }
     return 1;
 }
 
 static void start_final(tr_loop *L) {
-    for (uint32_t t = 0; t < L->cfg.ntasks; t++) release_task(L, t, 1);
+    for (uint32_t t = 0; t < L->cfg.ntasks; t++)
+        release_task(L, t, 1);
     L->phase = PH_FINAL;
     L->final_cursor = 0;
 }
 
 /* Fill the batch: the one place that decides what runs next. */
 static void build(tr_loop *L) {
-    if (L->phase == PH_FINISHED) return;
+    if (L->phase == PH_FINISHED)
+        return;
     L->nbatch = L->bpos = 0;
     if (atomic_load_explicit(&L->error, TR_ACQUIRE)) { /* pairs with post_error's CAS */
         finish(L, TR_STOP_ERROR);
@@ -533,7 +585,8 @@ static void build(tr_loop *L) {
     drain_completions(L);
     process_dirty(L);
     fire_timers(L);
-    if (L->phase == PH_FINISHED) return;
+    if (L->phase == PH_FINISHED)
+        return;
     /* acquire: pairs with tr_loop_stop's release store */
     if (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_ACQUIRE))
         begin_drain(L, TR_STOP_EXTERNAL);
@@ -549,7 +602,8 @@ static void build(tr_loop *L) {
         }
         L->nidle = 0;
     }
-    if (L->phase == PH_DRAINING && L->nctl == 0 && (drained(L) || L->now >= L->drain_deadline)) start_final(L);
+    if (L->phase == PH_DRAINING && L->nctl == 0 && (drained(L) || L->now >= L->drain_deadline))
+        start_final(L);
     if (L->phase == PH_FINAL) {
         if (L->final_cursor == L->cfg.ntasks) {
             finish(L, TR_STOP_NONE);
@@ -566,7 +620,8 @@ static void build(tr_loop *L) {
         task *T = &L->tasks[t];
         T->in_ctl = 0;
         int k = control_kind(L, T);
-        if (k == CTL_NONE) continue;
+        if (k == CTL_NONE)
+            continue;
         T->in_control = 1;
         T->control_kind = (uint8_t)k;
         if (k == CTL_COMMIT) {
@@ -578,7 +633,8 @@ static void build(tr_loop *L) {
         }
         emit(L, (uint32_t)k, t, 0, 0, 0, 0, 0);
     }
-    if (L->phase != PH_RUNNING) return;
+    if (L->phase != PH_RUNNING)
+        return;
 
     while (L->refill_count && L->nbatch < BATCH_MAX) {
         uint64_t e = L->refill[L->refill_head];
@@ -600,8 +656,10 @@ static void build(tr_loop *L) {
         L->ready_count--;
         task *T = &L->tasks[t];
         T->in_ready = 0;
-        if (!runnable(L, T)) continue;
-        if (T->flags & TR_TASK_POOL) pool_budget--;
+        if (!runnable(L, T))
+            continue;
+        if (T->flags & TR_TASK_POOL)
+            pool_budget--;
         dispatch_one(L, t);
         maybe_ready(L, t);
     }
@@ -610,30 +668,35 @@ static void build(tr_loop *L) {
 /* ------------------------------------------------------------- public API */
 
 tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out) {
-    if (!cfg || !tasks || !out || cfg->ntasks == 0 || cfg->ntasks > POOL_TASK_MASK || cfg->max_concurrency == 0 ||
-        cfg->max_concurrency > TR_SEQ_MAX_CONCURRENCY || cfg->input_buffer == 0 || cfg->input_buffer > (1u << 30) ||
-        cfg->pool_size > 4096)
+    if (!cfg || !tasks || !out || cfg->ntasks == 0 || cfg->ntasks > POOL_TASK_MASK ||
+        cfg->max_concurrency == 0 || cfg->max_concurrency > TR_SEQ_MAX_CONCURRENCY ||
+        cfg->input_buffer == 0 || cfg->input_buffer > (1u << 30) || cfg->pool_size > 4096)
         return TR_EINVAL;
     uint64_t total_parts = 0;
     for (uint32_t t = 0; t < cfg->ntasks; t++) {
-        if (tasks[t].npartitions > PART_MASK + 1u) return TR_EINVAL;
+        if (tasks[t].npartitions > PART_MASK + 1u)
+            return TR_EINVAL;
         total_parts += tasks[t].npartitions;
     }
     /* one item per outstanding seq, per partition (wake), per task (timer) */
     uint64_t cq_cap = (uint64_t)cfg->ntasks * cfg->max_concurrency + total_parts + cfg->ntasks + 16;
-    if (cq_cap > (1ull << 30)) return TR_EINVAL;
+    if (cq_cap > (1ull << 30))
+        return TR_EINVAL;
 
     tr_loop *L = calloc(1, sizeof *L);
-    if (!L) return TR_ENOMEM;
+    if (!L)
+        return TR_ENOMEM;
     L->cfg = *cfg;
-    if (L->cfg.max_idle_ns < MIN_IDLE_NS) L->cfg.max_idle_ns = MIN_IDLE_NS;
+    if (L->cfg.max_idle_ns < MIN_IDLE_NS)
+        L->cfg.max_idle_ns = MIN_IDLE_NS;
     tr_status st = tr_notifier_init(&L->notifier);
     if (st != TR_OK) {
         free(L);
         return st;
     }
     st = tr_queue_create((size_t)cq_cap, &L->notifier, &L->cq);
-    if (st != TR_OK) goto fail;
+    if (st != TR_OK)
+        goto fail;
     st = TR_ENOMEM;
     L->tasks = calloc(cfg->ntasks, sizeof *L->tasks);
     L->ready = calloc(cfg->ntasks, sizeof *L->ready);
@@ -643,35 +706,42 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     L->refill = calloc(L->refill_cap, sizeof *L->refill);
     L->heap_cap = 4u * cfg->ntasks + 16u;
     L->heap = malloc(L->heap_cap * sizeof *L->heap);
-    if (!L->tasks || !L->ready || !L->ctl || !L->dirty || !L->refill || !L->heap) goto fail;
+    if (!L->tasks || !L->ready || !L->ctl || !L->dirty || !L->refill || !L->heap)
+        goto fail;
     uint32_t infl_size = cfg->callback_timeout_ns > 0 ? pow2_at_least(cfg->max_concurrency) : 0;
     for (uint32_t t = 0; t < cfg->ntasks; t++) {
         task *T = &L->tasks[t];
         T->nparts = tasks[t].npartitions;
         T->flags = tasks[t].flags;
-        if (cfg->pool_size == 0) T->flags &= ~TR_TASK_POOL;
+        if (cfg->pool_size == 0)
+            T->flags &= ~TR_TASK_POOL;
         T->worker = cfg->pool_size ? t % cfg->pool_size : 0;
         atomic_init(&T->timer_when, INT64_MAX);
         st = tr_sequencer_create(cfg->max_concurrency, &T->seq);
-        if (st != TR_OK) goto fail;
+        if (st != TR_OK)
+            goto fail;
         st = tr_watermark_create(T->nparts, &T->wm);
-        if (st != TR_OK) goto fail;
+        if (st != TR_OK)
+            goto fail;
         st = TR_ENOMEM;
         if (infl_size) {
             T->infl = calloc(infl_size, sizeof *T->infl);
-            if (!T->infl) goto fail;
+            if (!T->infl)
+                goto fail;
             T->infl_mask = infl_size - 1;
         }
         if (T->nparts) {
             T->parts = calloc(T->nparts, sizeof *T->parts);
-            if (!T->parts) goto fail;
+            if (!T->parts)
+                goto fail;
         }
         for (uint32_t p = 0; p < T->nparts; p++) {
             part *P = &T->parts[p];
             uint32_t size = pow2_at_least(cfg->input_buffer);
             P->items = malloc((size_t)size * sizeof *P->items);
             P->handles = malloc((size_t)size * sizeof *P->handles);
-            if (!P->items || !P->handles) goto fail;
+            if (!P->items || !P->handles)
+                goto fail;
             P->mask = size - 1;
             P->limit = cfg->input_buffer;
             P->state = TR_PART_ACTIVE;
@@ -679,15 +749,18 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     }
     if (cfg->pool_size) {
         L->workers = calloc(cfg->pool_size, sizeof *L->workers);
-        if (!L->workers) goto fail;
+        if (!L->workers)
+            goto fail;
         for (uint32_t w = 0; w < cfg->pool_size; w++) {
             uint64_t ntask_w = cfg->ntasks / cfg->pool_size + 1;
             uint64_t cap = ntask_w * cfg->max_concurrency + 2;
-            if (cap > (1ull << 30)) cap = 1ull << 30;
+            if (cap > (1ull << 30))
+                cap = 1ull << 30;
             L->workers[w].loop = L;
             L->workers[w].index = w;
             st = tr_queue_create((size_t)cap, NULL, &L->workers[w].q);
-            if (st != TR_OK) goto fail;
+            if (st != TR_OK)
+                goto fail;
         }
     }
     *out = L;
@@ -698,12 +771,15 @@ fail:
 }
 
 void tr_loop_destroy(tr_loop *L) {
-    if (!L) return;
+    if (!L)
+        return;
     if (L->tasks) {
         for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
             task *T = &L->tasks[t];
-            if (T->seq) tr_sequencer_destroy(T->seq);
-            if (T->wm) tr_watermark_destroy(T->wm);
+            if (T->seq)
+                tr_sequencer_destroy(T->seq);
+            if (T->wm)
+                tr_watermark_destroy(T->wm);
             free(T->infl);
             if (T->parts) {
                 for (uint32_t p = 0; p < T->nparts; p++) {
@@ -716,10 +792,12 @@ void tr_loop_destroy(tr_loop *L) {
     }
     if (L->workers) {
         for (uint32_t w = 0; w < L->cfg.pool_size; w++)
-            if (L->workers[w].q) tr_queue_destroy(L->workers[w].q);
+            if (L->workers[w].q)
+                tr_queue_destroy(L->workers[w].q);
         free(L->workers);
     }
-    if (L->cq) tr_queue_destroy(L->cq);
+    if (L->cq)
+        tr_queue_destroy(L->cq);
     tr_notifier_destroy(&L->notifier);
     free(L->tasks);
     free(L->ready);
@@ -736,11 +814,13 @@ static void *worker_main(void *arg) {
     const tr_loop_hooks *H = L->hooks;
     tr_item items[64];
     tr_op ops[64];
-    if (H->worker_started) H->worker_started(H->ctx, W->index);
+    if (H->worker_started)
+        H->worker_started(H->ctx, W->index);
     for (;;) {
         size_t n = tr_queue_try_pop_batch_sc(W->q, items, 64);
         if (n == 0) {
-            if (tr_queue_pop_wait_sc(W->q, &items[0], -1) != TR_OK) continue;
+            if (tr_queue_pop_wait_sc(W->q, &items[0], -1) != TR_OK)
+                continue;
             n = 1 + tr_queue_try_pop_batch_sc(W->q, items + 1, 63);
         }
         size_t m = 0;
@@ -758,49 +838,62 @@ static void *worker_main(void *arg) {
             op->item = items[i].a;
         }
         /* acquire: pairs with the loop's release store before the sentinel */
-        if (m) H->run_pool_batch(H->ctx, L, W->index, ops, m, (int)atomic_load_explicit(&L->discard, TR_ACQUIRE));
-        if (stop) break;
+        if (m)
+            H->run_pool_batch(H->ctx, L, W->index, ops, m,
+                              (int)atomic_load_explicit(&L->discard, TR_ACQUIRE));
+        if (stop)
+            break;
     }
-    if (H->worker_stopping) H->worker_stopping(H->ctx, W->index);
+    if (H->worker_stopping)
+        H->worker_stopping(H->ctx, W->index);
     return NULL;
 }
 
 static void stop_workers(tr_loop *L) {
-    if (!L->workers) return;
+    if (!L->workers)
+        return;
     atomic_store_explicit(&L->discard, 1, TR_RELEASE); /* read by workers after popping */
     for (uint32_t w = 0; w < L->cfg.pool_size; w++) {
         worker *W = &L->workers[w];
-        if (!W->started) continue;
+        if (!W->started)
+            continue;
         tr_item sentinel = {0, 0};
-        while (tr_queue_try_push_mpsc(W->q, sentinel) != TR_OK) tr_cpu_relax(); /* a slot is kept free */
+        while (tr_queue_try_push_mpsc(W->q, sentinel) != TR_OK)
+            tr_cpu_relax(); /* a slot is kept free */
     }
     for (uint32_t w = 0; w < L->cfg.pool_size; w++) {
         worker *W = &L->workers[w];
-        if (W->started) pthread_join(W->thread, NULL);
+        if (W->started)
+            pthread_join(W->thread, NULL);
         W->started = 0;
     }
 }
 
 static void wait_for_work(tr_loop *L) {
     for (int i = 0; i < SPIN_ROUNDS; i++) {
-        if (!tr_queue_empty_sc(L->cq)) return;
+        if (!tr_queue_empty_sc(L->cq))
+            return;
         tr_cpu_relax();
     }
     int64_t now = tr_now_ns();
     int64_t timeout = TICK_NS;
     if (L->nheap) {
         int64_t d = L->heap[0].when - now;
-        if (d < timeout) timeout = d;
+        if (d < timeout)
+            timeout = d;
     }
     if (L->nidle && L->phase == PH_RUNNING) {
         int64_t d = L->next_idle_poll - now;
-        if (d < timeout) timeout = d;
+        if (d < timeout)
+            timeout = d;
     }
     if (L->phase == PH_DRAINING) {
         int64_t d = L->drain_deadline - now;
-        if (d < timeout) timeout = d;
+        if (d < timeout)
+            timeout = d;
     }
-    if (timeout <= 0) return;
+    if (timeout <= 0)
+        return;
     int tick_only = timeout == TICK_NS;
     uint64_t key = tr_notifier_prepare_wait(&L->notifier);
     /* seq_cst re-check (notifier protocol): a push, stop or error published
@@ -812,22 +905,27 @@ static void wait_for_work(tr_loop *L) {
     }
     tr_status st = tr_notifier_commit_wait(&L->notifier, key, timeout);
     bump(&L->idle_wakeups);
-    if (st == TR_ETIMEDOUT && tick_only) L->tick = 1;
+    if (st == TR_ETIMEDOUT && tick_only)
+        L->tick = 1;
 }
 
 tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
-    if (!L || !hooks || !hooks->run_batch || L->ran) return TR_EINVAL;
-    if (L->cfg.pool_size && !hooks->run_pool_batch) return TR_EINVAL;
+    if (!L || !hooks || !hooks->run_batch || L->ran)
+        return TR_EINVAL;
+    if (L->cfg.pool_size && !hooks->run_pool_batch)
+        return TR_EINVAL;
     L->ran = 1;
     L->hooks = hooks;
     L->phase = PH_RUNNING;
     L->now = tr_now_ns();
     for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
         task *T = &L->tasks[t];
-        for (uint32_t p = 0; p < T->nparts; p++) queue_refill(L, t, p);
+        for (uint32_t p = 0; p < T->nparts; p++)
+            queue_refill(L, t, p);
         if (L->cfg.window_ns > 0 && (T->flags & TR_TASK_WINDOW))
             heap_push(L, L->now + L->cfg.window_ns, t, H_WINDOW, 0);
-        if (L->cfg.commit_ns > 0) heap_push(L, L->now + L->cfg.commit_ns, t, H_COMMIT, 0);
+        if (L->cfg.commit_ns > 0)
+            heap_push(L, L->now + L->cfg.commit_ns, t, H_COMMIT, 0);
         maybe_control(L, t); /* a task without partitions is at end of stream at once */
     }
     tr_status result = TR_OK;
@@ -844,23 +942,30 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
          * an iteration unless it turns up work */
         int tick = L->tick;
         L->tick = 0;
-        if (!tick) bump(&L->iterations);
+        if (!tick)
+            bump(&L->iterations);
         L->progress = 0;
         build(L);
-        if (L->phase == PH_FINISHED) break;
+        if (L->phase == PH_FINISHED)
+            break;
         if (L->nbatch || tick) {
             uint64_t handed = L->handed;
             L->budget = BATCH_BUDGET;
-            if (L->nbatch) bump(&L->batches);
-            if (hooks->run_batch(hooks->ctx, L) != 0) finish(L, TR_STOP_ERROR);
-            if (tick && L->handed == handed && !L->progress && L->phase != PH_FINISHED) wait_for_work(L);
+            if (L->nbatch)
+                bump(&L->batches);
+            if (hooks->run_batch(hooks->ctx, L) != 0)
+                finish(L, TR_STOP_ERROR);
+            if (tick && L->handed == handed && !L->progress && L->phase != PH_FINISHED)
+                wait_for_work(L);
             continue;
         }
-        if (L->progress) continue;
+        if (L->progress)
+            continue;
         wait_for_work(L);
     }
     stop_workers(L);
-    if (L->internal != TR_OK && result == TR_OK) result = L->internal;
+    if (L->internal != TR_OK && result == TR_OK)
+        result = L->internal;
     return result;
 }
 
@@ -869,23 +974,29 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
      * (acquire: pairs with post_error's CAS); the rest is left for drain_items */
     if (TR_UNLIKELY(atomic_load_explicit(&L->error, TR_ACQUIRE) != 0) && L->phase != PH_FINISHED)
         finish(L, TR_STOP_ERROR);
-    if (L->phase == PH_FINISHED) return 0;
+    if (L->phase == PH_FINISHED)
+        return 0;
     if (L->bpos == L->nbatch) {
-        if (L->phase == PH_FINISHED || L->budget == 0) return 0;
+        if (L->phase == PH_FINISHED || L->budget == 0)
+            return 0;
         build(L);
-        if (L->nbatch == 0) return 0;
+        if (L->nbatch == 0)
+            return 0;
     }
-    if (L->budget) L->budget--;
+    if (L->budget)
+        L->budget--;
     L->handed++;
     *out = L->batch[L->bpos++];
     return 1;
 }
 
 tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, uint64_t handle) {
-    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts) return TR_EINVAL;
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return TR_EINVAL;
     task *T = &L->tasks[t];
     part *P = &T->parts[p];
-    if (P->tail - P->head >= P->limit) return TR_EAGAIN;
+    if (P->tail - P->head >= P->limit)
+        return TR_EAGAIN;
     P->items[P->tail & P->mask] = item;
     P->handles[P->tail & P->mask] = handle;
     P->tail++;
@@ -896,14 +1007,18 @@ tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, 
 }
 
 void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
-    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts) return;
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return;
     task *T = &L->tasks[t];
     part *P = &T->parts[p];
-    if (P->state == TR_PART_ENDED || P->state == state) return;
-    if (P->state == TR_PART_IDLE) L->nidle--;
+    if (P->state == TR_PART_ENDED || P->state == state)
+        return;
+    if (P->state == TR_PART_IDLE)
+        L->nidle--;
     P->state = (uint8_t)state;
     if (state == TR_PART_IDLE) {
-        if (L->nidle++ == 0) L->next_idle_poll = tr_now_ns() + L->cfg.max_idle_ns;
+        if (L->nidle++ == 0)
+            L->next_idle_poll = tr_now_ns() + L->cfg.max_idle_ns;
     } else if (state == TR_PART_ENDED) {
         T->nended++;
         maybe_control(L, t);
@@ -913,13 +1028,15 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
 }
 
 void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
-    if (t >= L->cfg.ntasks) return;
+    if (t >= L->cfg.ntasks)
+        return;
     task *T = &L->tasks[t];
     if (L->phase == PH_FINAL || L->phase == PH_FINISHED) {
         bump(&T->commits);
         return;
     }
-    if (!T->in_control) return;
+    if (!T->in_control)
+        return;
     T->in_control = 0;
     switch (T->control_kind) {
     case CTL_COMMIT:
@@ -937,14 +1054,17 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
         T->done = 1;
         atomic_store_explicit(&T->done_pub, 1, TR_RELAXED);
         L->done_count++;
-        if (!T->voted) L->settled_count++;
+        if (!T->voted)
+            L->settled_count++;
         break;
     default:
         break;
     }
     T->control_kind = CTL_NONE;
-    if (requests) apply_requests(L, t, requests & TR_REQ_MASK);
-    if (T->done) settle_check(L);
+    if (requests)
+        apply_requests(L, t, requests & TR_REQ_MASK);
+    if (T->done)
+        settle_check(L);
     maybe_ready(L, t);
     maybe_control(L, t);
 }
@@ -952,44 +1072,55 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
 static uint32_t seq_flags(uint32_t requests) {
     requests &= TR_REQ_MASK;
     uint32_t f = requests << TR_SEQ_USER_SHIFT;
-    if (requests & (TR_REQ_COMMIT_CURRENT | TR_REQ_COMMIT_ALL)) f |= TR_SEQ_COMMIT;
+    if (requests & (TR_REQ_COMMIT_CURRENT | TR_REQ_COMMIT_ALL))
+        f |= TR_SEQ_COMMIT;
     return f;
 }
 
 tr_status tr_loop_complete(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
-    if (t >= L->cfg.ntasks) return TR_EINVAL;
+    if (t >= L->cfg.ntasks)
+        return TR_EINVAL;
     tr_status st = tr_sequencer_complete(L->tasks[t].seq, seq, seq_flags(requests));
-    if (st != TR_OK) return st;
+    if (st != TR_OK)
+        return st;
     tr_item it = {((uint64_t)CQ_DONE << CQ_KIND_SHIFT) | t, seq};
     /* capacity covers every outstanding seq, so this only spins if the bound
      * analysis in tr_loop_create were wrong; the push notifies the loop */
-    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK) tr_cpu_relax();
+    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
+        tr_cpu_relax();
     return TR_OK;
 }
 
 tr_status tr_loop_complete_local(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
-    if (t >= L->cfg.ntasks) return TR_EINVAL;
+    if (t >= L->cfg.ntasks)
+        return TR_EINVAL;
     task *T = &L->tasks[t];
     tr_status st = tr_sequencer_complete(T->seq, seq, seq_flags(requests));
-    if (st != TR_OK) return st;
+    if (st != TR_OK)
+        return st;
     T->completions++;
-    if (T->infl) T->infl[seq & T->infl_mask].done = 1;
+    if (T->infl)
+        T->infl[seq & T->infl_mask].done = 1;
     mark_dirty(L, t);
     return TR_OK;
 }
 
 tr_status tr_loop_fail(tr_loop *L, uint32_t t, uint64_t seq) {
-    if (t >= L->cfg.ntasks) return TR_EINVAL;
+    if (t >= L->cfg.ntasks)
+        return TR_EINVAL;
     tr_status st = tr_sequencer_complete(L->tasks[t].seq, seq, TR_SEQ_FAILED);
-    if (st != TR_OK) return st;
+    if (st != TR_OK)
+        return st;
     tr_item it = {((uint64_t)CQ_DONE << CQ_KIND_SHIFT) | t, seq};
-    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK) tr_cpu_relax();
+    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
+        tr_cpu_relax();
     return TR_OK;
 }
 
 tr_status tr_loop_post_error(tr_loop *L, uint64_t error) {
     uint64_t none = 0;
-    if (error == 0) return TR_EINVAL;
+    if (error == 0)
+        return TR_EINVAL;
     /* release: the error object's contents happen-before the loop's acquire load */
     if (!atomic_compare_exchange_strong_explicit(&L->error, &none, error, TR_ACQ_REL, TR_ACQUIRE))
         return TR_EALREADY;
@@ -997,25 +1128,33 @@ tr_status tr_loop_post_error(tr_loop *L, uint64_t error) {
     return TR_OK;
 }
 
-uint64_t tr_loop_take_error(tr_loop *L) { return atomic_exchange_explicit(&L->error, 0, TR_ACQ_REL); }
+uint64_t tr_loop_take_error(tr_loop *L) {
+    return atomic_exchange_explicit(&L->error, 0, TR_ACQ_REL);
+}
 
 void tr_loop_wake_partition(tr_loop *L, uint32_t t, uint32_t p) {
-    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts) return;
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return;
     part *P = &L->tasks[t].parts[p];
     /* acq_rel: pairs with the loop's exchange in drain_completions */
-    if (atomic_exchange_explicit(&P->woken, 1, TR_ACQ_REL)) return;
+    if (atomic_exchange_explicit(&P->woken, 1, TR_ACQ_REL))
+        return;
     tr_item it = {((uint64_t)CQ_WAKE << CQ_KIND_SHIFT) | t, p};
-    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK) tr_cpu_relax();
+    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
+        tr_cpu_relax();
 }
 
 void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
-    if (t >= L->cfg.ntasks) return;
+    if (t >= L->cfg.ntasks)
+        return;
     task *T = &L->tasks[t];
     /* release: the loop's acquire load of timer_when after its exchange */
     atomic_store_explicit(&T->timer_when, when_ns, TR_RELEASE);
-    if (atomic_exchange_explicit(&T->timer_pending, 1, TR_ACQ_REL)) return;
+    if (atomic_exchange_explicit(&T->timer_pending, 1, TR_ACQ_REL))
+        return;
     tr_item it = {((uint64_t)CQ_TIMER << CQ_KIND_SHIFT) | t, 0};
-    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK) tr_cpu_relax();
+    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
+        tr_cpu_relax();
 }
 
 void tr_loop_stop(tr_loop *L) {
@@ -1025,28 +1164,33 @@ void tr_loop_stop(tr_loop *L) {
 }
 
 tr_status tr_loop_watermark(tr_loop *L, uint32_t t, uint32_t p, tr_mark *out) {
-    if (t >= L->cfg.ntasks) return TR_EINVAL;
+    if (t >= L->cfg.ntasks)
+        return TR_EINVAL;
     return tr_watermark_get(L->tasks[t].wm, p, out);
 }
 
 tr_status tr_loop_mark_committed(tr_loop *L, uint32_t t, uint32_t p, tr_mark mark) {
-    if (t >= L->cfg.ntasks) return TR_EINVAL;
+    if (t >= L->cfg.ntasks)
+        return TR_EINVAL;
     return tr_watermark_mark_committed(L->tasks[t].wm, p, mark);
 }
 
 tr_status tr_loop_committed(const tr_loop *L, uint32_t t, uint32_t p, tr_mark *out) {
-    if (t >= L->cfg.ntasks) return TR_EINVAL;
+    if (t >= L->cfg.ntasks)
+        return TR_EINVAL;
     return tr_watermark_committed(L->tasks[t].wm, p, out);
 }
 
 uint64_t tr_loop_read_count(const tr_loop *L, uint32_t t, uint32_t p) {
-    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts) return 0;
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return 0;
     return atomic_load_explicit(&L->tasks[t].parts[p].read_count, TR_RELAXED);
 }
 
 void tr_loop_task_stats(const tr_loop *L, uint32_t t, tr_task_stats *out) {
     memset(out, 0, sizeof *out);
-    if (t >= L->cfg.ntasks) return;
+    if (t >= L->cfg.ntasks)
+        return;
     const task *T = &L->tasks[t];
     out->processed = atomic_load_explicit(&T->processed, TR_RELAXED);
     out->completed = atomic_load_explicit(&T->completed, TR_RELAXED);
@@ -1068,7 +1212,8 @@ tr_stop_reason tr_loop_stop_reason(const tr_loop *L) {
     return (tr_stop_reason)atomic_load_explicit(&L->reason, TR_RELAXED);
 }
 
-void tr_loop_timeout_info(const tr_loop *L, uint32_t *t, uint32_t *p, uint64_t *seq, uint64_t *handle) {
+void tr_loop_timeout_info(const tr_loop *L, uint32_t *t, uint32_t *p, uint64_t *seq,
+                          uint64_t *handle) {
     *t = L->to_task;
     *p = L->to_part;
     *seq = L->to_seq;
@@ -1079,7 +1224,8 @@ size_t tr_loop_drain_items(tr_loop *L, uint64_t *out, size_t max) {
     size_t n = 0;
     while (n < max && L->bpos < L->nbatch) {
         tr_op *op = &L->batch[L->bpos++];
-        if (op->kind == TR_OP_PROCESS) out[n++] = op->item;
+        if (op->kind == TR_OP_PROCESS)
+            out[n++] = op->item;
     }
     while (n < max && L->drain_task < L->cfg.ntasks) {
         task *T = &L->tasks[L->drain_task];

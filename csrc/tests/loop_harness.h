@@ -38,7 +38,7 @@ typedef struct h_pending {
 typedef struct harness {
     tr_loop *loop;
     uint32_t ntasks, nparts, maxc;
-    uint64_t nmsgs;   /* per partition; UINT64_MAX: live (never ends) */
+    uint64_t nmsgs; /* per partition; UINT64_MAX: live (never ends) */
     int mode;
     int async_commit;
     uint32_t commit_every;   /* request a commit on every k-th message (0: never) */
@@ -67,7 +67,9 @@ static inline void h_decode(uint64_t item, uint32_t *t, uint32_t *p, uint64_t *i
     *p = (uint32_t)((item >> 30) & 0x3fff);
     *idx = (item & ((1ull << 30) - 1)) - 1;
 }
-static inline size_t h_tp(const harness *h, uint32_t t, uint32_t p) { return (size_t)t * h->nparts + p; }
+static inline size_t h_tp(const harness *h, uint32_t t, uint32_t p) {
+    return (size_t)t * h->nparts + p;
+}
 static inline size_t h_slot(const harness *h, uint32_t t, uint32_t p, uint64_t idx) {
     return h_tp(h, t, p) * (size_t)h->cap + idx; /* cap doubles as per-partition message room */
 }
@@ -82,7 +84,7 @@ static void h_check_watermarks(harness *h, uint32_t t, int final, int eos) {
             continue;
         }
         CHECK_EQ(st, TR_OK);
-        CHECK_EQ(m.handle, m.position); /* handle = index = read position */
+        CHECK_EQ(m.handle, m.position);          /* handle = index = read position */
         CHECK(m.position + 1 >= h->wm_last[tp]); /* never backwards */
         h->wm_last[tp] = m.position + 1;
         /* rules 12/13: everything up to the watermark has completed */
@@ -90,16 +92,19 @@ static void h_check_watermarks(harness *h, uint32_t t, int final, int eos) {
             CHECK_EQ(atomic_load(&h->state[h_slot(h, t, p, h->checked[tp])]), 2);
             h->checked[tp]++;
         }
-        if (final && eos) CHECK_EQ(m.position, h->nmsgs - 1);
+        if (final && eos)
+            CHECK_EQ(m.position, h->nmsgs - 1);
         tr_status cs = tr_loop_mark_committed(h->loop, t, p, m);
         CHECK(cs == TR_OK || cs == TR_EREGRESS);
     }
 }
 
-static void h_complete(harness *h, uint32_t t, uint32_t p, uint64_t idx, uint64_t seq, uint32_t req, int local) {
+static void h_complete(harness *h, uint32_t t, uint32_t p, uint64_t idx, uint64_t seq, uint32_t req,
+                       int local) {
     atomic_store(&h->state[h_slot(h, t, p, idx)], 2);
     atomic_fetch_sub(&h->incomplete[t], 1);
-    tr_status st = local ? tr_loop_complete_local(h->loop, t, seq, req) : tr_loop_complete(h->loop, t, seq, req);
+    tr_status st = local ? tr_loop_complete_local(h->loop, t, seq, req)
+                         : tr_loop_complete(h->loop, t, seq, req);
     CHECK_EQ(st, TR_OK);
 }
 
@@ -109,7 +114,8 @@ static uint32_t h_requests(harness *h, uint32_t t, uint64_t idx) {
         req |= TR_REQ_COMMIT_CURRENT;
         h->req_fifo[(size_t)t * 4096 + (h->req_tail[t]++ % 4096)] = idx;
     }
-    if (h->shutdown_after && idx == h->shutdown_after) req |= TR_REQ_SHUTDOWN_CURRENT;
+    if (h->shutdown_after && idx == h->shutdown_after)
+        req |= TR_REQ_SHUTDOWN_CURRENT;
     return req;
 }
 
@@ -135,10 +141,12 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             size_t tp = h_tp(h, t, op.partition);
             uint64_t avail = h->nmsgs == UINT64_MAX ? h->live_avail : h->nmsgs;
             uint64_t n = avail - h->next_read[tp];
-            if (n > op.handle) n = op.handle;
+            if (n > op.handle)
+                n = op.handle;
             for (uint64_t i = 0; i < n; i++) {
                 uint64_t k = h->next_read[tp]++;
-                CHECK_EQ(tr_loop_push_input(loop, t, op.partition, h_item(t, op.partition, k), k), TR_OK);
+                CHECK_EQ(tr_loop_push_input(loop, t, op.partition, h_item(t, op.partition, k), k),
+                         TR_OK);
             }
             if (n == 0)
                 tr_loop_partition_state(loop, t, op.partition,
@@ -177,7 +185,8 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
                 h_check_watermarks(h, t, 1, tr_loop_stop_reason(loop) == TR_STOP_END_OF_STREAM);
                 h->final_commits++;
             } else {
-                if (!h->async_commit) CHECK_EQ(atomic_load(&h->incomplete[t]), 0); /* rule 9 */
+                if (!h->async_commit)
+                    CHECK_EQ(atomic_load(&h->incomplete[t]), 0); /* rule 9 */
                 h_check_watermarks(h, t, 0, 0);
                 if (h->commit_every && h->nparts == 1 && h->req_head[t] < h->req_tail[t]) {
                     /* rule 15: exactly the prefix up to the requesting message */
@@ -191,7 +200,8 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             break;
         case TR_OP_END_OF_STREAM:
             CHECK_EQ(atomic_load(&h->incomplete[t]), 0); /* rule 11 */
-            for (uint32_t q = 0; q < h->nparts; q++) CHECK_EQ(h->next_proc[h_tp(h, t, q)], h->nmsgs);
+            for (uint32_t q = 0; q < h->nparts; q++)
+                CHECK_EQ(h->next_proc[h_tp(h, t, q)], h->nmsgs);
             h->eos++;
             tr_loop_control_done(loop, t, 0);
             break;
@@ -202,12 +212,14 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
     return 0;
 }
 
-static void h_run_pool_batch(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n, int discard) {
+static void h_run_pool_batch(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
+                             int discard) {
     harness *h = ctx;
     (void)worker;
     (void)loop;
     for (size_t i = 0; i < n; i++) {
-        if (discard) continue;
+        if (discard)
+            continue;
         uint32_t t, p;
         uint64_t idx;
         h_decode(ops[i].item, &t, &p, &idx);
@@ -227,7 +239,8 @@ static void *h_completer(void *arg) {
         pthread_mutex_lock(&h->mu);
         if (h->npending == 0) {
             pthread_mutex_unlock(&h->mu);
-            if (atomic_load(&h->quit)) return NULL;
+            if (atomic_load(&h->quit))
+                return NULL;
             sched_yield();
             continue;
         }
@@ -266,7 +279,8 @@ static void h_init(harness *h, tr_loop_config *cfg, uint32_t nparts, uint64_t nm
     h->req_fifo = calloc((size_t)cfg->ntasks * 4096, sizeof(uint64_t));
     h->req_head = calloc(cfg->ntasks, sizeof(uint64_t));
     h->req_tail = calloc(cfg->ntasks, sizeof(uint64_t));
-    h->pending = calloc(h->cap * 4 + (size_t)cfg->ntasks * cfg->max_concurrency, sizeof *h->pending);
+    h->pending =
+        calloc(h->cap * 4 + (size_t)cfg->ntasks * cfg->max_concurrency, sizeof *h->pending);
     pthread_mutex_init(&h->mu, NULL);
     tr_loop_task *tasks = calloc(cfg->ntasks, sizeof *tasks);
     for (uint32_t t = 0; t < cfg->ntasks; t++) {
@@ -279,11 +293,13 @@ static void h_init(harness *h, tr_loop_config *cfg, uint32_t nparts, uint64_t nm
 
 static tr_stop_reason h_run(harness *h, int ncompleters) {
     pthread_t th[8];
-    for (int i = 0; i < ncompleters; i++) CHECK_EQ(pthread_create(&th[i], NULL, h_completer, h), 0);
+    for (int i = 0; i < ncompleters; i++)
+        CHECK_EQ(pthread_create(&th[i], NULL, h_completer, h), 0);
     tr_loop_hooks hooks = {h, h_run_batch, h_run_pool_batch, NULL, NULL};
     CHECK_EQ(tr_loop_run(h->loop, &hooks), TR_OK);
     atomic_store(&h->quit, 1);
-    for (int i = 0; i < ncompleters; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < ncompleters; i++)
+        pthread_join(th[i], NULL);
     uint64_t items[64];
     while (tr_loop_drain_items(h->loop, items, 64) > 0) {
     }
@@ -294,7 +310,8 @@ __attribute__((unused)) static void h_check_all_done(harness *h) {
     for (uint32_t t = 0; t < h->ntasks; t++)
         for (uint32_t p = 0; p < h->nparts; p++) {
             CHECK_EQ(h->next_proc[h_tp(h, t, p)], h->nmsgs); /* no loss */
-            for (uint64_t i = 0; i < h->nmsgs; i++) CHECK_EQ(atomic_load(&h->state[h_slot(h, t, p, i)]), 2);
+            for (uint64_t i = 0; i < h->nmsgs; i++)
+                CHECK_EQ(atomic_load(&h->state[h_slot(h, t, p, i)]), 2);
         }
     CHECK_EQ(h->eos, h->ntasks);
     CHECK_EQ(h->final_commits, h->ntasks);

@@ -6,8 +6,8 @@
 
 #include <stdio.h>
 
-static void scenario(const char *name, tr_loop_config cfg, uint32_t nparts, uint64_t nmsgs, int mode,
-                     int completers, uint32_t commit_every) {
+static void scenario(const char *name, tr_loop_config cfg, uint32_t nparts, uint64_t nmsgs,
+                     int mode, int completers, uint32_t commit_every) {
     harness h;
     h_init(&h, &cfg, nparts, nmsgs, mode);
     h.commit_every = commit_every;
@@ -25,8 +25,8 @@ static void scenario(const char *name, tr_loop_config cfg, uint32_t nparts, uint
         CHECK_EQ(ts.completed, (uint64_t)nparts * nmsgs);
         CHECK_EQ(ts.done, 1);
     }
-    printf("%-28s %8llu msgs  %6.1f ms  windows %llu commits %llu doubles %llu wakeups %llu\n", name,
-           (unsigned long long)atomic_load(&h.processed), (double)(tr_now_ns() - t0) / 1e6,
+    printf("%-28s %8llu msgs  %6.1f ms  windows %llu commits %llu doubles %llu wakeups %llu\n",
+           name, (unsigned long long)atomic_load(&h.processed), (double)(tr_now_ns() - t0) / 1e6,
            (unsigned long long)h.windows, (unsigned long long)h.commits,
            (unsigned long long)atomic_load(&h.doubles), (unsigned long long)ls.idle_wakeups);
     h_free(&h);

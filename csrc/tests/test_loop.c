@@ -14,8 +14,10 @@ typedef struct delayed {
 static void *delayed_main(void *arg) {
     delayed *d = arg;
     usleep(20000);
-    if (d->what == 0) tr_loop_stop(d->loop);
-    if (d->what == 1) CHECK_EQ(tr_loop_post_error(d->loop, 0xdead), TR_OK);
+    if (d->what == 0)
+        tr_loop_stop(d->loop);
+    if (d->what == 1)
+        CHECK_EQ(tr_loop_post_error(d->loop, 0xdead), TR_OK);
     return NULL;
 }
 
@@ -84,7 +86,8 @@ static void test_shutdown_votes(void) {
     h.shutdown_after = 2;
     h.live_avail = 1000;
     CHECK_EQ(h_run(&h, 0), TR_STOP_SHUTDOWN);
-    for (uint32_t t = 0; t < 4; t++) CHECK(h.next_proc[h_tp(&h, t, 0)] >= 3 || h.next_proc[h_tp(&h, t, 1)] >= 3);
+    for (uint32_t t = 0; t < 4; t++)
+        CHECK(h.next_proc[h_tp(&h, t, 0)] >= 3 || h.next_proc[h_tp(&h, t, 1)] >= 3);
     CHECK_EQ(h.final_commits, 4);
     h_free(&h);
 }

@@ -171,7 +171,8 @@ cdef extern from "tailrace/loop.h" nogil:
     void tr_loop_destroy(tr_loop *loop)
     tr_status tr_loop_run(tr_loop *loop, const tr_loop_hooks *hooks)
     int tr_loop_next_op(tr_loop *loop, tr_op *out)
-    tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, uint64_t item, uint64_t handle)
+    tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition,
+                                 uint64_t item, uint64_t handle)
     void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state)
     void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests)
     tr_status tr_loop_complete(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests)

@@ -1,6 +1,6 @@
 """Type stubs for the compiled core (tailrace._core)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .types import Scope, SystemStreamPartition
@@ -78,3 +78,51 @@ class ObjectQueue:
     def __len__(self) -> int: ...
     @property
     def capacity(self) -> int: ...
+
+class _PartState:
+    ssp: SystemStreamPartition
+    reader: Any
+    low_watermark: Any
+    committed: Any
+    newest_read: Any
+    read_n: int
+    released_n: int
+    committed_n: int
+    def __init__(self, ssp: SystemStreamPartition, reader: Any, start: Any) -> None: ...
+    @property
+    def pinned_count(self) -> int: ...
+
+class _TaskSlot:
+    name: str
+    plan: Any
+    process: Any
+    collector: Any
+    coordinator: Coordinator
+    is_async: bool
+    pooled_concurrent: bool
+    parts: list[_PartState]
+    failed: int
+    ignored: int
+    commits: int
+    def __init__(
+        self, name: str, plan: Any, process: Any, collector: Any, is_async: bool, parts: list[_PartState]
+    ) -> None: ...
+
+class Callback:
+    def complete(self) -> None: ...
+    def fail(self, exc: BaseException) -> None: ...
+
+class LoopRunner:
+    def __init__(
+        self, slots: list[_TaskSlot], handler: Any, config: Any, window_flags: list[bool]
+    ) -> None: ...
+    def run(self) -> str: ...
+    def post_error(self, err: BaseException) -> None: ...
+    def take_error(self) -> BaseException | None: ...
+    def stop(self) -> None: ...
+    def waker(self, task: int, partition: int) -> Callable[[], None]: ...
+    def set_user_timer(self, task: int, when: float | None) -> None: ...
+    def watermark(self, task: int, partition: int) -> tuple[int, Any] | None: ...
+    def timeout_info(self) -> tuple[int, SystemStreamPartition, Any]: ...
+    def task_stats(self, task: int) -> tuple[int, int, int, int, int]: ...
+    def stats(self) -> tuple[int, int, int, int]: ...

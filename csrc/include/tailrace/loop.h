@@ -69,12 +69,12 @@ typedef struct tr_loop tr_loop;
 /* Operation kinds handed to the binding. */
 typedef enum tr_op_kind {
     TR_OP_NONE = 0,
-    TR_OP_PROCESS = 1,       /* task, partition, seq, item (ownership passes to the binding), handle */
-    TR_OP_REFILL = 2,        /* task, partition, count = free ring slots: poll the reader */
-    TR_OP_WINDOW = 3,        /* task: run window(); then tr_loop_control_done */
-    TR_OP_COMMIT = 4,        /* task (flags TR_OPF_FINAL for the last one); then control_done */
-    TR_OP_TIMER = 5,         /* task: run due user timers; then control_done */
-    TR_OP_END_OF_STREAM = 6  /* task: run end_of_stream(); then control_done */
+    TR_OP_PROCESS = 1, /* task, partition, seq, item (ownership passes to the binding), handle */
+    TR_OP_REFILL = 2,  /* task, partition, count = free ring slots: poll the reader */
+    TR_OP_WINDOW = 3,  /* task: run window(); then tr_loop_control_done */
+    TR_OP_COMMIT = 4,  /* task (flags TR_OPF_FINAL for the last one); then control_done */
+    TR_OP_TIMER = 5,   /* task: run due user timers; then control_done */
+    TR_OP_END_OF_STREAM = 6 /* task: run end_of_stream(); then control_done */
 } tr_op_kind;
 
 #define TR_OPF_FINAL 0x1u /* TR_OP_COMMIT: the final commit of a graceful stop */
@@ -105,16 +105,16 @@ typedef enum tr_stop_reason {
 #define TR_PART_ENDED 2  /* exhausted (bounded source): never poll again */
 
 typedef struct tr_loop_config {
-    uint32_t ntasks;              /* >= 1 */
-    uint32_t max_concurrency;     /* 1..TR_SEQ_MAX_CONCURRENCY */
-    uint32_t input_buffer;        /* items buffered per partition, >= 1 (rule 6) */
-    uint32_t pool_size;           /* worker threads for TR_TASK_POOL tasks (0: none) */
-    int32_t async_commit;         /* rule 10 */
-    int64_t window_ns;            /* <= 0 disables (rule 8) */
-    int64_t commit_ns;            /* <= 0 disables timer commits (rule 9) */
-    int64_t callback_timeout_ns;  /* <= 0 disables (rule 16) */
-    int64_t max_idle_ns;          /* idle re-poll period (clamped to >= 1 ms) */
-    int64_t shutdown_ns;          /* graceful wait for outstanding callbacks (rule 19) */
+    uint32_t ntasks;             /* >= 1 */
+    uint32_t max_concurrency;    /* 1..TR_SEQ_MAX_CONCURRENCY */
+    uint32_t input_buffer;       /* items buffered per partition, >= 1 (rule 6) */
+    uint32_t pool_size;          /* worker threads for TR_TASK_POOL tasks (0: none) */
+    int32_t async_commit;        /* rule 10 */
+    int64_t window_ns;           /* <= 0 disables (rule 8) */
+    int64_t commit_ns;           /* <= 0 disables timer commits (rule 9) */
+    int64_t callback_timeout_ns; /* <= 0 disables (rule 16) */
+    int64_t max_idle_ns;         /* idle re-poll period (clamped to >= 1 ms) */
+    int64_t shutdown_ns;         /* graceful wait for outstanding callbacks (rule 19) */
 } tr_loop_config;
 
 typedef struct tr_loop_hooks {
@@ -128,7 +128,8 @@ typedef struct tr_loop_hooks {
     /* Worker thread `worker`, runtime lock not held. Execute n PROCESS ops
      * (or, when discard is set, only drop their items) and resolve each one
      * with tr_loop_complete / tr_loop_fail. NULL when pool_size is 0. */
-    void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n, int discard);
+    void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
+                           int discard);
     /* Optional (may be NULL): called on each worker thread when it starts and
      * before it exits, e.g. to keep a runtime thread state for its lifetime. */
     void (*worker_started)(void *ctx, uint32_t worker);
@@ -137,8 +138,8 @@ typedef struct tr_loop_hooks {
 
 /* Per-task counters (a snapshot; any thread). */
 typedef struct tr_task_stats {
-    uint64_t processed;  /* messages dispatched */
-    uint64_t completed;  /* completions released in order */
+    uint64_t processed; /* messages dispatched */
+    uint64_t completed; /* completions released in order */
     uint64_t outstanding;
     uint64_t windows;
     uint64_t commits;
@@ -173,7 +174,8 @@ int tr_loop_next_op(tr_loop *loop, tr_op *out);
 
 /* Loop thread, inside run_batch (REFILL): append one item with its offset
  * handle. TR_EAGAIN when the ring is full (nothing stored). */
-tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, uint64_t item, uint64_t handle);
+tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, uint64_t item,
+                             uint64_t handle);
 /* Loop thread, inside run_batch: TR_PART_IDLE or TR_PART_ENDED after a poll. */
 void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state);
 /* Loop thread, inside run_batch: the WINDOW/COMMIT/TIMER/END_OF_STREAM op of
