@@ -34,8 +34,13 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from runners import BenchError, Runner, Unsupported, all_runners  # noqa: E402
-from workloads import WORKLOADS, Workload  # noqa: E402
+try:
+    from runners import BenchError, Runner, Unsupported, all_runners
+    from workloads import WORKLOADS, Workload
+except Exception as _e:  # noqa: BLE001 - tailrace itself (and its compiled core) must import
+    sys.exit(
+        f"bench: tailrace is not importable ({type(_e).__name__}: {_e}); install it first: pip install ."
+    )
 
 DEFAULT_ENGINES = ("c", "python", "floor", "bytewax")
 
@@ -77,31 +82,44 @@ def _nice(n: float, multiple: int) -> int:
 def calibrate(runner: Runner, workload: Workload, settings: Settings) -> int:
     """Message count for one measurement of about ``settings.target_s`` seconds.
 
-    Probe runs grow 4x (from 1000 messages, at least 2 per task) until one takes a
-    tenth of the target; they double as warm-up.
+    Probe runs grow (from 1000 messages, at least 2 per task) until one takes a
+    quarter of the target; they double as warm-up.
     """
     parts = workload.partitions
+    cap = runner.max_messages(settings.max_messages)
     n = max(1000, 2 * parts)
     while True:
         done, seconds = runner.run(workload, n, settings.timeout_s)
-        if seconds >= settings.target_s / 10 or done >= settings.max_messages:
+        if seconds >= settings.target_s / 4 or done >= cap:
             break
-        n = min(settings.max_messages, n * 4)
-    rate = done / max(seconds, 1e-9)
-    return min(_nice(rate * settings.target_s, parts), max(settings.max_messages, parts))
+        grow = 8.0 if seconds <= 0 else min(8.0, max(2.0, 0.4 * settings.target_s / seconds))
+        n = min(cap, int(n * grow))
+    return min(_nice(done / max(seconds, 1e-9) * settings.target_s, parts), max(cap, parts))
 
 
 def measure(runner: Runner, workload: Workload, settings: Settings) -> Result:
-    """Best of ``settings.repeats`` runs at a calibrated (or the fixed) message count."""
-    if settings.messages is not None:
-        n = max(settings.messages, workload.partitions)
-    else:
-        n = calibrate(runner, workload, settings)
+    """Best of ``settings.repeats`` runs at a calibrated (or the fixed) message count.
+
+    When calibrated and the first timed run is under a third of the target (a
+    probe that was slowed by warm-up), the count is rescaled once and the
+    repeats start over.
+    """
+    fixed = settings.messages is not None
+    n = max(settings.messages or 0, workload.partitions) if fixed else calibrate(runner, workload, settings)
+    cap = runner.max_messages(settings.max_messages)
+    rescaled = fixed
     best: tuple[int, float] | None = None
-    for _ in range(settings.repeats):
+    k = 0
+    while k < settings.repeats:
         done, seconds = runner.run(workload, n, settings.timeout_s)
+        if not rescaled and seconds < settings.target_s / 3 and n < cap:
+            rescaled = True
+            n = min(_nice(n * settings.target_s / max(seconds, 1e-9), workload.partitions), cap)
+            continue
+        rescaled = True
         if best is None or done / seconds > best[0] / best[1]:
             best = (done, seconds)
+        k += 1
     assert best is not None
     done, seconds = best
     return Result(workload.name, runner.name, done, seconds, done / seconds)
@@ -187,11 +205,11 @@ def table(results: Sequence[Result]) -> str:
                 r.workload,
                 r.engine,
                 f"{r.messages:,}",
-                f"{r.seconds:.3f}",
+                f"{r.seconds:.4f}",
                 _fmt_rate(r.msgs_per_s),
                 f"{1e6 / r.msgs_per_s:.3f}",
-                "" if floor is None or r.engine == "floor" else f"{r.msgs_per_s / floor:.2f}x",
-                "" if py is None or r.engine == "python" else f"{r.msgs_per_s / py:.2f}x",
+                "" if floor is None or r.engine == "floor" else f"{r.msgs_per_s / floor:.3g}x",
+                "" if py is None or r.engine == "python" else f"{r.msgs_per_s / py:.3g}x",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -243,6 +261,7 @@ def plot(results: Sequence[Result], engines: Sequence[str], path: Path, title: s
         return "nothing measured; no chart written"
     fig, ax = plt.subplots(figsize=(max(8.0, 1.3 * len(workloads) + 2), 5.5))
     width = 0.8 / len(shown)
+    colors = {e: f"C{i}" for i, e in enumerate(DEFAULT_ENGINES)}
     for k, engine in enumerate(shown):
         xs, ys = [], []
         for i, w in enumerate(workloads):
@@ -250,7 +269,7 @@ def plot(results: Sequence[Result], engines: Sequence[str], path: Path, title: s
             if rate is not None:
                 xs.append(i - 0.4 + width * (k + 0.5))
                 ys.append(rate)
-        ax.bar(xs, ys, width, label=engine)
+        ax.bar(xs, ys, width, label=engine, color=colors.get(engine))
     ax.set_yscale("log")
     ax.set_ylabel("messages / s (log scale)")
     ax.set_xticks(range(len(workloads)))
@@ -290,7 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, help="runs per measurement, best kept (default: 3, quick: 2)")
     parser.add_argument("--seconds", type=float, help="target seconds per run (default: 1.5, quick: 0.3)")
-    parser.add_argument("--max-messages", type=int, help="cap per run (default: 5,000,000; quick: 2,000,000)")
+    parser.add_argument(
+        "--max-messages", type=int, help="cap per engine run (default: 10,000,000; quick: 3,000,000)"
+    )
     parser.add_argument("--list", action="store_true", help="list workloads and engines, then exit")
     args = parser.parse_args(argv)
 
@@ -307,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings(
         target_s=args.seconds or (0.3 if args.quick else 1.5),
         repeats=max(1, args.repeats or (2 if args.quick else 3)),
-        max_messages=args.max_messages or (2_000_000 if args.quick else 5_000_000),
+        max_messages=args.max_messages or (3_000_000 if args.quick else 10_000_000),
         messages=args.messages,
         timeout_s=120.0,
     )
@@ -343,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 res = measure(runner, w, settings)
             except Unsupported as e:
                 skips.append(Skip(w.name, runner.name, str(e)))
-                print(f"  {w.name:<22} {runner.name:<8} skipped: {e}", flush=True)
+                print(f"  {w.name:<22} {runner.name:<8} skipped (see the notes below)", flush=True)
                 continue
             except (BenchError, Exception) as e:  # noqa: BLE001 - one broken engine must not hide the others
                 errors.append(Skip(w.name, runner.name, f"{type(e).__name__}: {e}"))
@@ -352,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(res)
             print(
                 f"  {w.name:<22} {runner.name:<8} {_fmt_rate(res.msgs_per_s):>8} msgs/s "
-                f"({res.messages:,} in {res.seconds:.3f} s)",
+                f"({res.messages:,} in {res.seconds:.4f} s)",
                 flush=True,
             )
 

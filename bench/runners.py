@@ -45,6 +45,10 @@ class Runner:
     def supports(self, workload: Workload) -> bool:
         return True
 
+    def max_messages(self, cap: int) -> int:
+        """Largest message count per run, given the suite's cap on input sizes."""
+        return cap
+
     def run(self, workload: Workload, messages: int, timeout: float) -> tuple[int, float]:
         raise NotImplementedError
 
@@ -207,6 +211,9 @@ class FloorRunner(Runner):
 
     def supports(self, workload: Workload) -> bool:
         return workload.floor is not None
+
+    def max_messages(self, cap: int) -> int:
+        return 50 * cap  # replays one block: no input list grows with the count
 
     def _block(
         self, workload: Workload, messages: int
