@@ -100,7 +100,7 @@ def calibrate(runner: Runner, workload: Workload, settings: Settings) -> int:
 def measure(runner: Runner, workload: Workload, settings: Settings) -> Result:
     """Best of ``settings.repeats`` runs at a calibrated (or the fixed) message count.
 
-    When calibrated and the first timed run is under a third of the target (a
+    When calibrated and the first timed run is under half the target (a
     probe that was slowed by warm-up), the count is rescaled once and the
     repeats start over.
     """
@@ -112,7 +112,7 @@ def measure(runner: Runner, workload: Workload, settings: Settings) -> Result:
     k = 0
     while k < settings.repeats:
         done, seconds = runner.run(workload, n, settings.timeout_s)
-        if not rescaled and seconds < settings.target_s / 3 and n < cap:
+        if not rescaled and seconds < settings.target_s / 2 and n < cap:
             rescaled = True
             n = min(_nice(n * settings.target_s / max(seconds, 1e-9), workload.partitions), cap)
             continue
