@@ -390,11 +390,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in skips:
         if s.workload != "*":
             print(f"note: {s.workload} on {s.engine} skipped: {s.reason}")
-    for s in [*skips, *errors]:
+    for s in skips:
         if s.workload == "*":
             print(f"note: {s.engine} not measured: {s.reason}")
-    for e in errors:
-        print(f"ERROR: {e.workload} on {e.engine}: {e.reason}")
+    for err in errors:
+        print(f"ERROR: {err.workload} on {err.engine}: {err.reason}")
 
     if args.json is not None:
         doc = {
@@ -402,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "settings": asdict(settings),
             "results": [asdict(r) for r in results],
             "skipped": [asdict(s) for s in skips],
-            "errors": [asdict(e) for e in errors],
+            "errors": [asdict(err) for err in errors],
             "targets": checks,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

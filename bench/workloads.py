@@ -89,14 +89,14 @@ class ThreadAsync(AsyncStreamTask):
 class AsyncioInline(AsyncStreamTask):
     """``async def process`` that never suspends."""
 
-    async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:  # type: ignore[override]
+    async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
         return None
 
 
 class AsyncioSleep(AsyncStreamTask):
     """``async def process`` awaiting 10 ms of simulated I/O."""
 
-    async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:  # type: ignore[override]
+    async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
         await asyncio.sleep(0.01)
 
 

@@ -70,3 +70,32 @@ def test_unknown_workload_is_rejected_by_name() -> None:
     )
     assert proc.returncode != 0
     assert "no_such_workload" in proc.stderr
+
+
+_FAILING_WORKLOAD = """
+import sys
+sys.path.insert(0, {bench!r})
+import tailrace
+import run
+import workloads
+
+class Fails(tailrace.StreamTask):
+    def process(self, envelope, collector, coordinator):
+        if envelope.offset == 500:
+            raise ValueError("boom at 500")
+
+workloads._register(workloads.Workload("fails_at_500", "raises on offset 500", Fails, floor=None))
+sys.exit(run.main(["--workloads", "fails_at_500,sync_noop_1task", "--engines", "python",
+                   "--messages", "1000", "--repeats", "1"]))
+"""
+
+
+def test_a_failing_run_is_reported_and_sets_the_exit_status(tmp_path: Path) -> None:
+    script = tmp_path / "failing.py"
+    script.write_text(_FAILING_WORKLOAD.format(bench=str(ROOT / "bench")), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERROR: fails_at_500 on python" in proc.stdout
+    assert "boom at 500" in proc.stdout
+    # the other workload still ran and is in the table
+    assert any(line.startswith("sync_noop_1task") and "python" in line for line in proc.stdout.splitlines())
