@@ -1,0 +1,101 @@
+"""Smoke test of the benchmark suite: it runs and writes the documented JSON (not speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_writes_the_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "run.py"),
+            "--quick",
+            "--workloads",
+            "sync_noop_1task,sync_state_16tasks",
+            "--engines",
+            "python,floor",
+            "--messages",
+            "2000",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text(encoding="utf-8"))
+
+    machine = doc["machine"]
+    for key in ("cpu", "cores", "python", "platform", "tailrace", "git_commit", "date"):
+        assert key in machine, key
+    assert isinstance(machine["cpu"], str) and machine["cpu"]
+    assert isinstance(machine["cores"], int) and machine["cores"] >= 1
+    assert machine["python"] == ".".join(map(str, sys.version_info[:3]))
+
+    results = doc["results"]
+    measured = {(r["workload"], r["engine"]) for r in results}
+    assert measured == {
+        ("sync_noop_1task", "python"),
+        ("sync_noop_1task", "floor"),
+        ("sync_state_16tasks", "python"),
+        ("sync_state_16tasks", "floor"),
+    }
+    for r in results:
+        assert set(r) == {"workload", "engine", "messages", "seconds", "msgs_per_s"}
+        assert isinstance(r["messages"], int) and r["messages"] >= 2000
+        assert isinstance(r["seconds"], float) and r["seconds"] > 0
+        assert abs(r["msgs_per_s"] - r["messages"] / r["seconds"]) <= 1e-6 * r["msgs_per_s"]
+    assert doc["errors"] == []
+
+    # the printed table names every measured pair
+    for workload, engine in measured:
+        assert any(workload in line and engine in line for line in proc.stdout.splitlines())
+
+
+def test_unknown_workload_is_rejected_by_name() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--workloads", "no_such_workload"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "no_such_workload" in proc.stderr
+
+
+_FAILING_WORKLOAD = """
+import sys
+sys.path.insert(0, {bench!r})
+import tailrace
+import run
+import workloads
+
+class Fails(tailrace.StreamTask):
+    def process(self, envelope, collector, coordinator):
+        if envelope.offset == 500:
+            raise ValueError("boom at 500")
+
+workloads._register(workloads.Workload("fails_at_500", "raises on offset 500", Fails, floor=None))
+sys.exit(run.main(["--workloads", "fails_at_500,sync_noop_1task", "--engines", "python",
+                   "--messages", "1000", "--repeats", "1"]))
+"""
+
+
+def test_a_failing_run_is_reported_and_sets_the_exit_status(tmp_path: Path) -> None:
+    script = tmp_path / "failing.py"
+    script.write_text(_FAILING_WORKLOAD.format(bench=str(ROOT / "bench")), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERROR: fails_at_500 on python" in proc.stdout
+    assert "boom at 500" in proc.stdout
+    # the other workload still ran and is in the table
+    assert any(line.startswith("sync_noop_1task") and "python" in line for line in proc.stdout.splitlines())
