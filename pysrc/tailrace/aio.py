@@ -49,6 +49,10 @@ T = TypeVar("T")
 
 __all__ = ["AsyncioRunner", "AsyncioTask", "new_event_loop"]
 
+# Which loop AsyncioRunner makes when not told: None = uvloop when it imports,
+# True = uvloop (error when missing), False = asyncio's default loop.
+USE_UVLOOP: bool | None = None
+
 # How long close() waits for cancelled coroutines to unwind before it gives up on
 # them (a coroutine that swallows CancelledError and keeps awaiting).
 CANCEL_GRACE_S = 5.0
@@ -84,7 +88,7 @@ class AsyncioRunner:
     """
 
     def __init__(self, *, use_uvloop: bool | None = None, name: str = "tailrace-asyncio") -> None:
-        self._use_uvloop = use_uvloop
+        self._use_uvloop = USE_UVLOOP if use_uvloop is None else use_uvloop
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
