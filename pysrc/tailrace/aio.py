@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import importlib
 import inspect
 import logging
 import threading
@@ -63,12 +64,13 @@ def new_event_loop(use_uvloop: bool | None = None) -> asyncio.AbstractEventLoop:
     else asyncio's default. ``use_uvloop=False`` forces the default loop."""
     if use_uvloop is not False:
         try:
-            import uvloop
+            uvloop = importlib.import_module("uvloop")  # optional extra: tailrace[uvloop]
         except ImportError:
             if use_uvloop:
                 raise
         else:
-            return uvloop.new_event_loop()  # type: ignore[no-any-return]
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+            return loop
     return asyncio.new_event_loop()
 
 
@@ -143,7 +145,7 @@ class AsyncioRunner:
                     loop.run_until_complete(asyncio.wait(leftovers, timeout=CANCEL_GRACE_S))
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.run_until_complete(loop.shutdown_default_executor())
-            except Exception:  # noqa: BLE001 - the loop is going away; log, do not raise on a daemon thread
+            except Exception:
                 log.exception("error while shutting down the asyncio loop")
             finally:
                 asyncio.set_event_loop(None)
@@ -256,12 +258,12 @@ def _resolve(callback: Callback, exc: BaseException | None, envelope: Envelope) 
             callback.complete()
         else:
             callback.fail(exc)
-    except Exception:  # noqa: BLE001 - the engine reports double resolutions itself (rule 17)
+    except Exception:
         log.exception("resolving the callback of %r failed", envelope)
 
 
-_enter_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._enter_task  # type: ignore[attr-defined]
-_leave_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._leave_task  # type: ignore[attr-defined]
+_enter_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._enter_task
+_leave_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._leave_task
 
 
 class _TaskStandIn:
@@ -568,4 +570,3 @@ class AsyncioTask(AsyncStreamTask):
         self._closing = True
         for inf in list(self._inflight):
             inf.cancelled = True
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import random
 import threading
 import time
@@ -37,7 +38,9 @@ class RecordingStore(MemoryCheckpointStore):
     def __init__(self, finished: dict[SystemStreamPartition, set[int]]) -> None:
         super().__init__()
         self.finished = finished
-        self.writes: list[tuple[str, dict[SystemStreamPartition, Offset], dict[SystemStreamPartition, set[int]]]] = []
+        self.writes: list[
+            tuple[str, dict[SystemStreamPartition, Offset], dict[SystemStreamPartition, set[int]]]
+        ] = []
         self.lock = threading.Lock()
 
     def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
@@ -61,7 +64,9 @@ class Shared:
 
 
 @pytest.mark.parametrize("max_concurrency", [1, 8])
-def test_in_order_invocation_bounded_concurrency_under_random_sleeps(engine: str, max_concurrency: int) -> None:
+def test_in_order_invocation_bounded_concurrency_under_random_sleeps(
+    engine: str, max_concurrency: int
+) -> None:
     # rules 1, 2, 12, 13
     rng = random.Random(1234)
     n = 240
@@ -188,7 +193,7 @@ def test_async_window_and_commit_are_barriers(engine: str) -> None:
     by_offset = dict((o, w) for w, o in out)
     offsets = sorted(by_offset)
     assert offsets == list(range(len(offsets)))
-    assert all(by_offset[a] <= by_offset[b] for a, b in zip(offsets, offsets[1:]))
+    assert all(by_offset[a] <= by_offset[b] for a, b in itertools.pairwise(offsets))
     assert store.writes, "the window's commit request ran"
     for _, offsets_written, finished in store.writes:
         for s, off in offsets_written.items():
@@ -353,7 +358,9 @@ def test_exception_surfaces_with_task_partition_offset(engine: str, where: str) 
     for _, offsets, _ in store.writes:
         for s, off in offsets.items():
             if s == err.ssp:
-                assert isinstance(off, int) and off < 7, "nothing at or after the failed message committed (rule 18)"
+                assert isinstance(off, int) and off < 7, (
+                    "nothing at or after the failed message committed (rule 18)"
+                )
 
 
 def test_async_init_failure_names_the_phase(engine: str) -> None:
@@ -392,7 +399,12 @@ def test_callback_timeout_cancels_the_coroutine(engine: str) -> None:
     started = time.monotonic()
     with pytest.raises(CallbackTimeoutError) as info:
         Container(
-            T, inputs=["mem.in"], systems=[mem], engine=engine, task_max_concurrency=2, task_callback_timeout_ms=150
+            T,
+            inputs=["mem.in"],
+            systems=[mem],
+            engine=engine,
+            task_max_concurrency=2,
+            task_callback_timeout_ms=150,
         ).run()
     assert time.monotonic() - started < 20, "the 30 s sleep was not waited out"
     assert info.value.offset == 3
@@ -494,7 +506,9 @@ def test_only_suspending_coroutines_get_an_asyncio_task(engine: str) -> None:
     assert sorted(mem.messages("out")) == list(range(200))
     assert all(current)
     continued = [q for q in created if q.endswith("_continue")]
-    assert len(continued) == 20, "one Task per message that suspended (offsets 0, 10, ..., 190), none for the rest"
+    assert len(continued) == 20, (
+        "one Task per message that suspended (offsets 0, 10, ..., 190), none for the rest"
+    )
 
 
 def test_asyncio_timeout_entered_before_suspending_cancels_the_right_task(engine: str) -> None:

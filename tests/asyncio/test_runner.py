@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from tailrace import AsyncStreamTask, TaskContext, aio
+from tailrace._core import make_envelopes
 from tailrace.api import Collector, Coordinator
 from tailrace.collector import Collector as RealCollector
 from tailrace.config import parse_config
 from tailrace.metrics import TaskMetrics
 from tailrace.systems import MemorySystem
 from tailrace.types import SystemStreamPartition
-from tailrace._core import make_envelopes
 
 
 class Recorder:
@@ -53,7 +53,9 @@ SSP = SystemStreamPartition("mem", "in", 0)
 def make(task: Any, **config: Any) -> tuple[aio.AsyncioTask, aio.AsyncioRunner, Collector]:
     runner = aio.AsyncioRunner()
     adapter = aio.AsyncioTask(task, runner, parse_config(**config))
-    adapter.init(TaskContext("Partition 0", [SSP], parse_config(), NoTimers(), lambda: TaskMetrics("Partition 0")))
+    adapter.init(
+        TaskContext("Partition 0", [SSP], parse_config(), NoTimers(), lambda: TaskMetrics("Partition 0"))
+    )
     mem = MemorySystem("mem")
     return adapter, runner, RealCollector({"mem": mem.producer()})
 
@@ -149,7 +151,9 @@ def test_timeout_cancels_and_never_resolves(closing: list[aio.AsyncioRunner], sw
     adapter.close()
 
 
-def test_close_cancels_in_flight_runs_async_close_and_stops_the_loop(closing: list[aio.AsyncioRunner]) -> None:
+def test_close_cancels_in_flight_runs_async_close_and_stops_the_loop(
+    closing: list[aio.AsyncioRunner],
+) -> None:
     cancelled: list[int] = []
     started = threading.Semaphore(0)
     log: list[str] = []
