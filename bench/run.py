@@ -223,7 +223,7 @@ def table(results: Sequence[Result]) -> str:
 
 
 def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """The issue's targets on sync_noop_1task, as measured in this run."""
+    """The issues' targets (sync_noop_1task, asyncio_inline, asyncio_io), as measured in this run."""
     w = "sync_noop_1task"
     c, py, floor = (_rate(results, w, e) for e in ("c", "python", "floor"))
     checks: list[dict[str, Any]] = []
@@ -243,6 +243,28 @@ def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
             "pass": None if c is None or floor is None else floor / c <= 3.0,
         }
     )
+    # async def tasks (issue 6): the inline cost on the C engine, and asyncio_io against
+    # Little's law: 4 tasks x 32 in flight / 10 ms = 12,800 msgs/s is the ceiling.
+    inline = _rate(results, "asyncio_inline", "c")
+    us = None if inline is None else 1e6 / inline
+    checks.append(
+        {
+            "target": "asyncio_inline on c at most 1.5 us/msg",
+            "ratio": us,
+            "limit": 1.5,
+            "pass": None if us is None else us <= 1.5,
+        }
+    )
+    for engine in ("c", "python"):
+        io = _rate(results, "asyncio_io", engine)
+        checks.append(
+            {
+                "target": f"asyncio_io on {engine} >= 90% of 12,800 msgs/s (fraction of the bound)",
+                "ratio": None if io is None else io / 12_800,
+                "limit": 0.9,
+                "pass": None if io is None else io / 12_800 >= 0.9,
+            }
+        )
     return checks
 
 

@@ -186,14 +186,21 @@ _register(
         floor="sync",
     )
 )
-_ASYNCIO_GUARD = "async def tasks are not supported by this engine yet (issue 6)"
 _register(
     Workload(
         "asyncio_inline",
         "async def process that never awaits, 1 task",
         AsyncioInline,
         floor="asyncio",
-        guard=_ASYNCIO_GUARD,
+    )
+)
+_register(
+    Workload(
+        "asyncio_inline_c64",
+        "async def process that never awaits, 1 task, max concurrency 64 (reaches the loop in bursts)",
+        AsyncioInline,
+        config={"task.max.concurrency": 64},
+        floor="asyncio",
     )
 )
 _register(
@@ -203,6 +210,5 @@ _register(
         AsyncioSleep,
         partitions=4,
         config={"task.max.concurrency": 32},
-        guard=_ASYNCIO_GUARD,
     )
 )

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .aio import AsyncioRunner, AsyncioTask
 from .api import TaskContext, TimerService, task_kind
 from .checkpoint.base import CheckpointStore, MemoryCheckpointStore
 from .collector import Collector
@@ -42,7 +43,7 @@ class TaskPlan:
     name: str
     index: int
     task: Any
-    kind: str  # "sync", "async" or "asyncio"
+    kind: str  # "sync" or "async" (an ``async def process`` task arrives wrapped: "async")
     partitions: list[SystemStreamPartition]
     readers: list[PartitionReader]
     start_offsets: dict[SystemStreamPartition, Offset]
@@ -65,6 +66,8 @@ class JobPlan:
     store: CheckpointStore
     producers: dict[str, Producer]
     systems: dict[str, System] = field(default_factory=dict)
+    # the event loop of ``async def`` tasks (None when there are none)
+    asyncio_runner: AsyncioRunner | None = None
     _commit_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def commit(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
@@ -78,6 +81,8 @@ class JobPlan:
 
     def close(self) -> None:
         """Close readers, producers, systems and the store (idempotent, best effort)."""
+        if self.asyncio_runner is not None:
+            _quietly(self.asyncio_runner.close)
         for t in self.tasks:
             for r in t.readers:
                 _quietly(r.close)
@@ -196,11 +201,18 @@ class Container:
         producers = {name: s.producer() for name, s in self.systems.items()}
         self._store.open(self.config.job_name)
         tasks: list[TaskPlan] = []
+        runner: AsyncioRunner | None = None
         try:
             for index, pnum in enumerate(sorted(by_partition)):
                 name = f"Partition {pnum}"
                 instance = self._factory()
                 kind = task_kind(instance)
+                if kind == "asyncio":
+                    # async def process: run on the container's asyncio loop behind
+                    # the callback interface every engine already runs
+                    runner = runner or AsyncioRunner()
+                    instance = AsyncioTask(instance, runner, self.config)
+                    kind = "async"
                 parts = sorted(by_partition[pnum])
                 committed = self._store.load(name)
                 readers = [self.systems[s.system].reader(s) for s in parts]
@@ -209,8 +221,10 @@ class Container:
                 tasks.append(TaskPlan(name, index, instance, kind, parts, readers, start, collector))
         except Exception:
             self._store.close()
+            if runner is not None:
+                runner.close()
             raise
-        return JobPlan(self.config, tasks, self._store, producers, dict(self.systems))
+        return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner)
 
     # -- running --------------------------------------------------------------
     def run(self) -> RunResult:

@@ -1,0 +1,572 @@
+"""``async def`` tasks: one asyncio event loop per container, on its own thread.
+
+The engines know only callback-style tasks (``process_async(envelope, collector,
+coordinator, callback)``). :class:`AsyncioTask` wraps a task whose ``process`` is a
+coroutine function and presents that interface, so every rule of SEMANTICS.md is
+enforced by the engine exactly as for any async task (in-order invocation,
+``task.max.concurrency``, barriers, low watermark, timeouts, shutdown).
+
+How an invocation travels (the hot path):
+
+* engine thread: ``process_async`` appends the invocation to the runner's deque and,
+  only when no drain is already scheduled, wakes the loop once
+  (``call_soon_threadsafe``: one self-pipe write per burst, not per message);
+* loop thread: the drain pops invocations in order and steps each new coroutine
+  directly with ``coro.send(None)``. A coroutine that finishes without suspending
+  completes its callback at once and never costs an ``asyncio.Task``; one that
+  suspends is continued by a Task that resumes the already-started coroutine.
+
+During that first step ``asyncio.current_task()`` returns a stand-in that forwards
+``cancel``/``uncancel``/``cancelling`` to the Task created if the coroutine
+suspends, so ``asyncio.timeout()``, ``TaskGroup`` and client libraries that need a
+current task work from the first line of ``process``.
+
+Callbacks are resolved exactly once (rule 17): a coroutine that the adapter
+cancelled (callback timeout or shutdown) never resolves its callback; the engine
+reports the timeout (CallbackTimeoutError) or has stopped waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import importlib
+import inspect
+import logging
+import threading
+import time
+import types
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, TypeVar
+
+from .api import AsyncStreamTask, Callback, Collector, Coordinator, Envelope, TaskContext, TimerService
+from .config import Config
+
+log = logging.getLogger("tailrace.aio")
+
+T = TypeVar("T")
+
+__all__ = ["AsyncioRunner", "AsyncioTask", "new_event_loop"]
+
+# Which loop AsyncioRunner makes when not told: None = uvloop when it imports,
+# True = uvloop (error when missing), False = asyncio's default loop.
+USE_UVLOOP: bool | None = None
+
+# How long close() waits for cancelled coroutines to unwind before it gives up on
+# them (a coroutine that swallows CancelledError and keeps awaiting).
+CANCEL_GRACE_S = 5.0
+
+
+def new_event_loop(use_uvloop: bool | None = None) -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's when ``uvloop`` imports (or ``use_uvloop`` is True),
+    else asyncio's default. ``use_uvloop=False`` forces the default loop."""
+    if use_uvloop is not False:
+        try:
+            uvloop = importlib.import_module("uvloop")  # optional extra: tailrace[uvloop]
+        except ImportError:
+            if use_uvloop:
+                raise
+        else:
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+            return loop
+    return asyncio.new_event_loop()
+
+
+# An invocation as queued by the engine thread:
+# (adapter, envelope, collector, coordinator, callback, deadline or 0.0).
+_Invocation = tuple["AsyncioTask", Envelope, Collector, Coordinator, Callback, float]
+
+
+class AsyncioRunner:
+    """One asyncio event loop running on its own daemon thread, shared by the
+    ``async def`` tasks of one container.
+
+    The loop and thread start on first use (:meth:`start`). :meth:`run` runs a
+    coroutine on the loop and waits for it from another thread; :meth:`close`
+    stops the loop, finalises async generators and joins the thread (idempotent,
+    safe from any thread but the loop's own).
+    """
+
+    def __init__(self, *, use_uvloop: bool | None = None, name: str = "tailrace-asyncio") -> None:
+        self._use_uvloop = USE_UVLOOP if use_uvloop is None else use_uvloop
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pending: deque[_Invocation] = deque()
+        self._drain_scheduled = False
+        self._adapters: list[AsyncioTask] = []
+
+    # -- lifecycle --------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop (started on first access)."""
+        loop = self._loop
+        if loop is None:
+            return self.start()
+        return loop
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> asyncio.AbstractEventLoop:
+        """Create the loop and start its thread (once); returns the loop."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the asyncio runner is closed")
+            if self._loop is not None:
+                return self._loop
+            loop = new_event_loop(self._use_uvloop)
+            started = threading.Event()
+            thread = threading.Thread(target=self._main, args=(loop, started), name=self._name, daemon=True)
+            thread.start()
+            started.wait()
+            self._thread = thread
+            self._loop = loop
+            log.debug("asyncio runner started (%s) on thread %s", type(loop).__module__, thread.name)
+            return loop
+
+    @staticmethod
+    def _main(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(started.set)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                leftovers = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for t in leftovers:
+                    t.cancel()
+                if leftovers:
+                    loop.run_until_complete(asyncio.wait(leftovers, timeout=CANCEL_GRACE_S))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            except Exception:
+                log.exception("error while shutting down the asyncio loop")
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+    def close(self) -> None:
+        """Cancel what still runs, stop the loop and join its thread (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        if threading.current_thread() is thread:
+            raise RuntimeError("AsyncioRunner.close() called from its own loop thread")
+        for adapter in list(self._adapters):
+            adapter._abandon()
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:  # loop already closed
+            pass
+        thread.join()
+        log.debug("asyncio runner stopped")
+
+    # -- calls from other threads ----------------------------------------------
+    def in_loop_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (re-raises its exception).
+
+        Must not be called from the loop thread (it would wait on itself).
+        """
+        loop = self.loop
+        if self.in_loop_thread():
+            coro.close()
+            raise RuntimeError("AsyncioRunner.run() called from the loop thread: await the coroutine instead")
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the loop thread and wait for its result."""
+        if self.in_loop_thread():
+            return fn(*args)
+
+        async def _call() -> T:
+            return fn(*args)
+
+        return self.run(_call())
+
+    # -- the hot path -----------------------------------------------------------
+    def submit(self, inv: _Invocation) -> None:
+        """Engine thread: queue one invocation; wake the loop once per burst."""
+        self._pending.append(inv)
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            loop = self._loop
+            if loop is None:
+                raise RuntimeError("the asyncio runner is not started (was init() skipped?)")
+            loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        """Loop thread: start every queued invocation, in queue order.
+
+        The flag is cleared before the first pop: an append that saw the flag still
+        set happened before this clear, so its item is popped below (a stale True
+        read costs nothing; a False read schedules one more, maybe empty, drain).
+        """
+        self._drain_scheduled = False
+        pending = self._pending
+        popleft = pending.popleft
+        loop = self._loop
+        assert loop is not None
+        enter = _enter_task
+        leave = _leave_task
+        copy_context = contextvars.copy_context
+        standin = _TaskStandIn(loop)
+        while pending:
+            adapter, envelope, collector, coordinator, callback, deadline = popleft()
+            if adapter._closing:
+                continue  # never started: close() came first; the engine stopped waiting
+            ctx = copy_context()
+            try:
+                coro = adapter._process(envelope, collector, coordinator)
+                enter(loop, standin)
+                try:
+                    fut = ctx.run(coro.send, None)
+                finally:
+                    leave(loop, standin)
+            except StopIteration:
+                _resolve(callback, None, envelope)
+                continue
+            except BaseException as exc:  # noqa: BLE001 - any failure belongs to this message (rule 16)
+                _resolve(callback, exc, envelope)
+                continue
+            adapter._suspended(coro, fut, callback, envelope, deadline, standin, ctx)
+            standin = _TaskStandIn(loop)  # the old one now stands for that Task
+
+
+def _resolve(callback: Callback, exc: BaseException | None, envelope: Envelope) -> None:
+    """Complete or fail ``callback``; an error from the engine's side is logged,
+    never allowed to stop the drain (the other queued messages still need it)."""
+    try:
+        if exc is None:
+            callback.complete()
+        else:
+            callback.fail(exc)
+    except Exception:
+        log.exception("resolving the callback of %r failed", envelope)
+
+
+_enter_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._enter_task
+_leave_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._leave_task
+
+
+class _TaskStandIn:
+    """``asyncio.current_task()`` during a coroutine's first, direct step.
+
+    Cancellation requests made before the coroutine suspends are recorded and
+    replayed on the Task that continues it; afterwards they are forwarded. Other
+    Task methods are forwarded once that Task exists.
+    """
+
+    __slots__ = ("_cancel_msgs", "_loop", "_task", "_uncancels")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._task: asyncio.Task[Any] | None = None
+        self._cancel_msgs: list[Any] = []
+        self._uncancels = 0
+
+    def _bind(self, task: asyncio.Task[Any]) -> None:
+        self._task = task
+        for msg in self._cancel_msgs:
+            task.cancel(msg)
+        for _ in range(self._uncancels):
+            task.uncancel()
+        self._cancel_msgs.clear()
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self._task is not None:
+            return self._task.cancel(msg)
+        self._cancel_msgs.append(msg)
+        return True
+
+    def uncancel(self) -> int:
+        if self._task is not None:
+            return self._task.uncancel()
+        if len(self._cancel_msgs) > self._uncancels:
+            self._uncancels += 1
+        return len(self._cancel_msgs) - self._uncancels
+
+    def cancelling(self) -> int:
+        if self._task is not None:
+            return self._task.cancelling()
+        return len(self._cancel_msgs) - self._uncancels
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def done(self) -> bool:
+        return False if self._task is None else self._task.done()
+
+    def cancelled(self) -> bool:
+        return False if self._task is None else self._task.cancelled()
+
+    def __getattr__(self, name: str) -> Any:
+        task = self._task
+        if task is None:
+            raise AttributeError(
+                f"{name!r} is not available before the coroutine's first suspension "
+                "(tailrace steps process() directly until it awaits something pending)"
+            )
+        return getattr(task, name)
+
+    def __repr__(self) -> str:
+        return f"<tailrace task stand-in for {self._task!r}>"
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, Any]:
+    """Continue an already-started coroutine inside a Task: hand the Task what the
+    coroutine yielded (first ``first``, the future it suspended on), forward what
+    the Task sends or throws (cancellation), and return the coroutine's result.
+
+    StopIteration is caught here and turned into a return (PEP 479 would otherwise
+    make it a RuntimeError).
+    """
+    value = first
+    send = coro.send
+    throw = coro.throw
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine, which decides
+            try:
+                value = throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        try:
+            value = send(sent)
+        except StopIteration as stop:
+            return stop.value
+
+
+class _Inflight:
+    """A suspended invocation: its callback, the Task continuing it, its deadline
+    timer, and whether the adapter cancelled it (then it never resolves)."""
+
+    __slots__ = ("callback", "cancelled", "envelope", "handle", "task")
+
+    def __init__(self, callback: Callback, envelope: Envelope) -> None:
+        self.callback = callback
+        self.envelope = envelope
+        self.cancelled = False
+        self.task: asyncio.Task[None] | None = None
+        self.handle: asyncio.TimerHandle | None = None
+
+
+class _LoopTimers:
+    """Wraps the engine's TimerService so a timer function may be a coroutine
+    function: its coroutine runs on the loop and the engine waits for it (a timer
+    is a barrier like window, rule 23)."""
+
+    def __init__(self, inner: TimerService, runner: AsyncioRunner) -> None:
+        self._inner = inner
+        self._runner = runner
+
+    def schedule(self, key: Any, when: float, fn: Callable[[Any, Collector, Coordinator], Any]) -> None:
+        runner = self._runner
+
+        def fire(k: Any, collector: Collector, coordinator: Coordinator) -> Any:
+            return _finish(runner, fn(k, collector, coordinator))
+
+        self._inner.schedule(key, when, fire)
+
+    def cancel(self, key: Any) -> bool:
+        return self._inner.cancel(key)
+
+
+def _finish(runner: AsyncioRunner, result: Any) -> Any:
+    """A hook's result: a coroutine (or other awaitable) is run to completion on
+    the loop while the calling engine thread waits; anything else is returned."""
+    if inspect.isawaitable(result):
+        return runner.run(_await(result))
+    return result
+
+
+async def _await(aw: Awaitable[T]) -> T:
+    return await aw
+
+
+class AsyncioTask(AsyncStreamTask):
+    """Adapts a task with ``async def process(envelope, collector, coordinator)`` to
+    the callback interface the engines run.
+
+    ``process`` runs on the container's asyncio loop thread; ``init``, ``window``,
+    ``end_of_stream`` and ``close`` may be plain functions (run on the calling
+    engine thread) or coroutine functions (run on the loop while the engine waits).
+    ``context.loop`` is the loop. The wrapped task is ``self.task``.
+    """
+
+    def __init__(self, task: Any, runner: AsyncioRunner, config: Config) -> None:
+        self.task = task
+        self.runner = runner
+        self._process: Callable[[Envelope, Collector, Coordinator], Coroutine[Any, Any, Any]] = task.process
+        self._timeout_s = config.callback_timeout_ms / 1000.0 if config.callback_timeout_ms > 0 else 0.0
+        self._closing = False
+        self._closed = False
+        self._inflight: set[_Inflight] = set()
+        self._submit = runner.submit
+        # Expose only the hooks the task defines: engines look them up by name and
+        # a window/end_of_stream that exists is run (and counted).
+        for name in ("window", "end_of_stream"):
+            user = getattr(task, name, None)
+            if callable(user):
+                setattr(self, name, self._hook(user))
+        runner._adapters.append(self)
+
+    def _hook(self, user: Callable[..., Any]) -> Callable[..., Any]:
+        runner = self.runner
+
+        def run_hook(collector: Collector, coordinator: Coordinator) -> Any:
+            return _finish(runner, user(collector, coordinator))
+
+        run_hook.__name__ = getattr(user, "__name__", "hook")
+        run_hook.__qualname__ = getattr(user, "__qualname__", run_hook.__name__)
+        return run_hook
+
+    def __repr__(self) -> str:
+        return f"AsyncioTask({self.task!r})"
+
+    # -- engine interface ---------------------------------------------------------
+    def init(self, context: TaskContext) -> None:
+        """Start the loop, expose it as ``context.loop``, run the task's ``init``."""
+        loop = self.runner.start()
+        context.loop = loop
+        context._timers = _LoopTimers(context._timers, self.runner)
+        user = getattr(self.task, "init", None)
+        if callable(user):
+            _finish(self.runner, user(context))
+
+    def process_async(
+        self,
+        envelope: Envelope,
+        collector: Collector,
+        coordinator: Coordinator,
+        callback: Callback,
+    ) -> None:
+        """Queue ``process`` for the loop thread (in call order; rule 1)."""
+        timeout = self._timeout_s
+        self._submit(
+            (self, envelope, collector, coordinator, callback, time.monotonic() + timeout if timeout else 0.0)
+        )
+
+    def close(self) -> None:
+        """Cancel coroutines still running (the engine has stopped waiting for them:
+        task.shutdown.ms passed, or the run failed), wait for them to unwind, run
+        the task's ``close``; the last adapter to close stops the loop."""
+        if self._closed:
+            return
+        self._closed = True
+        runner = self.runner
+        try:
+            if runner.running:
+                left = runner.run(self._cancel_all())
+                if left:
+                    log.warning(
+                        "%d coroutine(s) of %r ignored cancellation for %.0f s; abandoning them",
+                        left,
+                        self.task,
+                        CANCEL_GRACE_S,
+                    )
+            user = getattr(self.task, "close", None)
+            if callable(user):
+                _finish(runner, user())
+        finally:
+            if self in runner._adapters:
+                runner._adapters.remove(self)
+            if not runner._adapters:
+                runner.close()
+
+    # -- loop thread ----------------------------------------------------------------
+    def _suspended(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        fut: Any,
+        callback: Callback,
+        envelope: Envelope,
+        deadline: float,
+        standin: _TaskStandIn,
+        ctx: contextvars.Context,
+    ) -> None:
+        """The coroutine awaited something pending: continue it in a Task."""
+        inf = _Inflight(callback, envelope)
+        loop = self.runner._loop
+        assert loop is not None
+        task = loop.create_task(self._continue(inf, coro, fut), context=ctx)
+        inf.task = task
+        standin._bind(task)
+        self._inflight.add(inf)
+        if deadline:
+            inf.handle = loop.call_at(deadline - time.monotonic() + loop.time(), self._expire, inf)
+
+    async def _continue(self, inf: _Inflight, coro: Coroutine[Any, Any, Any], fut: Any) -> None:
+        exc: BaseException | None = None
+        try:
+            await _resume(coro, fut)
+        except BaseException as e:  # noqa: BLE001 - handed to the engine through the callback
+            exc = e
+        finally:
+            self._inflight.discard(inf)
+            if inf.handle is not None:
+                inf.handle.cancel()
+        if inf.cancelled:
+            if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                log.debug("cancelled coroutine for %r ended with %r", inf.envelope, exc)
+            return  # the engine timed it out or stopped waiting: never resolve twice (rule 17)
+        _resolve(inf.callback, exc, inf.envelope)
+
+    def _expire(self, inf: _Inflight) -> None:
+        """Deadline reached (task.callback.timeout.ms): cancel the coroutine. The
+        engine fails the container with CallbackTimeoutError for this callback."""
+        inf.handle = None
+        if inf.task is None or inf.task.done():
+            return
+        log.debug("callback for %r timed out: cancelling its coroutine", inf.envelope)
+        inf.cancelled = True
+        inf.task.cancel(f"tailrace: task.callback.timeout.ms expired for {inf.envelope!r}")
+
+    async def _cancel_all(self) -> int:
+        """Cancel every coroutine still in flight and wait (bounded) for them to
+        unwind; returns how many did not finish."""
+        self._closing = True
+        tasks = []
+        for inf in list(self._inflight):
+            inf.cancelled = True
+            if inf.handle is not None:
+                inf.handle.cancel()
+                inf.handle = None
+            if inf.task is not None and not inf.task.done():
+                inf.task.cancel("tailrace: task closed while this message was in flight")
+                tasks.append(inf.task)
+        if not tasks:
+            return 0
+        log.debug("cancelled %d in-flight coroutine(s) of %r", len(tasks), self.task)
+        _, pending = await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
+        return len(pending)
+
+    def _abandon(self) -> None:
+        """The runner is closing without this adapter having been closed (the
+        engine skipped close after an error): never resolve what is in flight."""
+        self._closing = True
+        for inf in list(self._inflight):
+            inf.cancelled = True
