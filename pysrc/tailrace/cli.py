@@ -179,6 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec.source,
         _store_text(spec),
     )
+    _log_resume(spec)
     worker = threading.Thread(target=target, name="tailrace-container")
     worker.start()
     try:
@@ -194,6 +195,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     result: RunResult = box["result"]
     _print_summary(spec, container, result, time.monotonic() - started, sys.stdout)
     return 0
+
+
+def _log_resume(spec: JobSpec) -> None:
+    try:
+        committed = _committed(spec)
+    except (ConfigError, TailraceError):
+        return  # a store that cannot list (or a broken one: start-up reports it)
+    offsets = {ssp: off for per_task in committed.values() for ssp, off in per_task.items()}
+    if not offsets:
+        log.info("no checkpoint yet: every input starts from the beginning")
+        return
+    shown = ", ".join(f"{ssp} after {off!r}" for ssp, off in sorted(offsets.items())[:8])
+    more = f" (and {len(offsets) - 8} more)" if len(offsets) > 8 else ""
+    log.info("resuming from checkpoint: %s%s", shown, more)
 
 
 def _store_text(spec: JobSpec) -> str:

@@ -6,7 +6,7 @@ whole new checkpoint or the whole previous one is read back. Offsets keep their
 type: the column has no affinity, so an int stays an INTEGER and a str a TEXT.
 
 A ``meta`` table records ``schema_version``; a store written by a newer (or
-unknown) schema is refused. ``open`` runs ``PRAGMA quick_check``: a corrupt or
+unknown) schema is refused. ``open`` runs ``PRAGMA integrity_check`` (the store is small): a corrupt or
 truncated file stops start-up with CheckpointError instead of silently starting
 again from offset 0.
 
@@ -227,7 +227,7 @@ def connect(path: Path, *, create: bool) -> sqlite3.Connection:
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = FULL")
-        result = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+        result = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
         if result != ["ok"]:
             raise CheckpointError(
                 f"checkpoint store {path} is corrupt ({'; '.join(map(str, result[:3]))}); "
