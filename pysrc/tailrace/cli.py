@@ -114,9 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except ConfigError as e:
+        log.debug("config error", exc_info=True)
         print(f"tailrace: config error: {e}", file=sys.stderr)
         return 2
     except TailraceError as e:
+        log.debug("job failed", exc_info=True)
         print(f"tailrace: error: {e}", file=sys.stderr)
         return 1
 

@@ -202,9 +202,10 @@ def load_job(job: str | Path, overrides: Mapping[str, Any] | None = None, engine
         raise ConfigError(
             f"required: a non-empty list of 'system.stream' names, got {inputs!r}", key="job.inputs", source=src
         )
+    for eng in (job_t.get("engine", "c"), engine or "c"):  # the file's engine must be valid even when overridden
+        if eng not in ENGINES:
+            raise ConfigError(f"unknown engine {eng!r}", key="job.engine", allowed=", ".join(ENGINES), source=src)
     eng = engine or job_t.get("engine", "c")
-    if eng not in ENGINES:
-        raise ConfigError(f"unknown engine {eng!r}", key="job.engine", allowed=", ".join(ENGINES), source=src)
     default_output = job_t.get("default_output")
     if default_output is not None and not isinstance(default_output, str):
         raise ConfigError(f"expected a system name, got {default_output!r}", key="job.default_output", source=src)
@@ -341,9 +342,9 @@ def _load_module(path: Path) -> Any:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException:
+    except Exception as e:
         del sys.modules[name]
-        raise
+        raise ConfigError(f"cannot load: {type(e).__name__}: {e}", source=str(path)) from e
     return module
 
 
