@@ -17,7 +17,9 @@ class WordCount(tailrace.StreamTask):
         self.counts: Counter[str] = Counter()
         self.changed: set[str] = set()
 
-    def process(self, envelope: tailrace.Envelope, collector: tailrace.Collector, coordinator: tailrace.Coordinator) -> None:
+    def process(
+        self, envelope: tailrace.Envelope, collector: tailrace.Collector, coordinator: tailrace.Coordinator
+    ) -> None:
         for word in WORD.findall(envelope.message.lower()):
             self.counts[word] += 1
             self.changed.add(word)
@@ -26,7 +28,9 @@ class WordCount(tailrace.StreamTask):
         # Only the words whose count changed since the last window: the newest line per
         # word in output/counts is its current count for this task.
         for word in sorted(self.changed):
-            collector.send("files.counts", {"task": self.task, "word": word, "count": self.counts[word]}, key=word)
+            collector.send(
+                "files.counts", {"task": self.task, "word": word, "count": self.counts[word]}, key=word
+            )
         self.changed.clear()
 
     def end_of_stream(self, collector: tailrace.Collector, coordinator: tailrace.Coordinator) -> None:

@@ -37,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="config keys (job file [config] table, or --config KEY=VALUE):\n" + describe_keys(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level")
+    p.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level"
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     job_help = f"the job file (TOML, or a .py defining `job`), or a directory holding {JOB_FILE}"
@@ -51,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("job", metavar="JOB", help=job_help)
-    run.add_argument("--engine", choices=sorted(ENGINES), help="run loop engine (default: the job file's, else c)")
+    run.add_argument(
+        "--engine", choices=sorted(ENGINES), help="run loop engine (default: the job file's, else c)"
+    )
     run.add_argument(
         "--config",
         "-c",
@@ -295,7 +299,7 @@ class _LiveDisplay(_Reporter):
         parts = sorted((ssp, t) for t in tasks.values() for ssp in _partitions(t))
         for ssp, t in parts[:_SHOWN_PARTITIONS]:
             committed = t.committed.get(ssp, "-")
-            rows.append(f"  {str(ssp):<28} {committed!s:>16} {t.lag.get(ssp, 0):>10,}")
+            rows.append(f"  {ssp!s:<28} {committed!s:>16} {t.lag.get(ssp, 0):>10,}")
         if len(parts) > _SHOWN_PARTITIONS:
             rows.append(f"  ... and {len(parts) - _SHOWN_PARTITIONS} more partitions")
         text = ""
@@ -313,7 +317,9 @@ def _partitions(t: TaskMetrics) -> set[SystemStreamPartition]:
     return set(t.committed) | set(t.lag) | set(t.newest_read)
 
 
-def _print_summary(spec: JobSpec, container: Container, result: RunResult, seconds: float, out: TextIO) -> None:
+def _print_summary(
+    spec: JobSpec, container: Container, result: RunResult, seconds: float, out: TextIO
+) -> None:
     processed = result.processed
     skipped = container.skipped()
     rate = processed / seconds if seconds > 0 else 0.0
@@ -341,7 +347,7 @@ def _committed(spec: JobSpec) -> dict[str, dict[SystemStreamPartition, Offset]]:
             f"checkpoint store type {type(store).__name__} cannot list checkpoints", key="checkpoints.type"
         )
     try:
-        return lister(spec.name)  # type: ignore[no-any-return]
+        return lister(spec.name)
     finally:
         store.close()
 

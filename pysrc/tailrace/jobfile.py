@@ -65,11 +65,11 @@ def _memory_system(name: str, options: dict[str, Any]) -> System:
 
 def _import_target(target: str) -> Callable[..., Any]:
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), attr)
 
 
 def _redis_system(name: str, options: dict[str, Any]) -> System:
-    return _import_target("tailrace.systems.redis:RedisSystem")(name, **options)  # type: ignore[no-any-return]
+    return _import_target("tailrace.systems.redis:RedisSystem")(name, **options)
 
 
 SYSTEM_TYPES: dict[str, Callable[[str, dict[str, Any]], System]] = {
@@ -90,7 +90,7 @@ def _memory_store(options: dict[str, Any]) -> CheckpointStore:
 
 
 def _redis_store(options: dict[str, Any]) -> CheckpointStore:
-    return _import_target("tailrace.checkpoint.redis:RedisCheckpointStore")(**options)  # type: ignore[no-any-return]
+    return _import_target("tailrace.checkpoint.redis:RedisCheckpointStore")(**options)
 
 
 STORE_TYPES: dict[str, Callable[[dict[str, Any]], CheckpointStore]] = {
@@ -176,7 +176,9 @@ def resolve_job_path(job: str | Path) -> Path:
     return p.resolve()
 
 
-def load_job(job: str | Path, overrides: Mapping[str, Any] | None = None, engine: str | None = None) -> JobSpec:
+def load_job(
+    job: str | Path, overrides: Mapping[str, Any] | None = None, engine: str | None = None
+) -> JobSpec:
     """Read and validate a job file; ``overrides`` are ``--config`` pairs, ``engine`` wins over the file."""
     path = resolve_job_path(job)
     src = str(path)
@@ -195,20 +197,31 @@ def load_job(job: str | Path, overrides: Mapping[str, Any] | None = None, engine
     task = job_t.get("task")
     if task is None or (isinstance(task, str) and ":" not in task):
         raise ConfigError(
-            f"required: the task as 'file.py:Class' or 'module:Class', got {task!r}", key="job.task", source=src
+            f"required: the task as 'file.py:Class' or 'module:Class', got {task!r}",
+            key="job.task",
+            source=src,
         )
     inputs = job_t.get("inputs")
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
         raise ConfigError(
-            f"required: a non-empty list of 'system.stream' names, got {inputs!r}", key="job.inputs", source=src
+            f"required: a non-empty list of 'system.stream' names, got {inputs!r}",
+            key="job.inputs",
+            source=src,
         )
-    for eng in (job_t.get("engine", "c"), engine or "c"):  # the file's engine must be valid even when overridden
+    for eng in (
+        job_t.get("engine", "c"),
+        engine or "c",
+    ):  # the file's engine must be valid even when overridden
         if eng not in ENGINES:
-            raise ConfigError(f"unknown engine {eng!r}", key="job.engine", allowed=", ".join(ENGINES), source=src)
+            raise ConfigError(
+                f"unknown engine {eng!r}", key="job.engine", allowed=", ".join(ENGINES), source=src
+            )
     eng = engine or job_t.get("engine", "c")
     default_output = job_t.get("default_output")
     if default_output is not None and not isinstance(default_output, str):
-        raise ConfigError(f"expected a system name, got {default_output!r}", key="job.default_output", source=src)
+        raise ConfigError(
+            f"expected a system name, got {default_output!r}", key="job.default_output", source=src
+        )
 
     config_t = dict(_table(tree, "config", src))
     if "job.name" in config_t or "job_name" in config_t:
@@ -225,7 +238,10 @@ def load_job(job: str | Path, overrides: Mapping[str, Any] | None = None, engine
         make = SYSTEM_TYPES.get(kind) if isinstance(kind, str) else None
         if make is None:
             raise ConfigError(
-                f"unknown system type {kind!r}", key=f"systems.{sname}.type", allowed=", ".join(SYSTEM_TYPES), source=src
+                f"unknown system type {kind!r}",
+                key=f"systems.{sname}.type",
+                allowed=", ".join(SYSTEM_TYPES),
+                source=src,
             )
         for opt in _PATH_OPTIONS:
             if kind == "file" and isinstance(options.get(opt), str):
@@ -257,7 +273,9 @@ def _read_tree(path: Path) -> dict[str, Any]:
         module = _load_module(path)
         job = getattr(module, "job", None)
         if not isinstance(job, dict):
-            raise ConfigError("a Python job file must define `job`, a dict shaped like job.toml", source=str(path))
+            raise ConfigError(
+                "a Python job file must define `job`, a dict shaped like job.toml", source=str(path)
+            )
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in job.items()}
     try:
         with open(path, "rb") as f:
@@ -313,7 +331,7 @@ def _apply_overrides(tree: dict[str, Any], overrides: dict[str, Any], src: str) 
             raise ConfigError(
                 "unknown key given with --config",
                 key=key,
-                allowed="a config key (tailrace --help lists them), or job.*, systems.<name>.*, checkpoints.*",
+                allowed="a config key (see tailrace --help), or job.*, systems.<name>.*, checkpoints.*",
             )
     return tree
 
@@ -353,7 +371,9 @@ def load_task(task: Any, base: Path, source: Path) -> Any:
     if not isinstance(task, str):
         if callable(task):
             return task
-        raise ConfigError(f"expected 'file.py:Class' or a class, got {task!r}", key="job.task", source=str(source))
+        raise ConfigError(
+            f"expected 'file.py:Class' or a class, got {task!r}", key="job.task", source=str(source)
+        )
     target, _, attr = task.rpartition(":")
     if target.endswith(".py"):
         file = base / target
@@ -364,7 +384,9 @@ def load_task(task: Any, base: Path, source: Path) -> Any:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
-            raise ConfigError(f"cannot import module {target!r}: {e}", key="job.task", source=str(source)) from e
+            raise ConfigError(
+                f"cannot import module {target!r}: {e}", key="job.task", source=str(source)
+            ) from e
     obj = getattr(module, attr, None)
     if obj is None:
         raise ConfigError(f"{target} defines no {attr!r}", key="job.task", source=str(source))

@@ -24,17 +24,25 @@ class ContainerCollector(Collector):
             return
         tasks, cm = snap
         for name in _TASK_COUNTERS:
-            c = CounterMetricFamily(f"tailrace_task_{name}", f"task {name} (SEMANTICS metrics)", labels=["task"])
+            c = CounterMetricFamily(
+                f"tailrace_task_{name}", f"task {name} (SEMANTICS metrics)", labels=["task"]
+            )
             for t in tasks.values():
                 c.add_metric([t.task], getattr(t, name))
             yield c
-        g = GaugeMetricFamily("tailrace_task_outstanding", "callbacks invoked, not yet completed", labels=["task"])
+        g = GaugeMetricFamily(
+            "tailrace_task_outstanding", "callbacks invoked, not yet completed", labels=["task"]
+        )
         for t in tasks.values():
             g.add_metric([t.task], t.outstanding)
         yield g
-        lag = GaugeMetricFamily("tailrace_partition_lag", "newest offset read minus committed", labels=["task", "partition"])
+        lag = GaugeMetricFamily(
+            "tailrace_partition_lag", "newest offset read minus committed", labels=["task", "partition"]
+        )
         off = GaugeMetricFamily(
-            "tailrace_partition_committed_offset", "committed offset (int offsets only)", labels=["task", "partition"]
+            "tailrace_partition_committed_offset",
+            "committed offset (int offsets only)",
+            labels=["task", "partition"],
         )
         for t in tasks.values():
             for ssp, v in t.lag.items():
@@ -44,7 +52,9 @@ class ContainerCollector(Collector):
                     off.add_metric([t.task, str(ssp)], o)
         yield lag
         yield off
-        skipped = CounterMetricFamily("tailrace_partition_skipped", "bad input lines skipped", labels=["partition"])
+        skipped = CounterMetricFamily(
+            "tailrace_partition_skipped", "bad input lines skipped", labels=["partition"]
+        )
         for ssp, n in self.container.skipped().items():
             skipped.add_metric([str(ssp)], n)
         yield skipped

@@ -13,7 +13,9 @@ DELAY = float(os.environ.get("CHECKER_DELAY_MS", "0")) / 1000.0
 
 
 class Checker(tailrace.StreamTask):
-    def process(self, envelope: tailrace.Envelope, collector: tailrace.Collector, coordinator: tailrace.Coordinator) -> None:
+    def process(
+        self, envelope: tailrace.Envelope, collector: tailrace.Collector, coordinator: tailrace.Coordinator
+    ) -> None:
         if DELAY:
             time.sleep(DELAY)
         collector.send("files.out", envelope.message, key=envelope.message["k"], partition=envelope.partition)

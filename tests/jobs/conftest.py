@@ -29,7 +29,9 @@ def _available(name: str) -> bool:
 AVAILABLE_ENGINES = [e for e in ENGINES if _available(e)]
 
 
-@pytest.fixture(params=AVAILABLE_ENGINES or [pytest.param(None, marks=pytest.mark.skip("no engine importable"))])
+@pytest.fixture(
+    params=AVAILABLE_ENGINES or [pytest.param(None, marks=pytest.mark.skip("no engine importable"))]
+)
 def engine(request: pytest.FixtureRequest) -> str:
     """Each engine whose module imports ("c" native, "python" reference)."""
     return request.param  # type: ignore[no-any-return]

@@ -35,7 +35,8 @@ class CheckerJob:
 
     def __post_init__(self) -> None:
         data = [
-            [{"k": f"k{p}-{i}", "p": p, "seq": i} for i in range(self.records)] for p in range(self.partitions)
+            [{"k": f"k{p}-{i}", "p": p, "seq": i} for i in range(self.records)]
+            for p in range(self.partitions)
         ]
         self.offsets = write_stream(self.root / "data" / "in", data)
         (self.root / "job.toml").write_text(
@@ -139,7 +140,9 @@ def verify(job: CheckerJob) -> Verdict:
             elif s <= prev:  # a replay restarts at or before where the last run got to
                 prev = s
             else:
-                errors.append(f"partition {p}: seq {s} at output line {i + 1} follows {prev} (gap or reorder)")
+                errors.append(
+                    f"partition {p}: seq {s} at output line {i + 1} follows {prev} (gap or reorder)"
+                )
                 break
     return Verdict(lost, dups, errors)
 

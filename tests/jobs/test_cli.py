@@ -95,8 +95,13 @@ def test_enrichment_example_end_to_end(engine: str, tmp_path: Path) -> None:
 
     outputs = read_stream(job / "output" / "enriched")
     for p, part in enumerate(outputs):
-        orders = [json.loads(line) for line in (job / "data" / "orders" / f"partition-{p}.jsonl").read_text().splitlines()]
-        assert sorted(o["order_id"] for o in part) == sorted(o["order_id"] for o in orders)  # none lost or doubled
+        orders = [
+            json.loads(line)
+            for line in (job / "data" / "orders" / f"partition-{p}.jsonl").read_text().splitlines()
+        ]
+        assert sorted(o["order_id"] for o in part) == sorted(
+            o["order_id"] for o in orders
+        )  # none lost or doubled
         by_id = {o["order_id"]: o for o in orders}
         for o in part:
             c = customers[o["customer_id"]]
@@ -179,7 +184,15 @@ def test_bad_input_line_stops_the_job_naming_file_and_line(engine: str, tmp_path
 def test_skip_bad_lines_is_counted_in_the_summary(engine: str, tmp_path: Path) -> None:
     job = write_job(tmp_path, lines='{"a": 1}\nnope\n{"a": 3}\n[broken\n')
     r = run_cli(
-        ["run", str(job), "--engine", engine, "--no-progress", "--config", "systems.files.skip_bad_lines=true"]
+        [
+            "run",
+            str(job),
+            "--engine",
+            engine,
+            "--no-progress",
+            "--config",
+            "systems.files.skip_bad_lines=true",
+        ]
     )
     assert r.returncode == 0, r.stderr
     assert "2 messages processed" in r.stdout and "2 bad lines skipped" in r.stdout
@@ -231,7 +244,9 @@ def test_python_job_file(engine: str, tmp_path: Path) -> None:
 def test_progress_lines_when_not_on_a_terminal(engine: str, tmp_path: Path) -> None:
     job = write_job(tmp_path, lines="".join(f"{i}\n" for i in range(3000)))
     slow = tmp_path / "copy.py"
-    slow.write_text(slow.read_text().replace("collector.send", "__import__('time').sleep(0.0002); collector.send"))
+    slow.write_text(
+        slow.read_text().replace("collector.send", "__import__('time').sleep(0.0002); collector.send")
+    )
     r = run_cli(["run", str(job), "--engine", engine, "--progress-interval", "0.05"])
     assert r.returncode == 0, r.stderr
     assert "progress: " in r.stderr and "msg/s" in r.stderr
@@ -244,7 +259,9 @@ def test_prometheus_metrics_are_served(engine: str, tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
     job = write_job(tmp_path, lines="".join(f"{i}\n" for i in range(100000)))
     slow = tmp_path / "copy.py"
-    slow.write_text(slow.read_text().replace("collector.send", "__import__('time').sleep(0.001); collector.send"))
+    slow.write_text(
+        slow.read_text().replace("collector.send", "__import__('time').sleep(0.001); collector.send")
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

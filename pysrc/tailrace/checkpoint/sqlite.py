@@ -122,7 +122,8 @@ class SqliteCheckpointStore(CheckpointStore):
         db = self._db()
         try:
             rows = db.execute(
-                "SELECT system, stream, partition, committed_offset FROM checkpoints WHERE job = ? AND task = ?",
+                "SELECT system, stream, partition, committed_offset FROM checkpoints"
+                " WHERE job = ? AND task = ?",
                 (self._job, task_name),
             ).fetchall()
         except sqlite3.DatabaseError as e:
@@ -141,15 +142,18 @@ class SqliteCheckpointStore(CheckpointStore):
             with db:  # one transaction: all rows of this commit or none
                 db.execute("BEGIN IMMEDIATE")
                 db.executemany(
-                    "INSERT INTO checkpoints (job, task, system, stream, partition, committed_offset, updated_at)"
+                    "INSERT INTO checkpoints"
+                    " (job, task, system, stream, partition, committed_offset, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (job, task, system, stream, partition)"
-                    " DO UPDATE SET committed_offset = excluded.committed_offset, updated_at = excluded.updated_at",
+                    " ON CONFLICT (job, task, system, stream, partition) DO UPDATE SET"
+                    " committed_offset = excluded.committed_offset, updated_at = excluded.updated_at",
                     rows,
                 )
                 self._test_stall()
         except sqlite3.Error as e:
-            raise CheckpointError(f"checkpoint store {self.path}: writing task {task_name!r} failed: {e}") from e
+            raise CheckpointError(
+                f"checkpoint store {self.path}: writing task {task_name!r} failed: {e}"
+            ) from e
         self._writes += 1
 
     def _test_stall(self) -> None:

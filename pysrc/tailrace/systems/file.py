@@ -80,7 +80,9 @@ def scan_stream(directory: Path) -> tuple[int, str]:
         found[n] = FORMATS[m.group(2)]
         formats.add(found[n])
     if not found:
-        raise InputError("stream directory has no partition files (partition-0.jsonl ...)", source=str(directory))
+        raise InputError(
+            "stream directory has no partition files (partition-0.jsonl ...)", source=str(directory)
+        )
     if len(formats) > 1:
         raise InputError("stream mixes .jsonl and .txt partition files", source=str(directory))
     missing = [n for n in range(max(found) + 1) if n not in found]
@@ -130,7 +132,7 @@ class FileReader(PartitionReader):
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
         if not self.path.is_file():
             raise InputError("partition file does not exist", source=str(self.path))
-        f = open(self.path, "rb")  # noqa: SIM115 - owned by the reader thread, closed in close()
+        f = open(self.path, "rb")
         try:
             pos = 0
             if after is not None:
@@ -348,7 +350,9 @@ class FileProducer(Producer):
         try:
             line = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
         except (TypeError, ValueError) as e:
-            raise ValueError(f"file output {stream}[{partition}]: message is not JSON-serialisable: {e}") from None
+            raise ValueError(
+                f"file output {stream}[{partition}]: message is not JSON-serialisable: {e}"
+            ) from None
         with self._lock:
             if self._closed:
                 raise ValueError(f"file output {stream}[{partition}]: producer is closed")
@@ -463,7 +467,9 @@ class FileSystem(System):
         super().__init__(name)
         where = f"systems.{name}"
         if not isinstance(skip_bad_lines, bool):
-            raise ConfigError(f"expected true or false, got {skip_bad_lines!r}", key=f"{where}.skip_bad_lines")
+            raise ConfigError(
+                f"expected true or false, got {skip_bad_lines!r}", key=f"{where}.skip_bad_lines"
+            )
         if key_field is not None and not isinstance(key_field, str):
             raise ConfigError(f"expected a field name, got {key_field!r}", key=f"{where}.key_field")
         if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 1:
@@ -490,7 +496,9 @@ class FileSystem(System):
         info = self._streams.get(stream)
         if info is None:
             if not self.path.is_dir():
-                raise InputError(f"input directory of system {self.name!r} does not exist", source=str(self.path))
+                raise InputError(
+                    f"input directory of system {self.name!r} does not exist", source=str(self.path)
+                )
             info = self._streams[stream] = scan_stream(self.path / stream)
         return info
 
@@ -500,7 +508,9 @@ class FileSystem(System):
     def reader(self, ssp: SystemStreamPartition) -> PartitionReader:
         n, fmt = self._scan(ssp.stream)
         if not 0 <= ssp.partition < n:
-            raise InputError(f"stream has no partition {ssp.partition} (it has {n})", source=str(self.path / ssp.stream))
+            raise InputError(
+                f"stream has no partition {ssp.partition} (it has {n})", source=str(self.path / ssp.stream)
+            )
         return FileReader(
             ssp,
             partition_file(self.path / ssp.stream, ssp.partition, fmt),
