@@ -33,8 +33,8 @@ extern "C" {
 
 /* Completion flags (16 bits). Bits 8..15 are opaque to the sequencer and
  * passed through to release (the loop uses them for scopes of requests). */
-#define TR_SEQ_COMMIT 0x0001u   /* a commit was requested by this message: release stops after it */
-#define TR_SEQ_FAILED 0x0002u   /* the message failed: never released, blocks release */
+#define TR_SEQ_COMMIT 0x0001u /* a commit was requested by this message: release stops after it */
+#define TR_SEQ_FAILED 0x0002u /* the message failed: never released, blocks release */
 #define TR_SEQ_USER_SHIFT 8
 #define TR_SEQ_FLAGS_MASK 0xffffu
 

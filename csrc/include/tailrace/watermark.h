@@ -40,7 +40,8 @@ uint32_t tr_watermark_partitions(const tr_watermark *w);
 
 /* Loop thread. TR_OK, TR_EREGRESS (position not past the current one),
  * TR_EINVAL (partition out of range). */
-tr_status tr_watermark_advance(tr_watermark *w, uint32_t partition, uint64_t position, uint64_t handle);
+tr_status tr_watermark_advance(tr_watermark *w, uint32_t partition, uint64_t position,
+                               uint64_t handle);
 
 /* Any thread. TR_OK and the mark; TR_EAGAIN when nothing has completed yet;
  * TR_EINVAL (partition out of range). */

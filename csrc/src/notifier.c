@@ -1,0 +1,103 @@
+/* notifier.c: the event count described in tailrace/notifier.h.
+ *
+ * Implementation notes beyond the header essay:
+ *   - `sleeping` is the only word producers touch on the fast path. It is written
+ *     by the consumer at prepare/cancel/commit and by a slow-path notify (which
+ *     clears it, so a burst of producers takes the mutex once per sleep, not once
+ *     per message). Clearing it early is safe: a producer that then reads 0 did
+ *     so before the consumer's next prepare_wait in the seq_cst order, so that
+ *     consumer's re-check sees the producer's work.
+ *   - `epoch` changes only under the mutex, so commit_wait's check-then-wait is
+ *     atomic with respect to a notify (no lost wake-up between them).
+ *   - Spurious wake-ups are allowed by the contract: the consumer re-checks work.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "tailrace/notifier.h"
+
+#include <errno.h>
+#include <time.h>
+
+#include "tailrace/clock.h"
+
+tr_status tr_notifier_init(tr_notifier *n) {
+    pthread_condattr_t attr;
+    atomic_init(&n->sleeping, 0);
+    atomic_init(&n->epoch, 0);
+    atomic_init(&n->wakeups, 0);
+    if (pthread_mutex_init(&n->mutex, NULL) != 0)
+        return TR_ESYS;
+    if (pthread_condattr_init(&attr) != 0)
+        goto fail_mutex;
+    /* Timeouts are computed from tr_now_ns, so the condvar must use the same clock. */
+    if (pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) != 0 ||
+        pthread_cond_init(&n->cond, &attr) != 0) {
+        pthread_condattr_destroy(&attr);
+        goto fail_mutex;
+    }
+    pthread_condattr_destroy(&attr);
+    return TR_OK;
+fail_mutex:
+    pthread_mutex_destroy(&n->mutex);
+    return TR_ESYS;
+}
+
+void tr_notifier_destroy(tr_notifier *n) {
+    pthread_cond_destroy(&n->cond);
+    pthread_mutex_destroy(&n->mutex);
+}
+
+uint64_t tr_notifier_prepare_wait(tr_notifier *n) {
+    /* seq_cst: ordered before the caller's seq_cst re-check of work and against
+     * the producer's seq_cst publication + load of `sleeping` (header protocol). */
+    atomic_store_explicit(&n->sleeping, 1, TR_SEQ_CST);
+    /* acquire: pairs with notify's release bump; if we read a bumped epoch, the
+     * producer's publication happens-before our re-check of work. */
+    return atomic_load_explicit(&n->epoch, TR_ACQUIRE);
+}
+
+void tr_notifier_cancel_wait(tr_notifier *n) {
+    /* relaxed: a producer that still reads 1 only pays a spurious slow path. */
+    atomic_store_explicit(&n->sleeping, 0, TR_RELAXED);
+}
+
+tr_status tr_notifier_commit_wait(tr_notifier *n, uint64_t key, int64_t timeout_ns) {
+    tr_status rc = TR_OK;
+    struct timespec deadline;
+    if (timeout_ns >= 0) {
+        int64_t at = tr_now_ns() + timeout_ns;
+        deadline.tv_sec = (time_t)(at / 1000000000);
+        deadline.tv_nsec = (long)(at % 1000000000);
+    }
+    pthread_mutex_lock(&n->mutex);
+    /* relaxed under the mutex: notify bumps the epoch while holding it. */
+    while (atomic_load_explicit(&n->epoch, TR_RELAXED) == key) {
+        if (timeout_ns < 0) {
+            pthread_cond_wait(&n->cond, &n->mutex);
+        } else if (pthread_cond_timedwait(&n->cond, &n->mutex, &deadline) == ETIMEDOUT) {
+            if (atomic_load_explicit(&n->epoch, TR_RELAXED) == key)
+                rc = TR_ETIMEDOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&n->mutex);
+    /* relaxed: the next prepare_wait republishes the intent with seq_cst. */
+    atomic_store_explicit(&n->sleeping, 0, TR_RELAXED);
+    return rc;
+}
+
+void tr_notifier_notify(tr_notifier *n) {
+    /* seq_cst: the other side of prepare_wait's seq_cst store; the caller's
+     * publication precedes this load in the seq_cst order (queue: the tail CAS). */
+    if (TR_LIKELY(atomic_load_explicit(&n->sleeping, TR_SEQ_CST) == 0))
+        return;
+    pthread_mutex_lock(&n->mutex);
+    /* seq_cst clear: a later producer reading 0 is ordered before the consumer's
+     * next prepare_wait store, whose re-check then sees that producer's work. */
+    atomic_store_explicit(&n->sleeping, 0, TR_SEQ_CST);
+    /* release: pairs with prepare_wait's acquire load of the epoch. */
+    atomic_fetch_add_explicit(&n->epoch, 1, TR_RELEASE);
+    /* relaxed: a metrics counter, ordered by nothing. */
+    atomic_fetch_add_explicit(&n->wakeups, 1, TR_RELAXED);
+    pthread_cond_signal(&n->cond);
+    pthread_mutex_unlock(&n->mutex);
+}
