@@ -1,0 +1,273 @@
+"""Dispatch: order, concurrency, fairness, bounded input, blocking when idle (rules 1-7)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from tailrace import AsyncStreamTask, MemorySystem, Scope, StreamTask
+
+from .helpers import HeldCallbacks, bounded, live_metric, run_job, ssp, start, wait_until
+
+
+class Recorder(StreamTask):
+    """Records (partition, offset, message) of every process call, per task instance."""
+
+    seen: list[tuple[str, int, int, Any]]
+
+    def __init__(self) -> None:
+        self.name = ""
+
+    def init(self, context: Any) -> None:
+        self.name = context.task_name
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        Recorder.seen.append((self.name, envelope.partition, envelope.offset, envelope.message))
+        collector.send("mem.out", envelope.message)
+
+
+def test_several_tasks_each_process_their_partition(engine: str) -> None:
+    # rule 1 (Samza: one task per partition; each task gets only its partition, in order)
+    Recorder.seen = []
+    parts = [[f"p{p}-{i}" for i in range(50 + 10 * p)] for p in range(4)]
+    result, store = run_job(engine, Recorder, bounded(parts))
+    assert result.reason == "end_of_stream"
+    for p in range(4):
+        mine = [(o, m) for name, part, o, m in Recorder.seen if part == p]
+        assert all(name == f"Partition {p}" for name, part, _, _ in Recorder.seen if part == p)
+        assert mine == list(enumerate(parts[p]))
+        assert result.committed[ssp(p)] == len(parts[p]) - 1
+    assert result.processed == sum(map(len, parts))
+
+
+class OutOfOrder(AsyncStreamTask):
+    """Completes each callback from its own thread after a pseudo-random delay."""
+
+    invoked: list[tuple[int, int]]
+    lock = threading.Lock()
+
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        with OutOfOrder.lock:
+            OutOfOrder.invoked.append((envelope.partition, envelope.offset))
+        delay = ((envelope.offset * 7919) % 5) / 2000
+        threading.Timer(delay, callback.complete).start()
+
+
+def test_in_order_invocation_with_out_of_order_completion(engine: str) -> None:
+    # rules 1, 12: invocation stays in offset order even when completions are out of order
+    OutOfOrder.invoked = []
+    parts = [list(range(60)), list(range(40))]
+    result, _ = run_job(engine, OutOfOrder, bounded(parts), task_max_concurrency=4)
+    for p, msgs in enumerate(parts):
+        assert [o for q, o in OutOfOrder.invoked if q == p] == list(range(len(msgs)))
+        assert result.committed[ssp(p)] == len(msgs) - 1
+
+
+class Tracked(AsyncStreamTask):
+    """Tracks outstanding callbacks (invoked, not completed) and records events."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.outstanding = 0
+        self.max_outstanding = 0
+        self.events: list[tuple[str, int]] = []
+
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        with self.lock:
+            self.outstanding += 1
+            self.max_outstanding = max(self.max_outstanding, self.outstanding)
+            self.events.append(("invoke", envelope.offset))
+
+        def done() -> None:
+            with self.lock:
+                self.outstanding -= 1
+                self.events.append(("complete", envelope.offset))
+            callback.complete()
+
+        threading.Timer(0.001 * (envelope.offset % 3), done).start()
+
+
+@pytest.mark.parametrize("mc", [1, 3])
+def test_max_concurrency_bounds_outstanding(engine: str, mc: int) -> None:
+    # rule 2: at most task.max.concurrency outstanding; at 1, completion k happens-before invoke k+1
+    tasks: list[Tracked] = []
+
+    def factory() -> Tracked:
+        t = Tracked()
+        tasks.append(t)
+        return t
+
+    run_job(engine, factory, bounded([list(range(40))]), task_max_concurrency=mc)
+    (t,) = tasks
+    assert t.max_outstanding <= mc
+    if mc == 1:
+        expected = [ev for o in range(40) for ev in (("invoke", o), ("complete", o))]
+        assert t.events == expected
+
+
+def test_concurrency_limit_is_reached_and_respected(engine: str) -> None:
+    # rule 2: with callbacks held, exactly max.concurrency messages are invoked, no more
+    held = HeldCallbacks()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if envelope.offset == 7:
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+            held.add(envelope.partition, envelope.offset, callback)
+
+    system = MemorySystem().add_live_stream("in", 1)
+    for i in range(8):
+        system.append("in", 0, i)
+    bg, _ = start(engine, Task, system, task_max_concurrency=3)
+    held.wait_for((0, 0), (0, 1), (0, 2))
+    wait_until(lambda: live_metric(bg, "Partition 0", "outstanding") == 3, what="outstanding gauge == 3")
+    assert len(held.invoked) == 3
+    for o in range(8):
+        held.complete(0, o)
+    result = bg.join()
+    assert held.invoked == [(0, o) for o in range(8)]
+    assert result.reason == "shutdown"
+    assert result.committed[ssp(0)] == 7
+
+
+class ThreadAware(StreamTask):
+    def __init__(self) -> None:
+        self.threads: set[str] = set()
+        self.busy = 0
+        self.overlap = False
+        self.lock = threading.Lock()
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        with self.lock:
+            self.busy += 1
+            self.overlap |= self.busy > 1
+        self.threads.add(threading.current_thread().name)
+        threading.Event().wait(0.0005)
+        with self.lock:
+            self.busy -= 1
+
+
+@pytest.mark.parametrize("pool", [0, 3])
+def test_sync_process_runs_on_pool_or_loop_thread(engine: str, pool: int) -> None:
+    # rules 3, 21: sync process on the pool when configured (else the loop thread), one at a time per task
+    tasks: list[ThreadAware] = []
+
+    def factory() -> ThreadAware:
+        t = ThreadAware()
+        tasks.append(t)
+        return t
+
+    runner = threading.current_thread().name
+    result, _ = run_job(
+        engine, factory, bounded([list(range(30)) for _ in range(4)]), job_container_thread_pool_size=pool
+    )
+    assert result.processed == 120
+    for t in tasks:
+        assert not t.overlap
+        if pool == 0:
+            assert t.threads == {runner}
+        else:
+            assert runner not in t.threads
+
+
+def test_tasks_never_wait_on_each_other(engine: str) -> None:
+    # rule 4: task 0 is saturated (callbacks held); task 1 still processes everything
+    held = HeldCallbacks()
+    task1_done = threading.Event()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if envelope.partition == 0:
+                held.add(0, envelope.offset, callback)
+                return
+            callback.complete()
+            if envelope.offset == 49:
+                task1_done.set()
+
+    system = bounded([list(range(10)), list(range(50))])
+    bg, _ = start(engine, Task, system, task_max_concurrency=2)
+    held.wait_for((0, 0), (0, 1))
+    assert task1_done.wait(20), "task 1 was held up by saturated task 0"
+    assert len(held.invoked) == 2
+    for o in range(10):
+        held.complete(0, o)
+    result = bg.join()
+    assert result.committed == {ssp(0): 9, ssp(1): 49}
+
+
+def test_dispatch_is_fair_across_tasks_and_partitions(engine: str) -> None:
+    # rule 5: no partition with pending input starves while others are served
+    order: list[tuple[int, str]] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            order.append((envelope.partition, envelope.stream))
+
+    system = MemorySystem().add_stream("a", [list(range(300)), list(range(300))])
+    system.add_stream("b", [list(range(300)), list(range(300))])
+    run_job(engine, Task, system, inputs=["mem.a", "mem.b"], task_input_buffer_size=64)
+    assert len(order) == 1200
+    first = order[:200]
+    for key in [(0, "a"), (0, "b"), (1, "a"), (1, "b")]:
+        # strict round robin gives 50 each; allow generous slack, but no starvation
+        assert first.count(key) >= 20, (key, first.count(key))
+
+
+def test_bounded_input_backpressure_with_a_live_source(engine: str) -> None:
+    # rule 6: a full buffer stops reading; the producer blocks; nothing is dropped
+    release = threading.Event()
+    seen: list[int] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            release.wait(30)
+            seen.append(envelope.message)
+
+    capacity, buffer = 5, 4
+    system = MemorySystem().add_live_stream("in", 1, capacity=capacity)
+    bg, _ = start(engine, Task, system, task_input_buffer_size=buffer, job_container_thread_pool_size=1)
+    appended = 0
+    with pytest.raises(TimeoutError):
+        while True:
+            system.append("in", 0, appended, timeout=0.3)
+            appended += 1
+            assert appended <= capacity + buffer + 1, "input grew without bound"
+    assert appended >= capacity
+    release.set()
+    total = appended + 200
+    for i in range(appended, total):
+        system.append("in", 0, i, timeout=20)
+    system.end("in")
+    result = bg.join()
+    assert seen == list(range(total))
+    assert result.committed[ssp(0)] == total - 1
+
+
+def test_loop_blocks_when_idle_and_wakes_on_input_completion_and_stop(engine: str) -> None:
+    # rule 7: with task.max.idle.ms huge, only wakeups can make progress: input, completion, stop
+    held = HeldCallbacks()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            held.add(envelope.partition, envelope.offset, callback)
+
+    system = MemorySystem().add_live_stream("in", 1)
+    bg, _ = start(engine, Task, system, task_max_idle_ms=600000)
+    wait_until(lambda: bg.container.metrics() is not None, what="engine started")
+    system.append("in", 0, "a")  # new input wakes the loop
+    held.wait_for((0, 0))
+    system.append("in", 0, "b")
+    before = bg.container.metrics()[1].loop_iterations  # type: ignore[index]
+    threading.Event().wait(0.3)
+    after = bg.container.metrics()[1].loop_iterations  # type: ignore[index]
+    assert after - before <= 5, f"loop spun {after - before} times while blocked"
+    held.complete(0, 0)  # a completion wakes the loop: message 1 is dispatched
+    held.wait_for((0, 1))
+    held.complete(0, 1)
+    wait_until(lambda: live_metric(bg, "Partition 0", "low_watermark") == {ssp(0): 1}, what="watermark 1")
+    bg.container.stop()  # stop wakes the loop
+    result = bg.join()
+    assert result.reason == "stop"
+    assert result.committed == {ssp(0): 1}

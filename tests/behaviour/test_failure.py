@@ -1,0 +1,210 @@
+"""Failures: errors name task, partition and offset; ignored exceptions; double
+completion; callback timeout; the watermark never passes a failure (rules 16-18)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from tailrace import (
+    AsyncStreamTask,
+    CallbackError,
+    CallbackTimeoutError,
+    MemorySystem,
+    StreamTask,
+    TaskError,
+)
+
+from .helpers import HeldCallbacks, bounded, run_job, ssp, start
+
+
+class Boom(Exception):
+    pass
+
+
+def test_exception_from_process_names_task_partition_offset(engine: str) -> None:
+    # rule 16
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if envelope.partition == 1 and envelope.offset == 3:
+                raise Boom("bad record")
+
+    with pytest.raises(TaskError) as info:
+        run_job(engine, Task, bounded([list(range(5)), list(range(5))]))
+    err = info.value
+    assert err.task == "Partition 1"
+    assert err.ssp == ssp(1)
+    assert err.offset == 3
+    assert isinstance(err.__cause__, Boom)
+    assert "Partition 1" in str(err) and "offset 3" in str(err) and "mem.in[1]" in str(err)
+
+
+def test_callback_fail_stops_with_the_original_exception(engine: str) -> None:
+    # rule 16: callback.fail from another thread
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if envelope.offset == 2:
+                threading.Thread(target=callback.fail, args=(Boom("async"),)).start()
+            else:
+                threading.Thread(target=callback.complete).start()
+
+    with pytest.raises(TaskError) as info:
+        run_job(engine, Task, bounded([list(range(6))]), task_max_concurrency=2)
+    assert (info.value.task, info.value.ssp, info.value.offset) == ("Partition 0", ssp(0), 2)
+    assert isinstance(info.value.__cause__, Boom)
+
+
+def test_failure_is_raised_even_when_end_of_stream_also_arrives(engine: str) -> None:
+    # rules 11, 16: the last message fails; the end of the stream must not hide the error
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if envelope.offset == 4:
+                raise Boom("last one")
+
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            raise AssertionError("end_of_stream must not run after a failure")
+
+    with pytest.raises(TaskError) as info:
+        run_job(engine, Task, bounded([list(range(5))]))
+    assert info.value.offset == 4
+
+
+@pytest.mark.parametrize("hook", ["window", "end_of_stream"])
+def test_exception_from_window_or_end_of_stream(engine: str, hook: str) -> None:
+    # rule 16: window and end_of_stream failures stop the container too
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            if hook == "window":
+                raise Boom("window")
+
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            if hook == "end_of_stream":
+                raise Boom("eos")
+
+    system = MemorySystem().add_live_stream("in", 1) if hook == "window" else bounded([[1, 2]])
+    with pytest.raises(TaskError) as info:
+        run_job(engine, Task, system, task_window_ms=1 if hook == "window" else -1)
+    assert info.value.task == "Partition 0"
+    assert isinstance(info.value.__cause__, Boom)
+
+
+@pytest.mark.parametrize("names", ["Boom", "*", "KeyError, test_failure.Boom"])
+def test_ignored_exceptions_are_counted_and_skipped(engine: str, names: str) -> None:
+    # rule 16: task.ignored.exceptions: the message counts as completed
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if envelope.offset % 3 == 0:
+                raise Boom(envelope.offset)
+            collector.send("mem.out", envelope.offset)
+
+    names = names.replace("test_failure", __name__)
+    system = bounded([list(range(10))])
+    result, _ = run_job(engine, Task, system, task_ignored_exceptions=names)
+    assert result.tasks["Partition 0"].ignored == 4
+    assert result.tasks["Partition 0"].completed == 10
+    assert result.committed == {ssp(0): 9}
+    assert system.messages("out") == [1, 2, 4, 5, 7, 8]
+
+
+def test_unlisted_exception_is_not_ignored(engine: str) -> None:
+    # rule 16
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            raise KeyError(envelope.offset)
+
+    with pytest.raises(TaskError) as info:
+        run_job(engine, Task, bounded([[1]]), task_ignored_exceptions="Boom")
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_callback_timeout(engine: str) -> None:
+    # rule 16: a callback not completed within task.callback.timeout.ms
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if envelope.offset != 1:
+                callback.complete()
+
+    with pytest.raises(CallbackTimeoutError) as info:
+        run_job(engine, Task, bounded([list(range(4))]), task_callback_timeout_ms=100, task_max_concurrency=2)
+    assert (info.value.task, info.value.ssp, info.value.offset) == ("Partition 0", ssp(0), 1)
+    assert isinstance(info.value, TaskError)
+
+
+@pytest.mark.parametrize("second", ["complete", "fail"])
+def test_double_completion_from_two_racing_threads(engine: str, second: str) -> None:
+    # rule 17: exactly one resolution wins; the other is an error stopping the container,
+    # and neither call raises in its own thread
+    raised: list[BaseException] = []
+
+    def race(callback: Any) -> None:
+        barrier = threading.Barrier(2)
+
+        def one(action: str) -> None:
+            barrier.wait()
+            try:
+                if action == "complete":
+                    callback.complete()
+                else:
+                    callback.fail(Boom("racer"))
+            except BaseException as e:  # noqa: BLE001 - recorded for the assertion
+                raised.append(e)
+
+        threads = [threading.Thread(target=one, args=(a,)) for a in ("complete", second)]
+        for t in threads:
+            t.start()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if envelope.offset == 1:
+                race(callback)
+            else:
+                callback.complete()
+
+    system = MemorySystem().add_live_stream("in", 1)
+    for i in range(3):
+        system.append("in", 0, i)
+    bg, _ = start(engine, Task, system)
+    err = bg.join_error()
+    assert isinstance(err, TaskError)
+    assert (err.task, err.offset) == ("Partition 0", 1)
+    if second == "complete":
+        assert isinstance(err, CallbackError)
+    assert raised == []
+
+
+def test_complete_after_fail_is_an_error_too(engine: str) -> None:
+    # rule 17: fail then complete on the same callback
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            callback.complete()
+            callback.complete()
+
+    with pytest.raises(CallbackError) as info:
+        run_job(engine, Task, bounded([[0, 1, 2]]))
+    assert info.value.offset == 0
+
+
+def test_failure_never_moves_the_watermark_past_the_failed_message(engine: str) -> None:
+    # rule 18: offsets 0 and 2 complete, 1 fails: nothing at or after 1 is ever committed
+    held = HeldCallbacks()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            coordinator.commit()
+            held.add(0, envelope.offset, callback)
+
+    bg, store = start(engine, Task, bounded([list(range(6))]), task_max_concurrency=3, task_async_commit=True)
+    held.wait_for((0, 0), (0, 1), (0, 2))
+    held.complete(0, 2)
+    held.complete(0, 0)
+    held.fail(0, 1, Boom("one"))
+    err = bg.join_error()
+    assert isinstance(err, TaskError) and err.offset == 1
+    for _, offsets in store.history:
+        assert offsets[ssp(0)] < 1
+    assert store.committed("tailrace-job").get(ssp(0), -1) <= 0

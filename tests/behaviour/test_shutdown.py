@@ -1,0 +1,174 @@
+"""Graceful stop, Ctrl-C/SIGTERM in a real process, hard kill and restart (rules 19, 20)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailrace import AsyncStreamTask, MemoryCheckpointStore, MemorySystem, StreamTask
+
+from .helpers import HeldCallbacks, bounded, run_job, ssp, start, wait_until
+from .live_job import CRASH_MESSAGES, PARTITIONS
+
+SCRIPT = Path(__file__).with_name("live_job.py")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    src = Path(__file__).resolve().parents[2] / "pysrc"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def test_external_stop_while_every_task_is_saturated(engine: str) -> None:
+    # rule 19 (Samza: stop while all tasks are at max concurrency): dispatch stops, outstanding
+    # callbacks are awaited, the final commit covers everything processed: nothing is replayed
+    held = HeldCallbacks()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            held.add(envelope.partition, envelope.offset, callback)
+
+    system = MemorySystem().add_live_stream("in", 2)
+    for i in range(5):
+        system.append("in", 0, i)
+        system.append("in", 1, i)
+    bg, store = start(engine, Task, system, task_max_concurrency=2)
+    held.wait_for((0, 0), (0, 1), (1, 0), (1, 1))
+    bg.container.stop()
+    bg.thread.join(0.2)
+    assert bg.alive(), "stopped without waiting for outstanding callbacks"
+    for key in [(1, 1), (0, 0), (1, 0), (0, 1)]:
+        held.complete(*key)
+    result = bg.join()
+    assert result.reason == "stop"
+    assert sorted(held.invoked) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # nothing dispatched after stop
+    assert result.committed == {ssp(0): 1, ssp(1): 1}
+    assert store.committed("tailrace-job") == result.committed
+
+
+def test_shutdown_wait_is_bounded_by_task_shutdown_ms(engine: str) -> None:
+    # rule 19: outstanding callbacks are awaited up to task.shutdown.ms, then the low watermark is committed
+    held = HeldCallbacks()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            held.add(0, envelope.offset, callback)
+
+    bg, _ = start(engine, Task, bounded([list(range(5))]), task_max_concurrency=3, task_shutdown_ms=100)
+    held.wait_for((0, 0), (0, 1), (0, 2))
+    held.complete(0, 0)
+    held.complete(0, 2)
+    wait_until(lambda: bg.container.metrics()[0]["Partition 0"].completed == 1, what="offset 0 released")  # type: ignore[index]
+    bg.container.stop()
+    result = bg.join()
+    assert result.reason == "stop"
+    assert result.committed == {ssp(0): 0}
+
+
+def test_close_runs_on_every_task_after_the_final_commit(engine: str) -> None:
+    # rule 19: final commit, then close() on every task
+    store = MemoryCheckpointStore()
+    closed: dict[str, Any] = {}
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            self.name = context.task_name
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            closed[self.name] = dict(store.history[-1][1]) if store.history else None
+
+    run_job(engine, Task, bounded([list(range(3)), list(range(4)), []]), store=store)
+    assert set(closed) == {"Partition 0", "Partition 1", "Partition 2"}
+    assert store.committed("tailrace-job") == {ssp(0): 2, ssp(1): 3}
+
+
+def test_stop_before_run_processes_nothing(engine: str) -> None:
+    # rule 19: a stop requested before the loop starts is honoured
+    from tailrace import Container
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            raise AssertionError("processed after stop")
+
+    container = Container(Task, inputs=["mem.in"], systems=[bounded([[1, 2, 3]])], engine=engine)
+    container.stop()
+    result = container.run()
+    assert result.reason == "stop"
+    assert result.processed == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_gracefully_and_replays_nothing(engine: str, signum: int, tmp_path: Path) -> None:
+    # rule 19: Ctrl-C / SIGTERM in a real process: the final commit equals everything processed
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), engine, "signal", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", proc.stderr.read() if proc.stderr else line
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    report = json.loads(out.read_text())
+    assert report["reason"] == "stop"
+    for p, offsets in report["processed"].items():
+        assert offsets, f"partition {p} processed nothing"
+        assert sorted(offsets) == list(range(len(offsets)))  # no gap, no duplicate
+        assert report["committed"][p] == len(offsets) - 1  # replay nothing
+    last: dict[str, int] = {}
+    for _, offsets in report["history"]:
+        for p, off in offsets.items():
+            assert off >= last.get(p, -1)  # rule 13
+            last[p] = off
+
+
+def test_hard_kill_loses_nothing(engine: str, tmp_path: Path) -> None:
+    # rule 20: kill -9, then restart: everything after the last commit is processed again
+    store, log = tmp_path / "store.json", tmp_path / "log.txt"
+    cmd = [sys.executable, str(SCRIPT), engine, "crash", str(store), str(log)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    try:
+        deadline = time.monotonic() + 30
+        while not (store.exists() and log.exists() and len(log.read_text().splitlines()) >= 300):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "no progress before the kill"
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+        proc.wait()
+    first = [tuple(map(int, line.split())) for line in log.read_text().splitlines() if line.strip()]
+    saved = json.loads(store.read_text())
+    committed = {int(k.split("|")[2]): v for task in saved.values() for k, v in task.items()}
+    log.write_text("")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "end_of_stream"
+    second = [tuple(map(int, line.split())) for line in log.read_text().splitlines() if line.strip()]
+    for p in range(PARTITIONS):
+        before = [o for q, o in first if q == p]
+        after = [o for q, o in second if q == p]
+        start_at = committed.get(p, -1) + 1
+        assert after == list(range(start_at, CRASH_MESSAGES))  # resumes right after the commit
+        assert set(before) | set(after) == set(range(CRASH_MESSAGES))  # nothing lost
+        assert set(before) & set(after) == set(range(start_at, max(before, default=-1) + 1))

@@ -1,0 +1,257 @@
+"""Thread-safety and visibility (rules 21, 22), bounded output (rule 24), metrics, config errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from tailrace import (
+    AsyncStreamTask,
+    ConfigError,
+    Container,
+    MemoryCheckpointStore,
+    MemorySystem,
+    Producer,
+    StreamTask,
+    SystemStreamPartition,
+)
+
+from .helpers import bounded, live_metric, run_job, ssp, start, wait_until
+
+
+def test_process_window_commit_never_overlap_at_concurrency_1(engine: str) -> None:
+    # rule 21: on a thread pool, one task's process/window/commit are mutually exclusive and
+    # each sees the state the previous one wrote (plain attributes, no locks in the task)
+    tasks: dict[str, Any] = {}
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            self.count = 0
+            self.busy = False
+            self.overlaps = 0
+            self.window_counts: list[int] = []
+            tasks[context.task_name] = self
+
+        def _enter(self) -> None:
+            self.overlaps += self.busy
+            self.busy = True
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            self._enter()
+            assert self.count == envelope.offset  # every earlier process is visible
+            self.count += 1
+            self.busy = False
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            self._enter()
+            self.window_counts.append(self.count)
+            self.busy = False
+
+    class Store(MemoryCheckpointStore):
+        def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Any]) -> None:
+            task = tasks[task_name]
+            task.overlaps += task.busy
+            assert task.count == max(offsets.values()) + 1  # commit sees every completed process
+            super().write(task_name, offsets)
+
+    result, store = run_job(
+        engine,
+        Task,
+        bounded([list(range(400)) for _ in range(3)]),
+        store=Store(),
+        job_container_thread_pool_size=2,
+        task_window_ms=1,
+        task_commit_ms=1,
+    )
+    assert result.processed == 1200
+    for t in tasks.values():
+        assert t.overlaps == 0
+        assert t.window_counts == sorted(t.window_counts)
+        assert t.count == 400
+    assert len(store.history) >= 3
+
+
+def test_callbacks_from_foreign_threads_and_an_asyncio_loop(engine: str) -> None:
+    # rule 22: callbacks completed by threads tailrace did not create and by an asyncio loop
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if envelope.partition == 0:
+
+                async def later() -> None:
+                    await asyncio.sleep(0.0005 * (envelope.offset % 3))
+                    collector.send("mem.out", envelope.offset)
+                    callback.complete()
+
+                asyncio.run_coroutine_threadsafe(later(), loop)
+            else:
+                threading.Thread(target=callback.complete).start()
+
+    try:
+        system = bounded([list(range(100)), list(range(100))])
+        result, _ = run_job(engine, Task, system, task_max_concurrency=8)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(5)
+    assert result.committed == {ssp(0): 99, ssp(1): 99}
+    assert sorted(system.messages("out")) == list(range(100))
+
+
+class _BoundedProducer(Producer):
+    """An output with room for ``capacity`` undelivered messages; send blocks while full."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.cond = threading.Condition()
+        self.queue: deque[Any] = deque()
+        self.delivered: list[Any] = []
+        self.max_queued = 0
+        self.blocked = 0
+
+    def partitions(self, stream: str) -> int:
+        return 1
+
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        with self.cond:
+            if len(self.queue) >= self.capacity:
+                self.blocked += 1
+            self.cond.wait_for(lambda: len(self.queue) < self.capacity)
+            self.queue.append(message)
+            self.max_queued = max(self.max_queued, len(self.queue))
+            self.cond.notify_all()
+
+    def drain_one(self, timeout: float) -> bool:
+        with self.cond:
+            if not self.cond.wait_for(lambda: bool(self.queue), timeout):
+                return False
+            self.delivered.append(self.queue.popleft())
+            self.cond.notify_all()
+            return True
+
+    def flush(self) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: not self.queue)
+
+
+class _OutputSystem(MemorySystem):
+    def __init__(self, producer: _BoundedProducer) -> None:
+        super().__init__("out")
+        self._producer = producer
+
+    def producer(self) -> Producer:
+        return self._producer
+
+
+def test_bounded_output_blocks_send_and_drops_nothing(engine: str) -> None:
+    # rule 24: a full output makes collector.send wait; nothing is dropped or reordered
+    producer = _BoundedProducer(capacity=4)
+    stop = threading.Event()
+
+    def consumer() -> None:
+        while not stop.is_set():
+            if producer.drain_one(0.05):
+                threading.Event().wait(0.0002)
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            collector.send("out.results", envelope.message)
+
+    drainer = threading.Thread(target=consumer, daemon=True)
+    drainer.start()
+    try:
+        container = Container(
+            Task,
+            inputs=["mem.in"],
+            systems=[bounded([list(range(300))]), _OutputSystem(producer)],
+            engine=engine,
+            task_commit_ms=5,
+        )
+        result = container.run()
+    finally:
+        stop.set()
+        drainer.join(5)
+    while producer.drain_one(0):
+        pass
+    assert producer.delivered == list(range(300))
+    assert producer.max_queued <= 4
+    assert producer.blocked > 0
+    assert result.committed == {ssp(0): 299}
+
+
+def test_metrics_after_a_run(engine: str) -> None:
+    # "Metrics that must exist": per task and per container
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if envelope.offset == 4:
+                coordinator.commit()
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            pass
+
+    result, store = run_job(engine, Task, bounded([list(range(10)), list(range(3))]), task_window_ms=600000)
+    m0, m1 = result.tasks["Partition 0"], result.tasks["Partition 1"]
+    assert (m0.processed, m0.completed, m0.failed, m0.outstanding) == (10, 10, 0, 0)
+    assert (m1.processed, m1.completed) == (3, 3)
+    assert m0.commits == 2 and m1.commits == 1  # request + final / final
+    assert m0.committed == {ssp(0): 9} and m0.low_watermark == {ssp(0): 9}
+    assert m0.newest_read == {ssp(0): 9}
+    assert m0.lag == {ssp(0): 0}
+    assert m0.windows == 0
+    assert result.container.envelopes_chosen == 13
+    assert result.container.loop_iterations >= 1
+    assert result.processed == 13
+
+
+def test_live_metrics_show_lag_and_outstanding(engine: str) -> None:
+    # metrics: watermark lag (read but not committed) and the outstanding gauge, while running
+    release = threading.Event()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            threading.Thread(target=lambda: (release.wait(20), callback.complete())).start()
+
+    system = MemorySystem().add_live_stream("in", 1)
+    for i in range(5):
+        system.append("in", 0, i)
+    bg, _ = start(engine, Task, system, task_max_concurrency=2)
+    wait_until(lambda: live_metric(bg, "Partition 0", "outstanding") == 2, what="two outstanding")
+    wait_until(lambda: live_metric(bg, "Partition 0", "newest_read") == {ssp(0): 4}, what="all read")
+    assert live_metric(bg, "Partition 0", "lag") == {ssp(0): 5}
+    assert live_metric(bg, "Partition 0", "processed") == 2
+    release.set()
+    wait_until(lambda: live_metric(bg, "Partition 0", "completed") == 5, what="all completed")
+    bg.container.stop()
+    result = bg.join()
+    assert result.tasks["Partition 0"].lag == {ssp(0): 0}
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({"task.max.concurrency": 0}, "task.max.concurrency"),
+        ({"task.max.concurrency": "two"}, "task.max.concurrency"),
+        ({"job.container.thread.pool.size": -1}, "job.container.thread.pool.size"),
+        ({"task.async.commit": "maybe"}, "task.async.commit"),
+        ({"task.commit.ms": 1.5}, "task.commit.ms"),
+        ({"task.max.concurency": 2}, "task.max.concurency"),
+        ({"task.ignored.exceptions": "not a name"}, "task.ignored.exceptions"),
+    ],
+)
+def test_config_errors_name_the_key(engine: str, config: dict[str, Any], key: str) -> None:
+    # config table: rejected at start-up, naming the key and the allowed values
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            raise AssertionError("must not start")
+
+    with pytest.raises(ConfigError) as info:
+        Container(Task, inputs=["mem.in"], systems=[bounded([[1]])], config=config, engine=engine).run()
+    assert info.value.key == key
+    assert key in str(info.value)
