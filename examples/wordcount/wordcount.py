@@ -35,5 +35,8 @@ class WordCount(tailrace.StreamTask):
 
     def end_of_stream(self, collector: tailrace.Collector, coordinator: tailrace.Coordinator) -> None:
         self.window(collector, coordinator)
+        if not self.counts:
+            print(f"{self.task}: no new lines since the last checkpoint", flush=True)
+            return
         top = ", ".join(f"{w} {n}" for w, n in self.counts.most_common(5))
         print(f"{self.task}: {sum(self.counts.values())} words, top: {top}", flush=True)

@@ -71,6 +71,7 @@ def test_wordcount_example_end_to_end_and_restart(engine: str, tmp_path: Path) -
     assert r2.returncode == 0, r2.stderr
     assert "resuming from checkpoint: files.lines[0] after" in r2.stderr
     assert "0 messages processed" in r2.stdout
+    assert "Partition 0: no new lines since the last checkpoint" in r2.stdout
     shown = run_cli(["checkpoints", "show", str(job / "job.toml")])
     assert shown.returncode == 0
     sizes = {p: (job / "data" / "lines" / f"partition-{p}.txt").read_bytes() for p in range(3)}
