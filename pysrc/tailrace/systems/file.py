@@ -296,9 +296,8 @@ class FileReader(PartitionReader):
     def _push(self, batch: list[Envelope]) -> bool:
         """Move ``batch`` into the buffer, waiting for room (backpressure). False once closed."""
         i = 0
-        wake: Callable[[], None] | None = None
-        with self._cond:
-            while i < len(batch):
+        while i < len(batch):
+            with self._cond:
                 while len(self._buf) >= self._capacity and not self._closed:
                     self._cond.wait()
                 if self._closed:
@@ -306,16 +305,10 @@ class FileReader(PartitionReader):
                 room = self._capacity - len(self._buf)
                 self._buf.extend(batch[i : i + room])
                 i += room
-                if self._starved:
-                    self._starved = False
-                    wake = self._wakeup
-                    if wake is not None:
-                        # release the lock while the engine wakes up
-                        self._cond.release()
-                        try:
-                            wake()
-                        finally:
-                            self._cond.acquire()
+                wake = self._wakeup if self._starved else None
+                self._starved = False
+            if wake is not None:
+                wake()  # outside the lock: the engine may poll right away
         batch.clear()
         return True
 
