@@ -163,3 +163,15 @@ def test_committed_and_reset(tmp_path: Path) -> None:
     conn = connect(db, create=False)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
+
+
+def test_store_killed_before_its_schema_was_written_has_no_checkpoints(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    with sqlite3.connect(db) as c:  # what a kill between creating the file and the schema leaves
+        c.execute("PRAGMA journal_mode = WAL")
+    assert SqliteCheckpointStore(db).committed("job") == {}
+    s = SqliteCheckpointStore(db)
+    s.open("job")
+    s.write("t", {A0: 3})
+    s.close()
+    assert SqliteCheckpointStore(db).committed("job") == {"t": {A0: 3}}

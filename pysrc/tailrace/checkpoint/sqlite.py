@@ -188,6 +188,8 @@ class SqliteCheckpointStore(CheckpointStore):
             db = connect(self.path, create=False)
             close = True
         try:
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'checkpoints'").fetchone() is None:
+                return {}
             rows = db.execute(
                 "SELECT task, system, stream, partition, committed_offset FROM checkpoints"
                 " WHERE job = ? ORDER BY task, system, stream, partition",
@@ -240,7 +242,7 @@ def connect(path: Path, *, create: bool) -> sqlite3.Connection:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
             if not create:
-                raise CheckpointError(f"checkpoint store {path} is empty")
+                return conn  # created, then killed before the schema was written: no checkpoints
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
                 for stmt in _SCHEMA.split(";"):
