@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tailrace.errors import InputError
+from tailrace.errors import ConfigError, InputError
 from tailrace.systems.file import FileReader, FileSystem, read_stream, write_stream
 from tailrace.types import SystemStreamPartition
 
@@ -194,3 +194,11 @@ def test_producer_cuts_partial_line_left_by_a_hard_kill(tmp_path: Path) -> None:
     p.send("out", 0, None, {"seq": 2})
     p.close()
     assert read_stream(d) == [[{"seq": 0}, {"seq": 1}, {"seq": 2}]]
+
+
+def test_existing_output_with_another_partition_count_is_refused(tmp_path: Path) -> None:
+    write_stream(tmp_path / "out", [[1], [2], [3]])
+    fs = FileSystem("files", tmp_path, output_partitions=2)
+    with pytest.raises(ConfigError, match=r"systems.files.output_partitions.*already has 3 partition files"):
+        fs.producer().partitions("out")
+    assert FileSystem("files", tmp_path, output_partitions=3).producer().partitions("out") == 3

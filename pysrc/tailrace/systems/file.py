@@ -484,6 +484,7 @@ class FileSystem(System):
         self.key_field = key_field
         self.read_ahead = read_ahead
         self._streams: dict[str, tuple[int, str]] = {}
+        self._checked_outputs: set[str] = set()
 
     def _scan(self, stream: str) -> tuple[int, str]:
         info = self._streams.get(stream)
@@ -514,8 +515,20 @@ class FileSystem(System):
         )
 
     def output_partitions(self, stream: str) -> int:
-        """Partition count of output stream ``stream``."""
-        return self._output_counts.get(stream, self._output_counts.get("*", 1))
+        """Partition count of output stream ``stream``; ConfigError if the files already there disagree."""
+        n = self._output_counts.get(stream, self._output_counts.get("*", 1))
+        if stream not in self._checked_outputs:
+            directory = self.output_path / stream
+            if directory.is_dir() and any(_PARTITION_FILE.match(e) for e in os.listdir(directory)):
+                found, _ = scan_stream(directory)
+                if found != n:
+                    raise ConfigError(
+                        f"output stream {stream!r} already has {found} partition files in {directory}, "
+                        f"but {n} partitions are configured (move the old output away, or configure {found})",
+                        key=f"systems.{self.name}.output_partitions",
+                    )
+            self._checked_outputs.add(stream)
+        return n
 
     def producer(self) -> Producer:
         return FileProducer(self.output_path, self.output_partitions)
