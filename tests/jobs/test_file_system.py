@@ -199,6 +199,8 @@ def test_producer_cuts_partial_line_left_by_a_hard_kill(tmp_path: Path) -> None:
 def test_existing_output_with_another_partition_count_is_refused(tmp_path: Path) -> None:
     write_stream(tmp_path / "out", [[1], [2], [3]])
     fs = FileSystem("files", tmp_path, output_partitions=2)
-    with pytest.raises(ConfigError, match=r"systems.files.output_partitions.*already has 3 partition files"):
+    with pytest.raises(ConfigError, match=r"systems.files.output_partitions.*already has partition 2 in"):
         fs.producer().partitions("out")
+    assert FileSystem("files", tmp_path, output_partitions=3).producer().partitions("out") == 3
+    (tmp_path / "out" / "partition-2.jsonl").unlink()  # not yet written (e.g. killed early): fine
     assert FileSystem("files", tmp_path, output_partitions=3).producer().partitions("out") == 3

@@ -518,15 +518,21 @@ class FileSystem(System):
         """Partition count of output stream ``stream``; ConfigError if the files already there disagree."""
         n = self._output_counts.get(stream, self._output_counts.get("*", 1))
         if stream not in self._checked_outputs:
+            # Files are created on first send, so fewer files than partitions is normal;
+            # a file beyond the configured count means an earlier run used more partitions.
             directory = self.output_path / stream
-            if directory.is_dir() and any(_PARTITION_FILE.match(e) for e in os.listdir(directory)):
-                found, _ = scan_stream(directory)
-                if found != n:
-                    raise ConfigError(
-                        f"output stream {stream!r} already has {found} partition files in {directory}, "
-                        f"but {n} partitions are configured (move the old output away, or configure {found})",
-                        key=f"systems.{self.name}.output_partitions",
-                    )
+            found = (
+                [m for e in os.listdir(directory) if (m := _PARTITION_FILE.match(e))]
+                if directory.is_dir()
+                else []
+            )
+            top = max((int(m.group(1)) for m in found), default=-1)
+            if top >= n:
+                raise ConfigError(
+                    f"output stream {stream!r} already has partition {top} in {directory}, "
+                    f"but {n} partitions are configured (move the old output away, or configure {top + 1})",
+                    key=f"systems.{self.name}.output_partitions",
+                )
             self._checked_outputs.add(stream)
         return n
 
