@@ -1,0 +1,293 @@
+"""The tailrace CLI, run as real subprocesses: examples end to end, restarts, errors, tools."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tailrace.config import KEYS
+from tailrace.systems.file import read_stream
+
+from .conftest import EXAMPLES, run_cli, tailrace_cmd
+
+
+def copy_example(name: str, tmp_path: Path) -> Path:
+    dest = tmp_path / name
+    shutil.copytree(EXAMPLES / name, dest, ignore=shutil.ignore_patterns("output", "state", "__pycache__"))
+    return dest
+
+
+def test_help_lists_commands_and_config_keys() -> None:
+    r = run_cli(["--help"])
+    assert r.returncode == 0
+    for word in ("run", "checkpoints"):
+        assert word in r.stdout
+    for key in KEYS:
+        assert key.name in r.stdout
+    r = run_cli(["run", "--help"])
+    assert r.returncode == 0 and "--engine" in r.stdout and "--metrics-port" in r.stdout
+    assert "task.max.concurrency" in r.stdout
+    r = run_cli(["checkpoints", "reset", "--help"])
+    assert r.returncode == 0 and "--yes" in r.stdout
+
+
+def expected_word_counts(job: Path) -> dict[int, Counter[str]]:
+    import re
+
+    counts = {}
+    for f in sorted((job / "data" / "lines").iterdir()):
+        p = int(f.stem.split("-")[1])
+        counts[p] = Counter(re.findall(r"[a-z']+", f.read_text().lower()))
+    return counts
+
+
+def test_wordcount_example_end_to_end_and_restart(engine: str, tmp_path: Path) -> None:
+    job = copy_example("wordcount", tmp_path)
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert "finished (end_of_stream)" in r.stdout
+    assert "13 messages processed" in r.stdout
+    assert "Partition 2: 85 words, top: the 11" in r.stdout
+    # the newest line per (task, word) is the final count; compare with a count done here
+    final: dict[tuple[str, str], int] = {}
+    for part in read_stream(job / "output" / "counts"):
+        for rec in part:
+            final[(rec["task"], rec["word"])] = rec["count"]
+    for p, counts in expected_word_counts(job).items():
+        got = {w: n for (t, w), n in final.items() if t == f"Partition {p}"}
+        assert got == dict(counts)
+    # restart: every partition resumes after its checkpoint, nothing is processed again
+    r2 = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r2.returncode == 0, r2.stderr
+    assert "resuming from checkpoint: files.lines[0] after" in r2.stderr
+    assert "0 messages processed" in r2.stdout
+    assert "Partition 0: no new lines since the last checkpoint" in r2.stdout
+    shown = run_cli(["checkpoints", "show", str(job / "job.toml")])
+    assert shown.returncode == 0
+    sizes = {p: (job / "data" / "lines" / f"partition-{p}.txt").read_bytes() for p in range(3)}
+    for p, raw in sizes.items():
+        last_line_start = raw.rstrip(b"\n").rfind(b"\n") + 1
+        assert f"files.lines[{p}]               {last_line_start}" in shown.stdout
+    # reset: the next run starts from the beginning again
+    assert run_cli(["checkpoints", "reset", str(job)]).returncode == 2  # no --yes, no terminal
+    reset = run_cli(["checkpoints", "reset", str(job), "--yes"])
+    assert reset.returncode == 0 and "deleted 3 checkpoint rows" in reset.stdout
+    r3 = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert "13 messages processed" in r3.stdout
+
+
+def test_enrichment_example_end_to_end(engine: str, tmp_path: Path) -> None:
+    job = copy_example("enrichment", tmp_path)
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert "80 messages processed" in r.stdout
+    assert "revenue by customer tier: bronze" in r.stdout
+    customers = runpy.run_path(str(job / "enrichment.py"))["CUSTOMERS"]  # the lookup table the job used
+
+    outputs = read_stream(job / "output" / "enriched")
+    for p, part in enumerate(outputs):
+        orders = [
+            json.loads(line)
+            for line in (job / "data" / "orders" / f"partition-{p}.jsonl").read_text().splitlines()
+        ]
+        assert sorted(o["order_id"] for o in part) == sorted(
+            o["order_id"] for o in orders
+        )  # none lost or doubled
+        by_id = {o["order_id"]: o for o in orders}
+        for o in part:
+            c = customers[o["customer_id"]]
+            assert o == dict(by_id[o["order_id"]], customer=c["name"], tier=c["tier"])
+
+
+def write_job(tmp_path: Path, extra: str = "", config: str = "", lines: str = '{"a": 1}\n{"a": 2}\n') -> Path:
+    (tmp_path / "data" / "in").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "data" / "in" / "partition-0.jsonl").write_text(lines)
+    (tmp_path / "copy.py").write_text(
+        "import tailrace\n"
+        "class Copy(tailrace.StreamTask):\n"
+        "    def process(self, envelope, collector, coordinator):\n"
+        "        collector.send('files.out', envelope.message)\n"
+    )
+    (tmp_path / "job.toml").write_text(
+        f"""
+[job]
+name = "copy"
+task = "copy.py:Copy"
+inputs = ["files.in"]
+{extra}
+[config]
+{config}
+[systems.files]
+type = "file"
+path = "data"
+[checkpoints]
+type = "sqlite"
+path = "state/cp.db"
+"""
+    )
+    return tmp_path / "job.toml"
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "override", "needle"),
+    [
+        ('"task.max.concurency" = 2', "", None, "config key 'task.max.concurency': unknown key (allowed:"),
+        ('"task.max.concurrency" = 0', "", None, "config key 'task.max.concurrency': 0 is out of range"),
+        ('"task.window.ms" = "soon"', "", None, "config key 'task.window.ms': expected an integer"),
+        ("", 'engine = "java"', None, "config key 'job.engine': unknown engine 'java' (allowed: c, python)"),
+        ("", 'colour = "blue"', None, "config key 'job.colour': unknown key (allowed: name, task"),
+        ("", "", "task.commit.ms=fast", "config key 'task.commit.ms': expected an integer"),
+        ("", "", "systems.files.type=ftp", "config key 'systems.files.type': unknown system type 'ftp'"),
+        ("", "", "systems.files.skip_bad_lines=maybe", "systems.files.skip_bad_lines"),
+        ("", "", "nonsense.key=1", "config key 'nonsense.key': unknown key given with --config"),
+    ],
+)
+def test_config_errors_name_key_file_and_allowed_values(
+    tmp_path: Path, config: str, extra: str, override: str | None, needle: str
+) -> None:
+    job = write_job(tmp_path, extra=extra, config=config)
+    args = ["run", str(job), "--engine", "python", "--no-progress"]
+    if override:
+        args += ["--config", override]
+    r = run_cli(args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr
+    if not override or override.startswith("systems."):
+        assert str(job) in r.stderr or "--config" in r.stderr
+
+
+def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
+    r = run_cli(["run", str(tmp_path)])
+    assert r.returncode == 2 and "directory has no job.toml" in r.stderr
+    (tmp_path / "job.toml").write_text("[job\n")
+    r = run_cli(["run", str(tmp_path)])
+    assert r.returncode == 2 and "job.toml: not valid TOML" in r.stderr
+
+
+def test_bad_input_line_stops_the_job_naming_file_and_line(engine: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path, lines='{"a": 1}\n{"a": 2}\n{"a": \n{"a": 4}\n')
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 1
+    assert "data/in/partition-0.jsonl:3: line is not valid JSON" in r.stderr
+    assert "skip_bad_lines" in r.stderr
+
+
+def test_skip_bad_lines_is_counted_in_the_summary(engine: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path, lines='{"a": 1}\nnope\n{"a": 3}\n[broken\n')
+    r = run_cli(
+        [
+            "run",
+            str(job),
+            "--engine",
+            engine,
+            "--no-progress",
+            "--config",
+            "systems.files.skip_bad_lines=true",
+        ]
+    )
+    assert r.returncode == 0, r.stderr
+    assert "2 messages processed" in r.stdout and "2 bad lines skipped" in r.stdout
+    assert "partition-0.jsonl:2: skipped a line that is not valid JSON" in r.stderr
+    assert read_stream(tmp_path / "data" / "out") == [[{"a": 1}, {"a": 3}]]
+
+
+def test_partition_gap_is_an_error(engine: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path)
+    (tmp_path / "data" / "in" / "partition-2.jsonl").write_text("1\n")
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 1
+    assert "partition gap: partition-1.jsonl missing" in r.stderr
+
+
+def test_corrupt_store_stops_start_up(engine: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "cp.db").write_bytes(b"garbage" * 1000)
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 1
+    assert "cp.db is corrupt or not a SQLite database" in r.stderr
+    assert not (tmp_path / "data" / "out").exists()  # nothing ran from offset 0
+
+
+def test_python_job_file(engine: str, tmp_path: Path) -> None:
+    write_job(tmp_path, lines="".join(f'{{"n": {i}}}\n' for i in range(50)))
+    (tmp_path / "pyjob.py").write_text(
+        "import tailrace\n"
+        "class Double(tailrace.StreamTask):\n"
+        "    def process(self, envelope, collector, coordinator):\n"
+        "        collector.send('files.doubled', {'n': envelope.message['n'] * 2})\n"
+        "job = {\n"
+        "    'job': {'name': 'double', 'task': Double, 'inputs': ['files.in']},\n"
+        "    'systems': {'files': {'type': 'file', 'path': 'data'}},\n"
+        "    'checkpoints': {'type': 'sqlite', 'path': 'state/double.db'},\n"
+        "}\n"
+    )
+    r = run_cli(["run", str(tmp_path / "pyjob.py"), "--engine", engine, "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "broken.py").write_text("import no_such_module_here\n")
+    bad = run_cli(["run", str(tmp_path / "broken.py")])
+    assert bad.returncode == 2
+    assert "broken.py: cannot load: ModuleNotFoundError: No module named 'no_such_module_here'" in bad.stderr
+    assert read_stream(tmp_path / "data" / "doubled") == [[{"n": 2 * i} for i in range(50)]]
+    assert (tmp_path / "state" / "double.db").exists()
+
+
+def test_progress_lines_when_not_on_a_terminal(engine: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path, lines="".join(f"{i}\n" for i in range(3000)))
+    slow = tmp_path / "copy.py"
+    slow.write_text(
+        slow.read_text().replace("collector.send", "__import__('time').sleep(0.0002); collector.send")
+    )
+    r = run_cli(["run", str(job), "--engine", engine, "--progress-interval", "0.05"])
+    assert r.returncode == 0, r.stderr
+    assert "progress: " in r.stderr and "msg/s" in r.stderr
+    r = run_cli(["run", str(job), "--engine", engine, "--progress", "--config", "job.name=other"])
+    assert r.returncode == 0, r.stderr
+    assert "\x1b[2K" in r.stderr and "partition" in r.stderr and "committed" in r.stderr
+
+
+def test_prometheus_metrics_are_served(engine: str, tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    job = write_job(tmp_path, lines="".join(f"{i}\n" for i in range(100000)))
+    slow = tmp_path / "copy.py"
+    slow.write_text(
+        slow.read_text().replace("collector.send", "__import__('time').sleep(0.001); collector.send")
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        tailrace_cmd("run", str(job), "--engine", engine, "--no-progress", "--metrics-port", str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        body = ""
+        deadline = time.monotonic() + 30
+        while "tailrace_task_processed_total" not in body and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    body = resp.read().decode()
+            except OSError:
+                time.sleep(0.05)
+        assert 'tailrace_task_processed_total{task="Partition 0"}' in body
+        assert "tailrace_container_loop_iterations_total" in body
+        assert 'tailrace_partition_skipped_total{partition="files.in[0]"} 0.0' in body
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
