@@ -1,0 +1,817 @@
+"""The pure-Python reference engine: Samza's asynchronous run loop, written to be read.
+
+One loop thread (the thread calling :meth:`ReferenceEngine.run`) owns every
+piece of run-loop state. Other threads (callbacks, pool workers, reader
+wakeups, ``stop()``) only append to ``_events`` or set a flag under one
+condition variable, which wakes the loop. Each loop iteration does, in order:
+
+1. apply arrived completions (``_apply_events``) and callback deadlines;
+2. release completions in sequence order (``_release``, rules 12, 15);
+3. decide whether to stop (``_check_stop``: votes, shutdown ALL, end of
+   stream, ``stop()``);
+4. fill input buffers (``_poll_inputs``, rule 6);
+5. run due barriers: commit, window, timers (``_run_barriers``, rules 8-10, 23);
+6. finish tasks at end of stream (``_end_of_stream``, rule 11);
+7. hand envelopes to tasks, round robin (``_dispatch``, rules 1-5);
+8. block until something happens when nothing progressed (``_wait``, rule 7).
+
+Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
+
+- *Outstanding* (rule 2, metric ``outstanding``) means invoked and not yet
+  released, as the C sequencer counts it: a completion held behind a gap still
+  occupies a concurrency slot, so held completions are bounded by
+  ``task.max.concurrency``.
+- Barriers wait for *unresolved* callbacks (invoked, no completion arrived).
+  A commit (without ``task.async.commit``) runs once every invoked callback has
+  resolved; release has then stopped right after the completion carrying the
+  commit request (rule 15), so the commit covers exactly that prefix and the
+  held tail is released right after it. Window and timers need nothing
+  outstanding at all (everything released).
+- A commit writes the low watermark of every partition of the task that has
+  one, and only when some partition's watermark moved past its committed
+  offset; a commit with nothing new writes nothing (no store write, metric
+  ``commits`` unchanged). ``commits`` counts checkpoint writes.
+- Requests from window, timers and ``end_of_stream`` take effect at once
+  (nothing is outstanding then). A commit requested by ``end_of_stream`` runs
+  right after the hook, before the task is done.
+- A task that reached end of stream counts as having voted for shutdown
+  (CURRENT_TASK); otherwise one finished task would keep a voted container alive.
+- Commit ALL marks every task for a commit at its own next barrier; only the
+  requesting task's release stops at the request (rule 15).
+- Shutdown (votes, shutdown ALL, end of stream, ``stop()``) drains: no new
+  dispatch, window, timer or end-of-stream hook; outstanding callbacks are
+  awaited up to ``task.shutdown.ms`` while releases and requested commits go on;
+  then a final commit and ``close()`` on every task.
+- A failure stops the loop as soon as it is seen (outstanding callbacks of other
+  tasks are not awaited); the engine then commits each task's low watermark,
+  which never passes the failed message (rule 18), closes the tasks and raises.
+- ``window``, timers, ``end_of_stream`` and commits run on the loop thread; only
+  sync ``process`` goes to the pool. At max concurrency 1 a task is pinned to
+  one pool thread (partition-to-thread affinity); above 1 its messages are
+  spread over the pool round robin.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .._core import COMMIT_ALL, COMMIT_CURRENT, SHUTDOWN_ALL, SHUTDOWN_CURRENT, Coordinator, Envelope
+from ..api import hook
+from ..container import JobPlan, TaskPlan
+from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
+from ..metrics import ContainerMetrics, RunResult, TaskMetrics
+from ..types import Offset, SystemStreamPartition
+
+log = logging.getLogger("tailrace.engine.reference")
+
+_COMMIT = COMMIT_CURRENT | COMMIT_ALL
+
+
+class _Callback:
+    """Completion handle of one invocation; safe from any thread (rules 17, 22)."""
+
+    __slots__ = (
+        "_done",
+        "_engine",
+        "coordinator",
+        "deadline",
+        "ignored",
+        "offset",
+        "part",
+        "requests",
+        "seq",
+        "task",
+    )
+
+    def __init__(
+        self, engine: ReferenceEngine, task: _Task, seq: int, part: _Partition, offset: Offset
+    ) -> None:
+        self._engine = engine
+        self._done = False  # guarded by engine._cv
+        self.task = task
+        self.seq = seq
+        self.part = part
+        self.offset = offset
+        self.coordinator: Coordinator | None = None  # async: requests read on completion
+        self.requests = 0  # sync: requests harvested after process returned
+        self.ignored = False
+        self.deadline = 0.0
+
+    def complete(self) -> None:
+        """Mark the message done. A second resolution stops the container (rule 17)."""
+        self._engine._resolve(self, None)
+
+    def fail(self, exc: BaseException) -> None:
+        """Mark the message failed; stops the container with TaskError (rule 16)."""
+        if not isinstance(exc, BaseException):
+            exc = TypeError(f"callback.fail() expects an exception, got {exc!r}")
+        self._engine._resolve(self, exc)
+
+    def __repr__(self) -> str:
+        return f"<callback {self.task.name} {self.part.ssp} offset={self.offset!r} seq={self.seq}>"
+
+
+class _Partition:
+    """One input partition of a task: its reader, bounded buffer and offsets."""
+
+    __slots__ = (
+        "at_end",
+        "buffer",
+        "committed",
+        "committed_n",
+        "low_watermark",
+        "newest_read",
+        "read_n",
+        "reader",
+        "released_n",
+        "ssp",
+    )
+
+    def __init__(self, ssp: SystemStreamPartition, reader: Any, start: Offset | None) -> None:
+        self.ssp = ssp
+        self.reader = reader
+        self.buffer: deque[Envelope] = deque()
+        self.at_end = False
+        self.low_watermark: Offset | None = start  # last released offset (rule 12)
+        self.committed: Offset | None = start  # last offset written to the store
+        self.newest_read: Offset | None = None
+        self.read_n = 0  # messages read into the buffer
+        self.released_n = 0  # messages released in order
+        self.committed_n = 0  # released_n at the last commit
+
+
+class _Timers:
+    """Per-task one-shot timers (rule 23): ``TimerService`` for ``TaskContext``.
+
+    ``schedule``/``cancel`` from any thread (task code may run on the pool); the
+    loop reads due timers with ``next_due``/``pop_due``.
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._heap: list[tuple[float, int, Any]] = []
+        self._entries: dict[Any, tuple[float, int, Callable[..., Any]]] = {}
+        self._counter = itertools.count()
+        self._wake = wake
+
+    def schedule(self, key: Any, when: float, fn: Callable[..., Any]) -> None:
+        with self._lock:
+            n = next(self._counter)
+            self._entries[key] = (when, n, fn)
+            heapq.heappush(self._heap, (when, n, key))
+        self._wake()
+
+    def cancel(self, key: Any) -> bool:
+        with self._lock:
+            return self._entries.pop(key, None) is not None
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        while heap:
+            _, n, key = heap[0]
+            entry = self._entries.get(key)
+            if entry is not None and entry[1] == n:
+                return
+            heapq.heappop(heap)
+
+    def next_due(self) -> float | None:
+        """The earliest registered time (time.time() seconds), or None."""
+        with self._lock:
+            self._drop_stale()
+            return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: float) -> list[tuple[Any, Callable[..., Any]]]:
+        """Remove and return the timers due at ``now``, in time order."""
+        due = []
+        with self._lock:
+            while True:
+                self._drop_stale()
+                if not self._heap or self._heap[0][0] > now:
+                    return due
+                _, _, key = heapq.heappop(self._heap)
+                _, _, fn = self._entries.pop(key)
+                due.append((key, fn))
+
+
+class _Task:
+    """Run-loop state of one task. Touched by the loop thread only (metrics read it)."""
+
+    def __init__(self, engine: ReferenceEngine, plan: TaskPlan, now: float) -> None:
+        cfg = engine.config
+        self.plan = plan
+        self.name = plan.name
+        self.kind = plan.kind
+        self.instance = plan.task
+        self.collector = plan.collector
+        self.parts = [
+            _Partition(ssp, reader, plan.start_offsets.get(ssp))
+            for ssp, reader in zip(plan.partitions, plan.readers)
+        ]
+        self.part_rr = 0  # round-robin cursor over partitions (rule 5)
+        self.process: Callable[..., Any] = (
+            plan.task.process if plan.kind == "sync" else plan.task.process_async
+        )
+        self.window = hook(plan.task, "window") if cfg.window_ms > 0 else None
+        self.eos_hook = hook(plan.task, "end_of_stream")
+        self.coordinator = Coordinator()  # reused by sync process on one thread
+        self.timers = _Timers(engine._wakeup)
+        # sequencing (rules 2, 12, 15)
+        self.next_seq = 0
+        self.next_release = 0
+        self.unresolved: dict[int, _Callback] = {}  # invoked, no completion yet (invocation order)
+        self.held: dict[int, _Callback] = {}  # completed, not yet released
+        self.release_stopped = False  # release stopped after a commit request (rule 15)
+        # barriers (rules 8, 9, 23)
+        self.commit_requested = False
+        self.next_commit = now + cfg.commit_ms / 1000 if cfg.commit_ms > 0 else None
+        self.next_window = now + cfg.window_ms / 1000 if self.window is not None else None
+        self.voted = False
+        self.done = False  # end of stream reached and hook run (rule 11)
+        self.worker: int | None = None  # pinned pool thread at max concurrency 1
+        # metrics
+        self.processed = 0
+        self.completed = 0
+        self.failed = 0
+        self.ignored = 0
+        self.windows = 0
+        self.commits = 0
+        self.timer_runs = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Invoked and not yet released (rule 2)."""
+        return self.next_seq - self.next_release
+
+    def buffered(self) -> bool:
+        return any(p.buffer for p in self.parts)
+
+
+class ReferenceEngine:
+    """Pure-Python run loop implementing SEMANTICS.md for "sync" and "async" tasks.
+
+    ``run()`` blocks on the calling thread; ``stop()`` and ``metrics()`` are safe
+    from any thread, and ``stop()`` from a signal handler.
+    """
+
+    def __init__(self, plan: JobPlan) -> None:
+        for t in plan.tasks:
+            if t.kind == "asyncio":
+                raise TailraceError(
+                    f"task {t.name!r} ({type(t.task).__qualname__}) uses async def process(); "
+                    "asyncio tasks are not supported by the python engine yet"
+                )
+            if t.kind not in ("sync", "async"):
+                raise TailraceError(f"task {t.name!r}: unknown task kind {t.kind!r}")
+        self.plan = plan
+        self.config = plan.config
+        # Condition over an RLock: stop() may run in a signal handler on the loop
+        # thread while that thread holds the lock.
+        self._cv = threading.Condition(threading.RLock())
+        self._events: deque[tuple[str, _Callback, BaseException | None]] = deque()
+        self._signalled = False  # reader wakeup / timer change since the last wait
+        self._stop_flag = False
+        self._ran = False
+        now = time.monotonic()
+        self._tasks = [_Task(self, tp, now) for tp in plan.tasks]
+        self._rr = 0  # round-robin cursor over tasks (rule 5)
+        self._failure: BaseException | None = None
+        self._draining = False
+        self._reason = "stop"
+        self._drain_deadline = 0.0
+        self._shutdown_all = False
+        self._workers: list[queue.SimpleQueue[Any]] = []
+        self._threads: list[threading.Thread] = []
+        self._next_worker = 0
+        self._metrics = ContainerMetrics()
+        self._timeout = (
+            self.config.callback_timeout_ms / 1000 if self.config.callback_timeout_ms > 0 else None
+        )
+
+    # -- public ---------------------------------------------------------------
+    def stop(self) -> None:
+        """Request a graceful stop (rule 19); wakes a blocked loop. Any thread, signal handlers."""
+        self._stop_flag = True
+        with self._cv:
+            self._cv.notify()
+
+    def metrics(self) -> tuple[dict[str, TaskMetrics], ContainerMetrics]:
+        """A snapshot of task and container metrics; safe from any thread."""
+        c = self._metrics
+        snapshot = ContainerMetrics(c.envelopes_chosen, c.idle_wakeups, c.loop_iterations)
+        return {t.name: self._task_metrics(t) for t in self._tasks}, snapshot
+
+    def run(self) -> RunResult:
+        """Run until end of stream, shutdown, stop or error (raises TaskError)."""
+        if self._ran:
+            raise TailraceError("ReferenceEngine.run() may be called once")
+        self._ran = True
+        started = time.monotonic()
+        try:
+            self._start()
+            if self._failure is None:
+                self._loop()
+            self._final_commit()
+        finally:
+            self._close_tasks()
+            self._stop_pool()
+        if self._failure is not None:
+            raise self._failure
+        tasks, container = self.metrics()
+        committed = {p.ssp: p.committed for t in self._tasks for p in t.parts if p.committed is not None}
+        return RunResult(tasks, container, committed, self._reason, time.monotonic() - started)
+
+    # -- threads other than the loop ------------------------------------------
+    def _wakeup(self) -> None:
+        """Reader wakeup / timer change: any thread."""
+        with self._cv:
+            self._signalled = True
+            self._cv.notify()
+
+    def _resolve(self, cb: _Callback, exc: BaseException | None) -> None:
+        """complete()/fail() from any thread: exactly one resolution wins (rule 17)."""
+        with self._cv:
+            if cb._done:
+                self._events.append(("twice", cb, exc))
+            else:
+                cb._done = True
+                self._events.append(("done", cb, exc))
+            self._cv.notify()
+
+    def _run_sync(self, t: _Task, cb: _Callback, env: Envelope, coordinator: Coordinator) -> None:
+        """A sync process call (loop thread or pool): completes when it returns (rule 3)."""
+        error: BaseException | None = None
+        try:
+            t.process(env, t.collector, coordinator)
+        except Exception as e:  # noqa: BLE001 - user code; reported through the callback
+            if self.config.ignores(e):
+                cb.ignored = True
+                log.debug("task %r ignored %r at %s offset %r", t.name, e, cb.part.ssp, cb.offset)
+            else:
+                error = e
+        cb.requests = coordinator.take()
+        self._resolve(cb, error)
+
+    def _worker_main(self, q: queue.SimpleQueue[Any]) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            self._run_sync(*item)
+
+    # -- start and the loop ---------------------------------------------------
+    def _start(self) -> None:
+        n = self.config.thread_pool_size
+        for i in range(n):
+            q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            th = threading.Thread(target=self._worker_main, args=(q,), name=f"tailrace-pool-{i}", daemon=True)
+            self._workers.append(q)
+            self._threads.append(th)
+            th.start()
+        for t in self._tasks:
+            if n:
+                t.worker = t.plan.index % n if self.config.max_concurrency == 1 else None
+            for p in t.parts:
+                p.reader.start(p.committed, self._wakeup)
+        for t in self._tasks:
+            init = hook(t.instance, "init")
+            if init is None:
+                continue
+            context = t.plan.make_context(self.config, t.timers, lambda t=t: self._task_metrics(t))
+            try:
+                init(context)
+            except Exception as e:  # noqa: BLE001 - user code
+                self._fail(TaskError(t.name, original=e, phase="init"))
+                return
+
+    def _loop(self) -> None:
+        while True:
+            self._metrics.loop_iterations += 1
+            progress = self._apply_events()
+            self._check_deadlines()
+            if self._failure is not None:
+                return
+            for t in self._tasks:
+                progress |= self._release(t)
+            self._check_stop()
+            if self._draining:
+                progress |= self._run_barriers(commit_only=True)
+                if self._failure is not None:
+                    return
+                if all(t.outstanding == 0 and not t.commit_requested for t in self._tasks):
+                    return
+                if time.monotonic() >= self._drain_deadline:
+                    log.warning(
+                        "shutdown: %d callbacks still outstanding after task.shutdown.ms=%d; "
+                        "committing low watermarks",
+                        sum(t.outstanding for t in self._tasks),
+                        self.config.shutdown_ms,
+                    )
+                    return
+            else:
+                progress |= self._poll_inputs()
+                progress |= self._run_barriers(commit_only=False)
+                progress |= self._end_of_stream()
+                if self._failure is not None:
+                    return
+                progress |= self._dispatch()
+            if self._failure is None and not progress:
+                self._wait()
+
+    # -- 1. completions and deadlines -----------------------------------------
+    def _apply_events(self) -> bool:
+        with self._cv:
+            if not self._events:
+                return False
+            events = list(self._events)
+            self._events.clear()
+        for kind, cb, exc in events:
+            t = cb.task
+            if kind == "twice":
+                what = "failed" if exc is not None else "completed"
+                self._fail(
+                    CallbackError(
+                        t.name, cb.part.ssp, cb.offset, exc, detail=f"callback {what} a second time (rule 17)"
+                    )
+                )
+                continue
+            t.unresolved.pop(cb.seq, None)
+            if exc is not None:
+                t.failed += 1
+                self._fail(TaskError(t.name, cb.part.ssp, cb.offset, exc))
+                continue
+            if cb.ignored:
+                t.ignored += 1
+            if cb.coordinator is not None:
+                cb.requests = cb.coordinator.take()
+            t.held[cb.seq] = cb
+        return True
+
+    def _check_deadlines(self) -> None:
+        """Callback timeout (rule 16): the oldest unresolved callback of each task."""
+        if self._timeout is None or self._failure is not None:
+            return
+        now = time.monotonic()
+        for t in self._tasks:
+            if not t.unresolved:
+                continue
+            cb = next(iter(t.unresolved.values()))
+            if now < cb.deadline:
+                continue
+            with self._cv:
+                if cb._done:  # completed just now: the event is queued
+                    continue
+                cb._done = True  # a late completion is then an error too, but we stop anyway
+            t.failed += 1
+            ms = self.config.callback_timeout_ms
+            self._fail(
+                CallbackTimeoutError(
+                    t.name,
+                    cb.part.ssp,
+                    cb.offset,
+                    TimeoutError(f"callback not completed within task.callback.timeout.ms={ms}"),
+                )
+            )
+            return
+
+    # -- 2. release in order --------------------------------------------------
+    def _release(self, t: _Task) -> bool:
+        """Release held completions in sequence order; stop after a commit request (rule 15)."""
+        released = False
+        while not t.release_stopped:
+            cb = t.held.pop(t.next_release, None)
+            if cb is None:
+                break
+            t.next_release += 1
+            t.completed += 1
+            part = cb.part
+            part.low_watermark = cb.offset
+            part.released_n += 1
+            released = True
+            if cb.requests:
+                self._apply_requests(t, cb.requests)
+                if cb.requests & _COMMIT:
+                    t.release_stopped = True
+        return released
+
+    def _apply_requests(self, t: _Task, bits: int) -> None:
+        """Coordinator requests once they take effect (rule 14)."""
+        if bits & COMMIT_CURRENT:
+            t.commit_requested = True
+        if bits & COMMIT_ALL:
+            for other in self._tasks:
+                other.commit_requested = True
+        if bits & SHUTDOWN_CURRENT:
+            t.voted = True
+        if bits & SHUTDOWN_ALL:
+            self._shutdown_all = True
+
+    # -- 3. deciding to stop --------------------------------------------------
+    def _check_stop(self) -> None:
+        if self._draining:
+            return
+        if all(t.done for t in self._tasks):
+            reason = "end_of_stream"
+        elif self._shutdown_all or all(t.voted or t.done for t in self._tasks):
+            reason = "shutdown"
+        elif self._stop_flag:
+            reason = "stop"
+        else:
+            return
+        log.debug("run loop stopping: %s", reason)
+        self._reason = reason
+        self._draining = True
+        self._drain_deadline = time.monotonic() + self.config.shutdown_ms / 1000
+
+    # -- 4. input -------------------------------------------------------------
+    def _poll_inputs(self) -> bool:
+        """Refill partition buffers up to task.input.buffer.size (rule 6)."""
+        cap = self.config.input_buffer_size
+        low = cap // 2
+        got = False
+        for t in self._tasks:
+            if t.done:
+                continue
+            for p in t.parts:
+                if p.at_end or len(p.buffer) > low:
+                    continue
+                batch = p.reader.poll(cap - len(p.buffer))
+                if batch:
+                    p.buffer.extend(batch)
+                    p.read_n += len(batch)
+                    p.newest_read = batch[-1].offset
+                    got = True
+                elif p.reader.at_end():
+                    p.at_end = True
+        return got
+
+    # -- 5. barriers: commit, window, timers ----------------------------------
+    def _run_barriers(self, commit_only: bool) -> bool:
+        ran = False
+        now = time.monotonic()
+        for t in self._tasks:
+            if self._failure is not None:
+                break
+            if t.next_commit is not None and now >= t.next_commit:
+                t.commit_requested = True
+                t.next_commit = now + self.config.commit_ms / 1000
+            if t.commit_requested:
+                if self.config.async_commit or not t.unresolved:  # rules 9, 10
+                    self._commit(t)
+                    t.commit_requested = False
+                    if t.release_stopped:
+                        t.release_stopped = False
+                        self._release(t)  # the held tail (rule 15)
+                    ran = True
+                continue  # commit has priority over window and timers
+            if commit_only or t.done or t.outstanding:
+                continue
+            if t.next_window is not None and now >= t.next_window:
+                self._run_window(t)
+                t.next_window = time.monotonic() + self.config.window_ms / 1000  # coalesced (rule 8)
+                ran = True
+            if not t.outstanding and not t.commit_requested and self._failure is None:
+                ran |= self._run_timers(t)
+        return ran
+
+    def _blocked(self, t: _Task, now: float) -> bool:
+        """True while a barrier of ``t`` is due: no dispatch to it (rules 8, 9, 23)."""
+        if t.commit_requested and not self.config.async_commit:
+            return True
+        if t.next_commit is not None and now >= t.next_commit and not self.config.async_commit:
+            return True
+        if t.next_window is not None and now >= t.next_window:
+            return True
+        due = t.timers.next_due()
+        return due is not None and due <= time.time()
+
+    def _commit(self, t: _Task) -> None:
+        """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
+        offsets = {p.ssp: p.low_watermark for p in t.parts if p.low_watermark is not None}
+        if not any(p.low_watermark != p.committed for p in t.parts):
+            return
+        try:
+            self.plan.commit(t.plan, offsets)
+        except TailraceError as e:
+            self._fail(e)
+            return
+        except Exception as e:  # noqa: BLE001 - a store or producer failure stops the container
+            self._fail(TaskError(t.name, original=e, phase="commit"))
+            return
+        for p in t.parts:
+            p.committed = p.low_watermark
+            p.committed_n = p.released_n
+        t.commits += 1
+
+    def _run_window(self, t: _Task) -> None:
+        assert t.window is not None
+        coordinator = Coordinator()
+        try:
+            t.window(t.collector, coordinator)
+        except Exception as e:  # noqa: BLE001 - user code
+            if self.config.ignores(e):
+                t.ignored += 1
+            else:
+                self._fail(TaskError(t.name, original=e, phase="window"))
+                return
+        t.windows += 1
+        self._apply_requests(t, coordinator.take())
+
+    def _run_timers(self, t: _Task) -> bool:
+        due = t.timers.pop_due(time.time())
+        for key, fn in due:
+            coordinator = Coordinator()
+            try:
+                fn(key, t.collector, coordinator)
+            except Exception as e:  # noqa: BLE001 - user code
+                self._fail(TaskError(t.name, original=e, phase="timer", detail=f"timer {key!r}: {e!r}"))
+                return True
+            t.timer_runs += 1
+            self._apply_requests(t, coordinator.take())
+        return bool(due)
+
+    # -- 6. end of stream -----------------------------------------------------
+    def _end_of_stream(self) -> bool:
+        """Finish tasks whose every partition is exhausted and drained (rule 11)."""
+        finished = False
+        for t in self._tasks:
+            if t.done or t.outstanding or t.commit_requested:
+                continue
+            if not all(p.at_end and not p.buffer for p in t.parts):
+                continue
+            if t.eos_hook is not None:
+                coordinator = Coordinator()
+                try:
+                    t.eos_hook(t.collector, coordinator)
+                except Exception as e:  # noqa: BLE001 - user code
+                    self._fail(TaskError(t.name, original=e, phase="end_of_stream"))
+                    return True
+                self._apply_requests(t, coordinator.take())
+                if t.commit_requested:  # the hook's own commit runs before the task is done
+                    self._commit(t)
+                    t.commit_requested = False
+            t.done = True
+            finished = True
+        return finished
+
+    # -- 7. dispatch ----------------------------------------------------------
+    def _dispatch(self, budget: int = 256) -> bool:
+        """Hand buffered envelopes to tasks below their concurrency limit, round robin
+        over tasks and, within a task, over its partitions (rules 1-5)."""
+        mc = self.config.max_concurrency
+        now = time.monotonic()
+        tasks = self._tasks
+        n = len(tasks)
+        sent = 0
+        while sent < budget and self._failure is None:
+            round_sent = 0
+            for i in range(n):
+                t = tasks[(self._rr + i) % n]
+                if t.done or t.outstanding >= mc or not t.buffered() or self._blocked(t, now):
+                    continue
+                self._invoke(t, self._choose(t))
+                round_sent += 1
+                if self._failure is not None:
+                    break
+            self._rr = (self._rr + 1) % n
+            if not round_sent:
+                break
+            sent += round_sent
+            self._apply_events()  # inline sync completions free their slot at the next release
+            for t in tasks:
+                self._release(t)
+            self._check_stop()  # a released shutdown request ends dispatch at once (rule 14)
+            if self._draining:
+                break
+        self._metrics.envelopes_chosen += sent
+        return sent > 0
+
+    def _choose(self, t: _Task) -> tuple[_Partition, Envelope]:
+        parts = t.parts
+        k = len(parts)
+        for i in range(k):
+            p = parts[(t.part_rr + i) % k]
+            if p.buffer:
+                t.part_rr = (t.part_rr + i + 1) % k
+                return p, p.buffer.popleft()
+        raise AssertionError("choose called on a task with empty buffers")
+
+    def _invoke(self, t: _Task, chosen: tuple[_Partition, Envelope]) -> None:
+        part, env = chosen
+        seq = t.next_seq
+        t.next_seq += 1
+        t.processed += 1
+        cb = _Callback(self, t, seq, part, env.offset)
+        if self._timeout is not None:
+            cb.deadline = time.monotonic() + self._timeout
+        t.unresolved[seq] = cb
+        if t.kind == "sync":
+            if not self._workers:
+                self._run_sync(t, cb, env, t.coordinator)
+                return
+            w = t.worker
+            if w is None:
+                w = self._next_worker
+                self._next_worker = (w + 1) % len(self._workers)
+            coordinator = t.coordinator if t.worker is not None else Coordinator()
+            self._workers[w].put((t, cb, env, coordinator))
+            return
+        cb.coordinator = Coordinator()
+        try:
+            t.process(env, t.collector, cb.coordinator, cb)
+        except Exception as e:  # noqa: BLE001 - user code
+            t.failed += 1
+            self._fail(TaskError(t.name, part.ssp, env.offset, e))
+
+    # -- 8. waiting -----------------------------------------------------------
+    def _wait(self) -> None:
+        """Block until a completion, input, timer, stop or the next deadline (rule 7)."""
+        timeout = self.config.max_idle_ms / 1000
+        now = time.monotonic()
+        wall = time.time()
+        for t in self._tasks:
+            # A barrier already due waits for completions (which notify), not for time.
+            if t.next_commit is not None and t.next_commit > now:
+                timeout = min(timeout, t.next_commit - now)
+            if not (t.done or self._draining):
+                if t.next_window is not None and t.next_window > now:
+                    timeout = min(timeout, t.next_window - now)
+                due = t.timers.next_due()
+                if due is not None and due > wall:
+                    timeout = min(timeout, due - wall)
+            if self._timeout is not None and t.unresolved:
+                timeout = min(timeout, next(iter(t.unresolved.values())).deadline - now)
+        if self._draining:
+            timeout = min(timeout, self._drain_deadline - now)
+        with self._cv:
+            if self._events or self._signalled or (self._stop_flag and not self._draining):
+                self._signalled = False
+                return
+            if timeout > 0:
+                self._cv.wait(timeout)
+            self._signalled = False
+        self._metrics.idle_wakeups += 1
+
+    # -- failure and the end --------------------------------------------------
+    def _fail(self, error: BaseException) -> None:
+        """Record the first failure (rule 16); the loop stops at its next check."""
+        if self._failure is None:
+            log.error("stopping: %s", error)
+            self._failure = error
+        else:
+            log.error("further error while stopping: %s", error)
+
+    def _final_commit(self) -> None:
+        """Commit every task's low watermark (rule 19); after an error too, never more (rule 18)."""
+        for t in self._tasks:
+            self._commit(t)  # a failing commit is recorded by _fail, the first error wins
+
+    def _close_tasks(self) -> None:
+        for t in self._tasks:
+            close = hook(t.instance, "close")
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as e:  # user code; close every task regardless
+                log.exception("close() of task %r failed", t.name)
+                if self._failure is None:
+                    self._failure = TaskError(t.name, original=e, phase="close")
+
+    def _stop_pool(self) -> None:
+        for q in self._workers:
+            q.put(None)
+        for th in self._threads:
+            th.join(timeout=1.0)
+
+    def _task_metrics(self, t: _Task) -> TaskMetrics:
+        m = TaskMetrics(
+            task=t.name,
+            processed=t.processed,
+            completed=t.completed,
+            failed=t.failed,
+            ignored=t.ignored,
+            outstanding=max(0, t.outstanding),
+            windows=t.windows,
+            commits=t.commits,
+            timers=t.timer_runs,
+        )
+        for p in list(t.parts):
+            if p.committed is not None:
+                m.committed[p.ssp] = p.committed
+            if p.low_watermark is not None:
+                m.low_watermark[p.ssp] = p.low_watermark
+            if p.newest_read is not None:
+                m.newest_read[p.ssp] = p.newest_read
+            m.lag[p.ssp] = p.read_n - p.committed_n
+        return m
+
+
+__all__ = ["ReferenceEngine"]
