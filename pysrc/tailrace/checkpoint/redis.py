@@ -115,6 +115,11 @@ class Leases:
             log.warning("member %s lost the lease of %s", self.member, ", ".join(sorted(map(str, lost))))
         return lost
 
+    def forget(self, ssp: SystemStreamPartition) -> None:
+        """Drop a lease known to be lost (fenced) without touching Redis."""
+        with self._lock:
+            self._held.pop(ssp, None)
+
     def held(self) -> dict[SystemStreamPartition, str]:
         """A snapshot: ssp -> lease value (``member|token``)."""
         with self._lock:
