@@ -38,9 +38,7 @@ def _redis() -> Any:
     try:
         import redis
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ConfigError(
-            "the redis system needs redis-py: pip install 'tailrace[redis]'", key="type"
-        ) from e
+        raise ConfigError("the redis system needs redis-py: pip install 'tailrace[redis]'", key="type") from e
     return redis
 
 

@@ -43,7 +43,7 @@ from ._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_err
 from .checkpoint.redis import Leases, RedisCheckpointStore
 from .config import parse_config
 from .container import Container
-from .errors import CheckpointError, ConfigError, FencedError, TailraceError
+from .errors import CheckpointError, ConfigError, FencedError
 from .systems.base import System
 from .types import SystemStreamPartition, parse_system_stream
 
@@ -173,8 +173,14 @@ class Member:
                 self.leases.release(ssp)
 
     def _refresh_done(self) -> None:
-        keys = [(p, self.keys.done(s.stream, s.partition, self.job)) for p, ssps in self.groups.items() for s in ssps]
-        values = retrying(lambda: [self.client.get(k) for _, k in keys], "reading done marks", deadline_s=self.spec.retry_s)
+        keys = [
+            (p, self.keys.done(s.stream, s.partition, self.job))
+            for p, ssps in self.groups.items()
+            for s in ssps
+        ]
+        values = retrying(
+            lambda: [self.client.get(k) for _, k in keys], "reading done marks", deadline_s=self.spec.retry_s
+        )
         undone = {p for (p, _), v in zip(keys, values) if v is None}
         self._done = set(self.groups) - undone
 
@@ -185,10 +191,17 @@ class Member:
                 value = held.get(s)
                 if value is None:
                     continue
-                keys = [self.keys.lease(s.stream, s.partition, self.job), self.keys.done(s.stream, s.partition, self.job)]
-                ok = retrying(lambda k=keys, v=value: self._scripts.mark_done(keys=k, args=[v]), f"marking {s} done")
+                keys = [
+                    self.keys.lease(s.stream, s.partition, self.job),
+                    self.keys.done(s.stream, s.partition, self.job),
+                ]
+                ok = retrying(
+                    lambda k=keys, v=value: self._scripts.mark_done(keys=k, args=[v]), f"marking {s} done"
+                )
                 if int(ok) != 1:
-                    log.warning("member %s: %s ended but its lease was lost before it was marked done", self.id, s)
+                    log.warning(
+                        "member %s: %s ended but its lease was lost before it was marked done", self.id, s
+                    )
                     break
             else:
                 self.result.done.append(p)
@@ -211,7 +224,7 @@ class Member:
             except connection_errors() as e:
                 log.warning("member %s: heartbeat failed (%r)", self.id, e)
                 continue
-            except Exception:  # noqa: BLE001 - keep heartbeating; a dead heartbeat thread would lose leases
+            except Exception:  # keep heartbeating; a dead heartbeat thread would lose leases
                 log.exception("member %s: heartbeat failed", self.id)
                 continue
             with self._state_lock:
@@ -338,7 +351,9 @@ def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult
             signal.signal(sig, old)
 
 
-def run_local_containers(n: int, command: Sequence[str], *, env: Mapping[str, str] | None = None) -> list[int]:
+def run_local_containers(
+    n: int, command: Sequence[str], *, env: Mapping[str, str] | None = None
+) -> list[int]:
     """Start ``n`` copies of ``command`` (each one member) and wait for all of them.
 
     Each copy gets ``TAILRACE_MEMBER_INDEX`` (0..n-1) in its environment. SIGINT and

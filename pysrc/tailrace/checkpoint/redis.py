@@ -40,7 +40,9 @@ class Leases:
     its token is dead forever (a new acquisition gets a new token).
     """
 
-    def __init__(self, client: Any, keys: Keys, job: str, member: str, ttl_ms: int, *, retry_s: float = 60.0) -> None:
+    def __init__(
+        self, client: Any, keys: Keys, job: str, member: str, ttl_ms: int, *, retry_s: float = 60.0
+    ) -> None:
         if "|" in member:
             raise ValueError(f"member id {member!r} must not contain '|'")
         self.client = client
@@ -61,7 +63,10 @@ class Leases:
         k = self.keys
         token = retrying(
             lambda: self._scripts.acquire(
-                keys=[k.lease(ssp.stream, ssp.partition, self.job), k.fence(ssp.stream, ssp.partition, self.job)],
+                keys=[
+                    k.lease(ssp.stream, ssp.partition, self.job),
+                    k.fence(ssp.stream, ssp.partition, self.job),
+                ],
                 args=[self.member, self.ttl_ms],
             ),
             f"acquiring the lease of {ssp}",
@@ -82,7 +87,9 @@ class Leases:
             return
         try:
             retrying(
-                lambda: self._scripts.release(keys=[self.keys.lease(ssp.stream, ssp.partition, self.job)], args=[value]),
+                lambda: self._scripts.release(
+                    keys=[self.keys.lease(ssp.stream, ssp.partition, self.job)], args=[value]
+                ),
                 f"releasing the lease of {ssp}",
                 deadline_s=min(self.retry_s, self.ttl_ms / 1000),
             )
@@ -155,7 +162,9 @@ class RedisCheckpointStore(CheckpointStore):
         retry_s: float = 60.0,
     ) -> None:
         if leases is None and inputs is None:
-            raise ConfigError("a Redis checkpoint store needs its partitions: leases or inputs", key="checkpoints")
+            raise ConfigError(
+                "a Redis checkpoint store needs its partitions: leases or inputs", key="checkpoints"
+            )
         self.url = url
         self.cluster = cluster
         self.keys = Keys(prefix)
@@ -189,7 +198,9 @@ class RedisCheckpointStore(CheckpointStore):
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
             raise ConfigError(
-                f"unknown key {unknown[0]!r} in [checkpoints]", key=unknown[0], allowed=", ".join(sorted(allowed))
+                f"unknown key {unknown[0]!r} in [checkpoints]",
+                key=unknown[0],
+                allowed=", ".join(sorted(allowed)),
             )
         return cls(leases=leases, inputs=inputs, **kwargs)
 
@@ -279,15 +290,22 @@ class RedisCheckpointStore(CheckpointStore):
             if group:
                 self._write_group(job, task_name, group)
 
-    def _write_group(self, job: str, task_name: str, group: list[tuple[SystemStreamPartition, str, str]]) -> None:
+    def _write_group(
+        self, job: str, task_name: str, group: list[tuple[SystemStreamPartition, str, str]]
+    ) -> None:
         keys: list[str] = []
         args: list[str] = []
         for ssp, value, offset in group:
-            keys += [self.keys.lease(ssp.stream, ssp.partition, job), self.keys.checkpoint(ssp.stream, ssp.partition, job)]
+            keys += [
+                self.keys.lease(ssp.stream, ssp.partition, job),
+                self.keys.checkpoint(ssp.stream, ssp.partition, job),
+            ]
             args += [value, offset]
         try:
             reply = retrying(
-                lambda: self._scripts.commit(keys=keys, args=args), f"committing {task_name}", deadline_s=self.retry_s
+                lambda: self._scripts.commit(keys=keys, args=args),
+                f"committing {task_name}",
+                deadline_s=self.retry_s,
             )
         except connection_errors() as e:
             raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e

@@ -75,7 +75,9 @@ class _RedisReader(PartitionReader):
             try:
                 entry_id(after, str(self.ssp))
             except ValueError as e:
-                raise InputError(f"committed offset {after!r} is not a Redis entry id", source=str(self.ssp)) from e
+                raise InputError(
+                    f"committed offset {after!r} is not a Redis entry id", source=str(self.ssp)
+                ) from e
             self._last = str(after)
         self._wakeup = wakeup
         self._thread = threading.Thread(target=self._run, name=f"tailrace-redis-read {self.ssp}", daemon=True)
@@ -93,9 +95,9 @@ class _RedisReader(PartitionReader):
                         return
                     room = self._capacity - len(self._buf)
                 count = min(room, self._system.batch)
-                last = self._last
+                streams = {self._key: self._last}
                 reply = retrying(
-                    lambda: client.xread({self._key: last}, count=count, block=self._system.block_ms),
+                    lambda: client.xread(streams, count=count, block=self._system.block_ms),  # noqa: B023
                     f"reading {s}",
                     deadline_s=self._system.retry_s,
                     stop=lambda: self._closed,
@@ -213,7 +215,11 @@ class _RedisProducer(Producer):
                 pipe.xadd(key, fields)
             pipe.execute()
 
-        retrying(send_all, f"writing {len(pending)} entries to {self._system.name}", deadline_s=self._system.retry_s)
+        retrying(
+            send_all,
+            f"writing {len(pending)} entries to {self._system.name}",
+            deadline_s=self._system.retry_s,
+        )
         self.sent += len(pending)
         self._pending = []
 
@@ -253,7 +259,12 @@ class RedisSystem(System):
         super().__init__(name)
         if codec not in CODECS:
             raise ConfigError(f"unknown codec {codec!r}", key="codec", allowed=", ".join(CODECS))
-        for key, value in (("batch", batch), ("buffer", buffer), ("block_ms", block_ms), ("output_partitions", output_partitions)):
+        for key, value in (
+            ("batch", batch),
+            ("buffer", buffer),
+            ("block_ms", block_ms),
+            ("output_partitions", output_partitions),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"expected an integer >= 1, got {value!r}", key=key)
         self.url = url
@@ -275,13 +286,25 @@ class RedisSystem(System):
         """Build from a TOML table (``[systems.NAME] type = "redis"`` and the keyword
         arguments above, e.g. ``url``, ``streams = {in = 8}``); ConfigError on an unknown key."""
         allowed = {
-            "url", "cluster", "prefix", "streams", "output_partitions", "batch", "buffer", "block_ms", "codec",
+            "url",
+            "cluster",
+            "prefix",
+            "streams",
+            "output_partitions",
+            "batch",
+            "buffer",
+            "block_ms",
+            "codec",
             "retry_s",
         }
         kwargs = {k: v for k, v in table.items() if k != "type"}
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
-            raise ConfigError(f"unknown key {unknown[0]!r} in [systems.{name}]", key=unknown[0], allowed=", ".join(sorted(allowed)))
+            raise ConfigError(
+                f"unknown key {unknown[0]!r} in [systems.{name}]",
+                key=unknown[0],
+                allowed=", ".join(sorted(allowed)),
+            )
         return cls(name, **kwargs)
 
     # -- streams --------------------------------------------------------------
@@ -340,7 +363,10 @@ class RedisSystem(System):
         """Append the end-of-stream marker to one partition (or to all)."""
         parts = range(self.partitions(stream)) if partition is None else [partition]
         for p in parts:
-            retrying(lambda p=p: self.client.xadd(self.keys.stream(stream, p), {EOS_FIELD: b"1"}), f"ending {stream}")
+            retrying(
+                lambda p=p: self.client.xadd(self.keys.stream(stream, p), {EOS_FIELD: b"1"}),
+                f"ending {stream}",
+            )
 
     def read_all(self, stream: str, partition: int) -> list[tuple[str, Any, Any]]:
         """Every (entry id, key, message) of a partition, end marker excluded (for tests and tools)."""
