@@ -104,3 +104,53 @@ def spawn_member(spec: dict[str, Any], log_path: Path) -> subprocess.Popen[bytes
     return subprocess.Popen(
         [sys.executable, MEMBER_MAIN, json.dumps(spec)], stdout=out, stderr=subprocess.STDOUT, env=env
     )
+
+
+class RedisClusterNodes:
+    """Three cluster-enabled redis-servers on loopback, joined with ``redis-cli --cluster create``."""
+
+    def __init__(self, dir: Path, n: int = 3) -> None:
+        self.servers = [
+            RedisServer(
+                dir / f"node{i}",
+                port=free_port(),
+                extra=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ),
+            )
+            for i in range(n)
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.servers[0].url
+
+    def start(self) -> RedisClusterNodes:
+        assert REDIS_CLI is not None
+        for s in self.servers:
+            s.start()
+        addrs = [f"127.0.0.1:{s.port}" for s in self.servers]
+        subprocess.run(
+            [REDIS_CLI, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 20
+        for s in self.servers:
+            with s.client() as c:
+                while b"cluster_state:ok" not in c.execute_command("CLUSTER INFO"):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+                    time.sleep(0.05)
+        return self
+
+    def kill(self) -> None:
+        for s in self.servers:
+            s.kill()
