@@ -18,10 +18,24 @@ REDIS_CLI = shutil.which("redis-cli")
 HERE = Path(__file__).resolve().parent
 
 
-def free_port() -> int:
+def _is_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A free loopback port whose cluster bus port (port + 10000) is free and valid too."""
+    import random
+
+    for _ in range(1000):
+        port = random.randrange(20000, 45000)
+        if _is_free(port) and _is_free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair found")
 
 
 class RedisServer:
@@ -145,7 +159,7 @@ class RedisClusterNodes:
         deadline = time.monotonic() + 20
         for s in self.servers:
             with s.client() as c:
-                while b"cluster_state:ok" not in c.execute_command("CLUSTER INFO"):
+                while str(c.cluster("info").get("cluster_state")) != "ok":
                     if time.monotonic() > deadline:
                         raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
                     time.sleep(0.05)
