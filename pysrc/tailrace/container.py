@@ -158,6 +158,7 @@ class Container:
         self._store = checkpoints if checkpoints is not None else MemoryCheckpointStore()
         self._default_output_system = default_output_system
         self._engine: Engine | None = None
+        self._plan: JobPlan | None = None
         self._stop_requested = False
         self._lock = threading.Lock()
 
@@ -216,6 +217,7 @@ class Container:
     def run(self) -> RunResult:
         """Run until end of stream, shutdown or error (see class docstring)."""
         plan = self.plan()
+        self._plan = plan
         try:
             engine = self._engine_cls(plan)
             with self._lock:
@@ -238,6 +240,13 @@ class Container:
         """A live snapshot while running (None before the engine starts)."""
         engine = self._engine
         return None if engine is None else engine.metrics()
+
+    def skipped(self) -> dict[SystemStreamPartition, int]:
+        """Bad input skipped so far per partition (``PartitionReader.skipped()``; empty before planning)."""
+        plan = self._plan
+        if plan is None:
+            return {}
+        return {ssp: r.skipped() for t in plan.tasks for ssp, r in zip(t.partitions, t.readers)}
 
 
 __all__ = ["Container", "Engine", "JobPlan", "TaskPlan", "load_engine", "InputError"]

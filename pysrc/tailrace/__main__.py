@@ -1,0 +1,7 @@
+"""``python -m tailrace``: the command line (see tailrace.cli)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,378 @@
+"""Job files: a TOML file (or a Python file defining ``job``) describing one job.
+
+Layout (paths are relative to the job file)::
+
+    [job]
+    name = "wordcount"                  # required; checkpoints are kept per job name
+    task = "wordcount.py:WordCount"     # required: "file.py:Class" or "package.module:Class"
+    inputs = ["files.lines"]            # required: "system.stream" names
+    engine = "c"                        # optional: "c" (default) or "python"
+    default_output = "files"            # optional: system of bare stream names in collector.send
+
+    [config]                            # SEMANTICS keys (tailrace --help lists them)
+    "task.window.ms" = 1000
+
+    [systems.files]                     # one table per system; the table name is the system name
+    type = "file"                       # "file", "memory" or "redis"; other keys are its options
+    path = "data"
+
+    [checkpoints]                       # optional; default: sqlite at state/checkpoints.db
+    type = "sqlite"                     # "sqlite", "memory" or "redis"
+    path = "state/checkpoints.db"
+
+A Python job file defines ``job``, a dict of the same shape (``job["job"]["task"]``
+may then be the class itself).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checkpoint.base import CheckpointStore, MemoryCheckpointStore
+from .config import KEYS, Config, parse_config
+from .container import ENGINES, Container, load_engine
+from .errors import ConfigError
+from .systems.base import System
+
+JOB_FILE = "job.toml"
+DEFAULT_CHECKPOINTS = "state/checkpoints.db"
+
+_TOP = ("job", "config", "systems", "checkpoints")
+_JOB_KEYS = ("name", "task", "inputs", "engine", "default_output")
+_CONFIG_NAMES = {k.name for k in KEYS} | {k.name.replace(".", "_") for k in KEYS}
+_PATH_OPTIONS = ("path", "output_path")  # options resolved relative to the job file
+
+
+def _file_system(name: str, options: dict[str, Any]) -> System:
+    from .systems.file import FileSystem
+
+    return FileSystem(name, **options)
+
+
+def _memory_system(name: str, options: dict[str, Any]) -> System:
+    from .systems.memory import MemorySystem
+
+    return MemorySystem(name, **options)
+
+
+def _import_target(target: str) -> Callable[..., Any]:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def _redis_system(name: str, options: dict[str, Any]) -> System:
+    return _import_target("tailrace.systems.redis:RedisSystem")(name, **options)  # type: ignore[no-any-return]
+
+
+SYSTEM_TYPES: dict[str, Callable[[str, dict[str, Any]], System]] = {
+    "file": _file_system,
+    "memory": _memory_system,
+    "redis": _redis_system,
+}
+
+
+def _sqlite_store(options: dict[str, Any]) -> CheckpointStore:
+    from .checkpoint.sqlite import SqliteCheckpointStore
+
+    return SqliteCheckpointStore(**options)
+
+
+def _memory_store(options: dict[str, Any]) -> CheckpointStore:
+    return MemoryCheckpointStore(**options)
+
+
+def _redis_store(options: dict[str, Any]) -> CheckpointStore:
+    return _import_target("tailrace.checkpoint.redis:RedisCheckpointStore")(**options)  # type: ignore[no-any-return]
+
+
+STORE_TYPES: dict[str, Callable[[dict[str, Any]], CheckpointStore]] = {
+    "sqlite": _sqlite_store,
+    "memory": _memory_store,
+    "redis": _redis_store,
+}
+
+
+@dataclass
+class JobSpec:
+    """A loaded, validated job file. ``container()`` builds the Container to run it."""
+
+    source: Path
+    name: str
+    task: Any  # "file.py:Class" / "module:Class" or a class/factory
+    inputs: list[str]
+    engine: str
+    config: Config
+    tree: dict[str, Any]
+    default_output: str | None = None
+    systems: dict[str, System] = field(default_factory=dict)
+
+    @property
+    def base(self) -> Path:
+        return self.source.parent
+
+    def checkpoint_store(self) -> CheckpointStore:
+        """A new (unopened) store as configured in ``[checkpoints]``."""
+        table = dict(self.tree.get("checkpoints") or {"type": "sqlite", "path": DEFAULT_CHECKPOINTS})
+        kind = table.pop("type", None)
+        make = STORE_TYPES.get(kind) if isinstance(kind, str) else None
+        if make is None:
+            raise ConfigError(
+                f"unknown checkpoint store type {kind!r}",
+                key="checkpoints.type",
+                allowed=", ".join(STORE_TYPES),
+                source=str(self.source),
+            )
+        if kind == "sqlite" and not isinstance(table.get("path"), str):
+            raise ConfigError("a sqlite store needs a path", key="checkpoints.path", source=str(self.source))
+        for opt in _PATH_OPTIONS:
+            if isinstance(table.get(opt), str):
+                table[opt] = str(self.base / table[opt])
+        return _construct(make, (table,), "checkpoints", self.source)
+
+    def load_task(self) -> Any:
+        """The task class (or factory) named by ``job.task``."""
+        return load_task(self.task, self.base, self.source)
+
+    def container(self) -> Container:
+        """A Container for this job (loads the task and engine; ConfigError on failure)."""
+        task = self.load_task()
+        try:
+            load_engine(self.engine)
+        except ImportError as e:
+            raise ConfigError(
+                f"engine {self.engine!r} is not available in this installation ({e})",
+                key="job.engine",
+                allowed=", ".join(ENGINES),
+                source=str(self.source),
+            ) from e
+        return Container(
+            task,
+            inputs=self.inputs,
+            systems=self.systems,
+            config=self.config,
+            checkpoints=self.checkpoint_store(),
+            engine=self.engine,
+            default_output_system=self.default_output,
+        )
+
+
+def resolve_job_path(job: str | Path) -> Path:
+    """A job file path: the file itself, or ``<dir>/job.toml``; ConfigError if missing."""
+    p = Path(job)
+    if p.is_dir():
+        p = p / JOB_FILE
+        if not p.is_file():
+            raise ConfigError(f"directory has no {JOB_FILE}", source=str(p.parent))
+    elif not p.is_file():
+        raise ConfigError("job file does not exist", source=str(p))
+    return p.resolve()
+
+
+def load_job(job: str | Path, overrides: Mapping[str, Any] | None = None, engine: str | None = None) -> JobSpec:
+    """Read and validate a job file; ``overrides`` are ``--config`` pairs, ``engine`` wins over the file."""
+    path = resolve_job_path(job)
+    src = str(path)
+    tree = _read_tree(path)
+    tree = _apply_overrides(tree, dict(overrides or {}), src)
+    for top in tree:
+        if top not in _TOP:
+            raise ConfigError("unknown table", key=top, allowed=", ".join(_TOP), source=src)
+    job_t = _table(tree, "job", src, required=True)
+    for k in job_t:
+        if k not in _JOB_KEYS:
+            raise ConfigError("unknown key", key=f"job.{k}", allowed=", ".join(_JOB_KEYS), source=src)
+    name = job_t.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError("required: the job's name (a non-empty string)", key="job.name", source=src)
+    task = job_t.get("task")
+    if task is None or (isinstance(task, str) and ":" not in task):
+        raise ConfigError(
+            f"required: the task as 'file.py:Class' or 'module:Class', got {task!r}", key="job.task", source=src
+        )
+    inputs = job_t.get("inputs")
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
+        raise ConfigError(
+            f"required: a non-empty list of 'system.stream' names, got {inputs!r}", key="job.inputs", source=src
+        )
+    eng = engine or job_t.get("engine", "c")
+    if eng not in ENGINES:
+        raise ConfigError(f"unknown engine {eng!r}", key="job.engine", allowed=", ".join(ENGINES), source=src)
+    default_output = job_t.get("default_output")
+    if default_output is not None and not isinstance(default_output, str):
+        raise ConfigError(f"expected a system name, got {default_output!r}", key="job.default_output", source=src)
+
+    config_t = dict(_table(tree, "config", src))
+    if "job.name" in config_t or "job_name" in config_t:
+        raise ConfigError("set the job name in [job] name, not in [config]", key="job.name", source=src)
+    config_t["job.name"] = name
+    config = parse_config(config_t, source=src)
+
+    systems: dict[str, System] = {}
+    for sname, stable in _table(tree, "systems", src, required=True).items():
+        if not isinstance(stable, dict):
+            raise ConfigError("expected a table", key=f"systems.{sname}", source=src)
+        options = dict(stable)
+        kind = options.pop("type", None)
+        make = SYSTEM_TYPES.get(kind) if isinstance(kind, str) else None
+        if make is None:
+            raise ConfigError(
+                f"unknown system type {kind!r}", key=f"systems.{sname}.type", allowed=", ".join(SYSTEM_TYPES), source=src
+            )
+        for opt in _PATH_OPTIONS:
+            if kind == "file" and isinstance(options.get(opt), str):
+                options[opt] = str(path.parent / options[opt])
+        if kind == "file" and "path" not in options:
+            raise ConfigError("a file system needs a path", key=f"systems.{sname}.path", source=src)
+        try:
+            systems[sname] = _construct(make, (sname, options), f"systems.{sname}", path)
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(str(e), key=f"systems.{sname}", source=src) from e
+    for spec in inputs:
+        system = spec.partition(".")[0]
+        if system not in systems:
+            raise ConfigError(
+                f"input {spec!r} names unknown system {system!r}",
+                key="job.inputs",
+                allowed=", ".join(sorted(systems)),
+                source=src,
+            )
+    spec = JobSpec(path, name, task, list(inputs), eng, config, tree, default_output, systems)
+    spec.checkpoint_store()  # validate [checkpoints] now, before anything runs
+    return spec
+
+
+def _read_tree(path: Path) -> dict[str, Any]:
+    if path.suffix == ".py":
+        module = _load_module(path)
+        job = getattr(module, "job", None)
+        if not isinstance(job, dict):
+            raise ConfigError("a Python job file must define `job`, a dict shaped like job.toml", source=str(path))
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in job.items()}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", source=str(path)) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e}", source=str(path)) from None
+
+
+def _table(tree: Mapping[str, Any], name: str, src: str, required: bool = False) -> dict[str, Any]:
+    t = tree.get(name)
+    if t is None:
+        if required:
+            raise ConfigError(f"required table [{name}] is missing", key=name, source=src)
+        return {}
+    if not isinstance(t, dict):
+        raise ConfigError("expected a table", key=name, source=src)
+    return t
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` from ``--config``: VALUE is read as a TOML value when it is one, else a string."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--config expects KEY=VALUE, got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def _apply_overrides(tree: dict[str, Any], overrides: dict[str, Any], src: str) -> dict[str, Any]:
+    tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
+    for key, value in overrides.items():
+        if key in ("job.name", "job_name"):
+            tree.setdefault("job", {})["name"] = value
+        elif key in _CONFIG_NAMES:
+            tree.setdefault("config", {})[key] = value
+        elif key.startswith(("job.", "systems.", "checkpoints.")):
+            parts = key.split(".")
+            node = tree
+            for part in parts[:-1]:
+                child = node.get(part)
+                if not isinstance(child, dict):
+                    child = {}
+                node[part] = child = dict(child)
+                node = child
+            node[parts[-1]] = value
+        else:
+            raise ConfigError(
+                "unknown key given with --config",
+                key=key,
+                allowed="a config key (tailrace --help lists them), or job.*, systems.<name>.*, checkpoints.*",
+            )
+    return tree
+
+
+def _construct(make: Callable[..., Any], args: tuple[Any, ...], where: str, source: Path) -> Any:
+    try:
+        return make(*args)
+    except TypeError as e:
+        raise ConfigError(f"bad options: {e}", key=where, source=str(source)) from e
+    except ConfigError as e:
+        if e.source:
+            raise
+        raise ConfigError(e.reason, key=e.key or where, allowed=e.allowed, source=str(source)) from e
+
+
+def _load_module(path: Path) -> Any:
+    name = f"tailrace_job_{path.stem}_{abs(hash(str(path))):x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError("cannot load as a Python module", source=str(path))
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # let the task import its neighbours
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_task(task: Any, base: Path, source: Path) -> Any:
+    """Resolve ``"file.py:Class"`` (relative to ``base``) or ``"module:Class"``; a class passes through."""
+    if not isinstance(task, str):
+        if callable(task):
+            return task
+        raise ConfigError(f"expected 'file.py:Class' or a class, got {task!r}", key="job.task", source=str(source))
+    target, _, attr = task.rpartition(":")
+    if target.endswith(".py"):
+        file = base / target
+        if not file.is_file():
+            raise ConfigError(f"task file {file} does not exist", key="job.task", source=str(source))
+        module = _load_module(file)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise ConfigError(f"cannot import module {target!r}: {e}", key="job.task", source=str(source)) from e
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise ConfigError(f"{target} defines no {attr!r}", key="job.task", source=str(source))
+    if not callable(obj):
+        raise ConfigError(f"{task} is not a class or factory", key="job.task", source=str(source))
+    if inspect.isclass(obj) and not (hasattr(obj, "process") or hasattr(obj, "process_async")):
+        raise ConfigError(
+            f"{task} is not a task class (it defines neither process nor process_async)",
+            key="job.task",
+            source=str(source),
+        )
+    return obj

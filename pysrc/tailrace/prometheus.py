@@ -1,0 +1,54 @@
+"""Prometheus export of a running container's metrics (optional extra ``prometheus``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .container import Container
+
+_TASK_COUNTERS = ("processed", "completed", "failed", "ignored", "windows", "commits", "timers")
+
+
+class ContainerCollector(Collector):
+    """Reads ``container.metrics()`` on each scrape (thread-safe snapshot)."""
+
+    def __init__(self, container: Container) -> None:
+        self.container = container
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.container.metrics()
+        if snap is None:
+            return
+        tasks, cm = snap
+        for name in _TASK_COUNTERS:
+            c = CounterMetricFamily(f"tailrace_task_{name}", f"task {name} (SEMANTICS metrics)", labels=["task"])
+            for t in tasks.values():
+                c.add_metric([t.task], getattr(t, name))
+            yield c
+        g = GaugeMetricFamily("tailrace_task_outstanding", "callbacks invoked, not yet completed", labels=["task"])
+        for t in tasks.values():
+            g.add_metric([t.task], t.outstanding)
+        yield g
+        lag = GaugeMetricFamily("tailrace_partition_lag", "newest offset read minus committed", labels=["task", "partition"])
+        off = GaugeMetricFamily(
+            "tailrace_partition_committed_offset", "committed offset (int offsets only)", labels=["task", "partition"]
+        )
+        for t in tasks.values():
+            for ssp, v in t.lag.items():
+                lag.add_metric([t.task, str(ssp)], v)
+            for ssp, o in t.committed.items():
+                if isinstance(o, int):
+                    off.add_metric([t.task, str(ssp)], o)
+        yield lag
+        yield off
+        skipped = CounterMetricFamily("tailrace_partition_skipped", "bad input lines skipped", labels=["partition"])
+        for ssp, n in self.container.skipped().items():
+            skipped.add_metric([str(ssp)], n)
+        yield skipped
+        for name in ("envelopes_chosen", "idle_wakeups", "loop_iterations"):
+            c = CounterMetricFamily(f"tailrace_container_{name}", f"container {name}")
+            c.add_metric([], getattr(cm, name))
+            yield c

@@ -1,0 +1,196 @@
+"""The file system: partition files, byte offsets, seeking restarts, bad input, fsynced outputs."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailrace.errors import InputError
+from tailrace.systems.file import FileReader, FileSystem, read_stream, write_stream
+from tailrace.types import SystemStreamPartition
+
+SSP0 = SystemStreamPartition("files", "s", 0)
+
+
+def drain(reader: FileReader, after: Any = None, batch: int = 7) -> list[Any]:
+    """Start a reader and poll it to the end like an engine would (blocking on wakeup)."""
+    woken = threading.Event()
+    reader.start(after, woken.set)
+    out = []
+    try:
+        while not reader.at_end():
+            got = reader.poll(batch)
+            assert len(got) <= batch
+            if not got:
+                assert woken.wait(10), "reader never called wakeup after an empty poll"
+                woken.clear()
+            out.extend(got)
+    finally:
+        reader.close()
+    return out
+
+
+def make(tmp_path: Path, partitions: list[list[Any]], fmt: str = "jsonl", **kw: Any) -> FileSystem:
+    write_stream(tmp_path / "in" / "s", partitions, fmt)
+    return FileSystem("files", tmp_path / "in", output_path=tmp_path / "out", **kw)
+
+
+def test_offsets_are_line_start_bytes_and_order_is_kept(tmp_path: Path) -> None:
+    msgs = [{"seq": i, "pad": "x" * (i % 13)} for i in range(5000)]
+    fs = make(tmp_path, [msgs, msgs[:3]])
+    offsets = write_stream(tmp_path / "in" / "s", [msgs, msgs[:3]])
+    assert fs.partitions("s") == 2
+    got = drain(fs.reader(SSP0))  # type: ignore[arg-type]
+    assert [e.message for e in got] == msgs
+    assert [e.offset for e in got] == offsets[0]
+    raw = (tmp_path / "in" / "s" / "partition-0.jsonl").read_bytes()
+    for e in got[:50]:
+        line = raw[e.offset :].split(b"\n", 1)[0]
+        assert json.loads(line) == e.message
+    assert {e.ssp for e in got} == {SSP0}
+
+
+def test_restart_seeks_after_committed_offset(tmp_path: Path) -> None:
+    msgs = [f"line {i}" for i in range(100)]
+    fs = make(tmp_path, [msgs], fmt="text")
+    offsets = write_stream(tmp_path / "in" / "s", [msgs], "text")
+    for k in (0, 1, 50, 98, 99):
+        got = drain(fs.reader(SSP0), after=offsets[0][k])  # type: ignore[arg-type]
+        assert [e.message for e in got] == msgs[k + 1 :]
+        assert [e.offset for e in got] == offsets[0][k + 1 :]
+
+
+def test_committed_offset_that_is_not_a_line_start_is_refused(tmp_path: Path) -> None:
+    fs = make(tmp_path, [["abc", "def"]], fmt="text")
+    r = fs.reader(SSP0)
+    with pytest.raises(InputError, match=r"partition-0.txt: committed offset 2 is not the start of a line"):
+        r.start(2, lambda: None)
+    with pytest.raises(InputError, match="beyond the end of the file"):
+        fs.reader(SSP0).start(100, lambda: None)
+    with pytest.raises(InputError, match="not a file offset"):
+        fs.reader(SSP0).start("1-0", lambda: None)
+
+
+def test_bad_json_line_names_file_and_line(tmp_path: Path) -> None:
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    (d / "partition-0.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": oops}\n{"a": 4}\n')
+    fs = FileSystem("files", tmp_path / "in")
+    with pytest.raises(InputError, match=r"partition-0.jsonl:3: line is not valid JSON") as info:
+        drain(fs.reader(SSP0))
+    assert info.value.line == 3
+    # resumed after line 2 (line numbers still exact, counted on the error path)
+    with pytest.raises(InputError, match=r"partition-0.jsonl:3:"):
+        drain(fs.reader(SSP0), after=len('{"a": 1}\n'))
+
+
+def test_skip_bad_lines_counts_and_continues(tmp_path: Path) -> None:
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    (d / "partition-0.jsonl").write_bytes(b'{"a": 1}\nnot json\n{"a": 3}\n\xff\xfe\n{"a": 5}')
+    fs = FileSystem("files", tmp_path / "in", skip_bad_lines=True)
+    r = fs.reader(SSP0)
+    got = drain(r)  # type: ignore[arg-type]
+    assert [e.message for e in got] == [{"a": 1}, {"a": 3}, {"a": 5}]  # last line has no newline
+    assert r.skipped() == 2
+
+
+def test_text_lines_with_bad_utf8_fail_clearly(tmp_path: Path) -> None:
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    (d / "partition-0.txt").write_bytes(b"ok\r\nbad \xff\n")
+    fs = FileSystem("files", tmp_path / "in")
+    with pytest.raises(InputError, match=r"partition-0.txt:2: line is not valid UTF-8"):
+        drain(fs.reader(SSP0))
+
+
+@pytest.mark.parametrize(
+    ("files", "error"),
+    [
+        (["partition-0.jsonl", "partition-2.jsonl"], "partition gap: partition-1.jsonl missing"),
+        (["partition-0.jsonl", "partition-1.txt"], "mixes .jsonl and .txt"),
+        (["partition-0.jsonl", "notes.md"], "unexpected file 'notes.md'"),
+        (["partition-01.jsonl"], "unexpected file 'partition-01.jsonl'"),
+        ([], "no partition files"),
+    ],
+)
+def test_stream_layout_errors(tmp_path: Path, files: list[str], error: str) -> None:
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    for f in files:
+        (d / f).write_text("1\n")
+    with pytest.raises(InputError, match=error):
+        FileSystem("files", tmp_path / "in").partitions("s")
+
+
+def test_missing_directory_and_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"does not exist"):
+        FileSystem("files", tmp_path / "nope").partitions("s")
+    fs = make(tmp_path, [[1, 2]])
+    with pytest.raises(InputError, match=r"in/t: stream directory does not exist"):
+        fs.partitions("t")
+    r = fs.reader(SSP0)
+    (tmp_path / "in" / "s" / "partition-0.jsonl").unlink()
+    with pytest.raises(InputError, match=r"partition-0.jsonl: partition file does not exist"):
+        r.start(None, lambda: None)
+
+
+def test_read_ahead_is_bounded_and_wakes_the_engine(tmp_path: Path) -> None:
+    # rule 6: the read-ahead thread stops at `read_ahead` messages until polled
+    fs = make(tmp_path, [list(range(1000))], read_ahead=10)
+    r = fs.reader(SSP0)
+    woken = threading.Event()
+    r.start(None, woken.set)
+    try:
+        seen: list[int] = []
+        for _ in range(2000):
+            got = r.poll(1000)
+            assert len(got) <= 10, "buffered more than read_ahead messages"
+            seen.extend(e.message for e in got)
+            if r.at_end():
+                break
+            if not got:
+                assert woken.wait(10), "no wakeup after an empty poll"
+                woken.clear()
+        assert seen == list(range(1000))
+    finally:
+        r.close()
+
+
+def test_close_stops_a_blocked_read_ahead_thread(tmp_path: Path) -> None:
+    fs = make(tmp_path, [list(range(10000))], read_ahead=5)
+    r = fs.reader(SSP0)
+    r.start(None, lambda: None)
+    assert len(r.poll(3)) <= 3
+    r.close()  # must not hang on the full buffer
+    assert r._thread is not None and not r._thread.is_alive()
+
+
+def test_producer_writes_json_lines_and_flush_makes_them_visible(tmp_path: Path) -> None:
+    fs = FileSystem("files", tmp_path, output_partitions={"a": 3, "*": 2})
+    p = fs.producer()
+    assert p.partitions("a") == 3 and p.partitions("b") == 2
+    p.send("a", 2, "k", {"x": 1, "text": "é"})
+    p.send("a", 2, None, [1, 2])
+    p.send("b", 0, None, "plain")
+    p.flush()
+    assert (tmp_path / "a" / "partition-2.jsonl").read_text(encoding="utf-8") == '{"x":1,"text":"é"}\n[1,2]\n'
+    p.send("b", 0, None, 5)
+    p.close()
+    assert (tmp_path / "b" / "partition-0.jsonl").read_text() == '"plain"\n5\n'
+    with pytest.raises(ValueError, match="not JSON-serialisable"):
+        fs.producer().send("a", 0, None, object())
+
+
+def test_producer_cuts_partial_line_left_by_a_hard_kill(tmp_path: Path) -> None:
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "partition-0.jsonl").write_bytes(b'{"seq":0}\n{"seq":1}\n{"se')
+    p = FileSystem("files", tmp_path).producer()
+    p.send("out", 0, None, {"seq": 2})
+    p.close()
+    assert read_stream(d) == [[{"seq": 0}, {"seq": 1}, {"seq": 2}]]
