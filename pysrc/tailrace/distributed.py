@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, retrying, text
@@ -195,9 +196,7 @@ class Member:
                     self.keys.lease(s.stream, s.partition, self.job),
                     self.keys.done(s.stream, s.partition, self.job),
                 ]
-                ok = retrying(
-                    lambda k=keys, v=value: self._scripts.mark_done(keys=k, args=[v]), f"marking {s} done"
-                )
+                ok = retrying(partial(self._scripts.mark_done, keys=keys, args=[value]), f"marking {s} done")
                 if int(ok) != 1:
                     log.warning(
                         "member %s: %s ended but its lease was lost before it was marked done", self.id, s
@@ -340,7 +339,7 @@ def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult
     """Run one member until stopped or done; SIGINT/SIGTERM leave gracefully
     (when called on the main thread with ``handle_signals``)."""
     member = Member(spec)
-    restore: list[tuple[int, Any]] = []
+    restore: list[tuple[signal.Signals, Any]] = []
     if handle_signals and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore.append((sig, signal.signal(sig, lambda *_: member.stop())))
@@ -371,7 +370,7 @@ def run_local_containers(
             if p.poll() is None:
                 p.send_signal(sig)
 
-    restore: list[tuple[int, Any]] = []
+    restore: list[tuple[signal.Signals, Any]] = []
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore.append((sig, signal.signal(sig, forward)))
@@ -397,4 +396,60 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
     return predicate()
 
 
-__all__ = ["Member", "MemberResult", "MemberSpec", "run_local_containers", "run_member"]
+# -- the command line (tailrace run JOB [--containers N]) -----------------------------
+def member_spec_from_job(job: Any, reload: Callable[[], Any]) -> MemberSpec:
+    """A MemberSpec for a loaded job file (``tailrace.jobfile.JobSpec``) whose
+    ``[checkpoints]`` table has ``type = "redis"``; ``reload()`` loads the job file
+    again (each container gets freshly built systems)."""
+    store = job.checkpoint_store()
+    if not isinstance(store, RedisCheckpointStore):
+        raise ConfigError(
+            'several containers of one job need checkpoints in Redis ([checkpoints] type = "redis")',
+            key="checkpoints.type",
+            source=str(job.source),
+        )
+    store.close()
+    return MemberSpec(
+        task=job.load_task(),
+        inputs=list(job.inputs),
+        systems=lambda: list(reload().systems.values()),
+        url=store.url,
+        cluster=store.cluster,
+        prefix=store.keys.prefix,
+        config=job.config,
+        engine=job.engine,
+        default_output_system=job.default_output,
+        lease_ms=int(store.lease_ms),
+        retry_s=float(store.retry_s),
+        exit_when_done=True,
+    )
+
+
+def run_cli(job: Any, reload: Callable[[], Any], containers: int, member_argv: Sequence[str]) -> int:
+    """``tailrace run`` for a Redis-coordinated job: one member in this process, or
+    (``containers`` > 1) that many member processes running ``member_argv``."""
+    spec = member_spec_from_job(job, reload)
+    if containers > 1:
+        codes = run_local_containers(containers, member_argv)
+        failed = [c for c in codes if c != 0]
+        if failed:
+            log.error("%d of %d containers failed (exit codes %s)", len(failed), containers, codes)
+        return max((abs(c) for c in codes), default=0)
+    result = run_member(spec)
+    print(
+        f"member {result.member} of job {job.name!r} left ({result.reason}): {result.processed:,} messages "
+        f"processed in {result.runs} container runs; partitions finished here: {sorted(result.done)}",
+        flush=True,
+    )
+    return 0
+
+
+__all__ = [
+    "Member",
+    "MemberResult",
+    "MemberSpec",
+    "member_spec_from_job",
+    "run_cli",
+    "run_local_containers",
+    "run_member",
+]

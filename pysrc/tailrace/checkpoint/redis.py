@@ -140,6 +140,9 @@ class Leases:
 class RedisCheckpointStore(CheckpointStore):
     """Committed entry ids in Redis, each write fenced by the partition's lease.
 
+    Options (also the keys of a job file's ``[checkpoints]`` table with ``type =
+    "redis"``): ``url``, ``cluster``, ``prefix``, ``lease_ms``, ``retry_s``.
+
     ``leases``: the lease values (``ssp -> "member|token"``) this container writes
     with, as held by a distributed member. Without it, ``inputs`` names the
     partitions and ``open`` acquires their leases itself (CheckpointError when
@@ -161,10 +164,9 @@ class RedisCheckpointStore(CheckpointStore):
         lease_ms: int = 10000,
         retry_s: float = 60.0,
     ) -> None:
-        if leases is None and inputs is None:
-            raise ConfigError(
-                "a Redis checkpoint store needs its partitions: leases or inputs", key="checkpoints"
-            )
+        for key, value, low in (("lease_ms", lease_ms, 100), ("retry_s", retry_s, 0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+                raise ConfigError(f"expected a number >= {low}, got {value!r}", key=key)
         self.url = url
         self.cluster = cluster
         self.keys = Keys(prefix)
@@ -183,29 +185,13 @@ class RedisCheckpointStore(CheckpointStore):
         self._renewer: threading.Thread | None = None
         self.fenced: set[SystemStreamPartition] = set()
 
-    @classmethod
-    def from_table(
-        cls,
-        table: Mapping[str, Any],
-        *,
-        leases: Mapping[SystemStreamPartition, str] | None = None,
-        inputs: Sequence[SystemStreamPartition] | None = None,
-    ) -> RedisCheckpointStore:
-        """Build from a TOML ``[checkpoints]`` table (``type = "redis"``, ``url``,
-        ``cluster``, ``prefix``, ``lease_ms``, ``retry_s``)."""
-        allowed = {"url", "cluster", "prefix", "lease_ms", "retry_s"}
-        kwargs = {k: v for k, v in table.items() if k != "type"}
-        unknown = sorted(set(kwargs) - allowed)
-        if unknown:
-            raise ConfigError(
-                f"unknown key {unknown[0]!r} in [checkpoints]",
-                key=unknown[0],
-                allowed=", ".join(sorted(allowed)),
-            )
-        return cls(leases=leases, inputs=inputs, **kwargs)
-
     # -- CheckpointStore ----------------------------------------------------------
     def open(self, job_name: str) -> None:
+        if self._given is None and not self._inputs:
+            raise CheckpointError(
+                "a Redis checkpoint store needs its partitions (leases= or inputs=); jobs with "
+                '[checkpoints] type = "redis" run through tailrace.distributed (tailrace run does this)'
+            )
         check(self.client, self.url, CheckpointError)
         self._job = job_name
         if self._given is not None:
@@ -240,7 +226,7 @@ class RedisCheckpointStore(CheckpointStore):
             raise CheckpointError("the Redis checkpoint store is not open")
         return self._job
 
-    def committed(self) -> dict[SystemStreamPartition, Offset]:
+    def read_committed(self) -> dict[SystemStreamPartition, Offset]:
         """The committed entry id of every partition of this store (read from Redis)."""
         job = self._require_job()
         keys = [self.keys.checkpoint(s.stream, s.partition, job) for s in self._inputs]
@@ -268,7 +254,7 @@ class RedisCheckpointStore(CheckpointStore):
         # Checkpoints are kept per partition, not per task: hand back every known
         # partition's id; the container keeps those of the task's own partitions.
         if self._committed is None:
-            self._committed = self.committed()
+            self._committed = self.read_committed()
         return dict(self._committed)
 
     def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:

@@ -21,6 +21,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from .._core import Envelope
@@ -237,7 +238,8 @@ class RedisSystem(System):
     ``batch``: entries per XREAD / XADD pipeline; ``buffer``: entries read ahead
     per partition; ``codec``: ``json`` (default), ``str`` or ``bytes``.
 
-    Raises InputError naming the URL when Redis does not answer at start.
+    The keyword arguments are also the options of a job file's ``[systems.NAME]``
+    table with ``type = "redis"``. Raises InputError naming the URL when Redis does not answer at start.
     """
 
     def __init__(
@@ -280,32 +282,6 @@ class RedisSystem(System):
         self._own_client = client is None
         self.client = client if client is not None else connect(url, cluster=cluster)
         check(self.client, url, lambda msg: InputError(msg, source=f"system {name!r}"))
-
-    @classmethod
-    def from_table(cls, name: str, table: Mapping[str, Any]) -> RedisSystem:
-        """Build from a TOML table (``[systems.NAME] type = "redis"`` and the keyword
-        arguments above, e.g. ``url``, ``streams = {in = 8}``); ConfigError on an unknown key."""
-        allowed = {
-            "url",
-            "cluster",
-            "prefix",
-            "streams",
-            "output_partitions",
-            "batch",
-            "buffer",
-            "block_ms",
-            "codec",
-            "retry_s",
-        }
-        kwargs = {k: v for k, v in table.items() if k != "type"}
-        unknown = sorted(set(kwargs) - allowed)
-        if unknown:
-            raise ConfigError(
-                f"unknown key {unknown[0]!r} in [systems.{name}]",
-                key=unknown[0],
-                allowed=", ".join(sorted(allowed)),
-            )
-        return cls(name, **kwargs)
 
     # -- streams --------------------------------------------------------------
     def _known_partitions(self, stream: str) -> int | None:
@@ -364,8 +340,7 @@ class RedisSystem(System):
         parts = range(self.partitions(stream)) if partition is None else [partition]
         for p in parts:
             retrying(
-                lambda p=p: self.client.xadd(self.keys.stream(stream, p), {EOS_FIELD: b"1"}),
-                f"ending {stream}",
+                partial(self.client.xadd, self.keys.stream(stream, p), {EOS_FIELD: b"1"}), f"ending {stream}"
             )
 
     def read_all(self, stream: str, partition: int) -> list[tuple[str, Any, Any]]:
