@@ -266,6 +266,10 @@ class Member:
                     self._wake.wait(self.spec.lease_ms / 3000)
                     continue
                 self._run_container(owned)
+        except connection_errors() as e:
+            raise CheckpointError(
+                f"Redis at {self.spec.url} stayed unreachable for {self.spec.retry_s} s: {e}"
+            ) from e
         finally:
             self._hb_stop.set()
             hb.join()
