@@ -285,9 +285,8 @@ def main() -> None:
         f"{n:,} messages of 100 bytes, {args.partitions} partitions, batch {args.batch}, "
         f"fsync {'always' if args.fsync else 'off'}, {os.cpu_count()} CPUs"
     )
-    print(
-        f"{'run':<44} {'msg/s':>10} {'seconds':>8} {'redis CPU s':>12} {'client CPU s':>13} {'redis busy':>11}"
-    )
+    head = ("run", "msg/s", "seconds", "redis CPU s", "client CPU s", "redis busy")
+    print(f"{head[0]:<44} {head[1]:>10} {head[2]:>8} {head[3]:>12} {head[4]:>13} {head[5]:>10}")
     for r in rows:
         print(
             f"{r['run']:<44} {r['msg_per_s']:>10,} {r['seconds']:>8.2f} {r['redis_cpu_s']:>12.2f} "

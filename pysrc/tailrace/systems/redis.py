@@ -8,9 +8,10 @@ system's codec (``json``, ``str`` or ``bytes``). An entry with field ``eos``
 marks the end of a partition: readers stop there and it is never processed.
 
 Readers read ahead on their own thread (``XREAD COUNT batch BLOCK``) into a
-bounded buffer; producers buffer ``XADD``s and send them in one pipeline per
-``batch`` messages or on ``flush()``, which returns only once Redis acknowledged
-every entry (durable on disk when the server runs with ``appendfsync always``).
+bounded buffer; producers buffer entries and append each partition's share with
+one Lua script call (a loop of ``XADD``) per ``batch`` messages or on ``flush()``,
+which returns only once Redis acknowledged every entry (durable on disk when the
+server runs with ``appendfsync always``).
 While Redis is unreachable both retry with backoff; nothing is lost or skipped.
 """
 
@@ -25,7 +26,7 @@ from functools import partial
 from typing import Any
 
 from .._core import Envelope
-from .._redisio import DEFAULT_URL, Keys, check, connect, connection_errors, entry_id, retrying, text
+from .._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
 from ..errors import ConfigError, InputError
 from ..types import Offset, SystemStreamPartition
 from .base import PartitionReader, Producer, System
@@ -172,14 +173,17 @@ class _RedisReader(PartitionReader):
 
 
 class _RedisProducer(Producer):
-    """Buffers XADDs; sends them as one pipeline per ``batch`` entries or on flush()."""
+    """Buffers entries per partition; sends them as one XADD_BATCH script call per
+    partition when ``batch`` entries wait, and on flush()."""
 
     def __init__(self, system: RedisSystem) -> None:
         self._system = system
         self._encode = _encoder(system.codec)
         self._lock = threading.Lock()
-        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._pending: dict[str, list[Any]] = {}
+        self._count = 0
         self._partitions: dict[str, int] = {}
+        self._script = Scripts(system.client).xadd_batch
         self.sent = 0
 
     def partitions(self, stream: str) -> int:
@@ -190,12 +194,17 @@ class _RedisProducer(Producer):
         return n
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
-        fields: dict[str, Any] = {"m": self._encode(message)}
-        if key is not None:
-            fields["k"] = self._encode(key)
+        m = self._encode(message)
+        k: Any = "-" if key is None else b"=" + _as_bytes(self._encode(key))
+        skey = self._system.keys.stream(stream, partition)
         with self._lock:
-            self._pending.append((self._system.keys.stream(stream, partition), fields))
-            if len(self._pending) >= self._system.batch:
+            args = self._pending.get(skey)
+            if args is None:
+                args = self._pending[skey] = []
+            args.append(m)
+            args.append(k)
+            self._count += 1
+            if self._count >= self._system.batch:
                 self._flush_locked()
 
     def flush(self) -> None:
@@ -203,29 +212,26 @@ class _RedisProducer(Producer):
             self._flush_locked()
 
     def _flush_locked(self) -> None:
-        if not self._pending:
-            return
-        pending = self._pending
-        client = self._system.client
-
-        def send_all() -> None:
-            # A pipeline is consumed by execute(), so a retry rebuilds it. A retry
-            # after a lost reply can append an entry twice: output is at least once.
-            pipe = client.pipeline(transaction=False)
-            for key, fields in pending:
-                pipe.xadd(key, fields)
-            pipe.execute()
-
-        retrying(
-            send_all,
-            f"writing {len(pending)} entries to {self._system.name}",
-            deadline_s=self._system.retry_s,
-        )
-        self.sent += len(pending)
-        self._pending = []
+        # One script per partition: atomic (all of a partition's batch or none of it),
+        # so a retry after a refused connection duplicates nothing; only a reply lost
+        # after the write can duplicate a batch (output is at least once).
+        while self._pending:
+            skey, args = next(iter(self._pending.items()))
+            retrying(
+                partial(self._script, keys=[skey], args=args),
+                f"writing {len(args) // 2} entries to {self._system.name}",
+                deadline_s=self._system.retry_s,
+            )
+            del self._pending[skey]
+            self._count -= len(args) // 2
+            self.sent += len(args) // 2
 
     def close(self) -> None:
         self.flush()
+
+
+def _as_bytes(v: bytes | str) -> bytes:
+    return v if isinstance(v, bytes) else v.encode()
 
 
 class RedisSystem(System):
