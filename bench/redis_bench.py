@@ -104,6 +104,16 @@ def raw_baselines(server: Server, partitions: int, per_partition: int, batch: in
                     pipe.xadd(key, {"m": "x" * 100})
                 pipe.execute()
 
+    from tailrace._redisio import XADD_BATCH
+
+    script = client.register_script(XADD_BATCH)
+
+    def xadd_lua() -> None:  # what the tailrace producer sends: one script call per batch
+        for p in range(partitions):
+            key = f"raw:{{lua:{p}}}:s"
+            for start in range(0, per_partition, batch):
+                script(keys=[key], args=["x" * 100, "-"] * min(batch, per_partition - start))
+
     def xread() -> None:
         for p in range(partitions):
             key, last = f"raw:{{in:{p}}}:s", "0-0"
@@ -113,7 +123,7 @@ def raw_baselines(server: Server, partitions: int, per_partition: int, batch: in
                     break
                 last = reply[0][1][-1][0]
 
-    def copy() -> None:  # the job's Redis work without tailrace
+    def copy() -> None:  # the job's Redis work without tailrace, in one thread
         for p in range(partitions):
             src, dst, last = f"raw:{{in:{p}}}:s", f"raw:{{out:{p}}}:s", "0-0"
             while True:
@@ -121,17 +131,19 @@ def raw_baselines(server: Server, partitions: int, per_partition: int, batch: in
                 if not reply:
                     break
                 entries = reply[0][1]
-                pipe = client.pipeline(transaction=False)
+                args: list[Any] = []
                 for _, fields in entries:
-                    pipe.xadd(dst, {"m": fields[b"m"]})
-                pipe.execute()
+                    args += [fields[b"m"], "-"]
+                script(keys=[dst], args=args)
                 last = entries[-1][0]
 
-    for name, fn in (
+    runs = (
         ("redis-py XADD pipelines", xadd),
+        ("redis-py XADD Lua batches", xadd_lua),
         ("redis-py XREAD batches", xread),
-        ("redis-py copy loop", copy),
-    ):
+        ("redis-py copy loop (XREAD + Lua XADD)", copy),
+    )
+    for name, fn in runs:
         secs, server_cpu, client_cpu = measure(server, fn)
         rows.append(row(name, n, secs, server_cpu, client_cpu))
     client.flushdb()
