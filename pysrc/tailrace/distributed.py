@@ -44,7 +44,7 @@ from ._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_err
 from .checkpoint.redis import Leases, RedisCheckpointStore
 from .config import parse_config
 from .container import Container
-from .errors import CheckpointError, ConfigError, FencedError
+from .errors import CheckpointError, ConfigError, FencedError, TailraceError
 from .systems.base import System
 from .types import SystemStreamPartition, parse_system_stream
 
@@ -311,7 +311,9 @@ class Member:
             container.stop()
         try:
             result = container.run()
-        except FencedError as e:
+        except TailraceError as e:
+            if _fenced(e) is None:
+                raise
             self.result.fenced += 1
             log.warning("member %s: %s; re-planning", self.id, e)
             with self._lease_lock:
@@ -337,6 +339,18 @@ class Member:
         c = self._container
         if c is not None:
             c.stop()
+
+
+def _fenced(error: BaseException) -> FencedError | None:
+    """The FencedError that caused ``error`` (an engine may wrap it), if any."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, FencedError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult:
