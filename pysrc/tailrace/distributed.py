@@ -5,7 +5,7 @@ Each process runs one :class:`Member`. Members register in a sorted set
 and agree, without talking to each other, on a deterministic assignment:
 partition ``p`` belongs to the ``(p mod n)``-th live member (ids sorted). A
 member works on a partition only while it holds the partition's lease (``SET NX
-PX`` with a fencing token from ``INCR``, renewed every ``lease_ms / 3``); every
+PX`` with a fencing token from ``INCR``, renewed every heartbeat); every
 checkpoint write checks that lease (see ``tailrace.checkpoint.redis``), so two
 containers never commit for the same partition, and a container that lost a
 lease (crash, pause, network split) can never commit for it again.
@@ -58,7 +58,9 @@ class MemberSpec:
     ``systems`` is called for every container a member starts (a container closes
     its systems when it ends). ``url``/``cluster``/``prefix`` locate the Redis that
     holds checkpoints, leases and membership (it need not hold the input streams).
-    ``lease_ms`` bounds how long a crashed member's partitions wait for a new owner.
+    ``lease_ms`` bounds how long a crashed member's partitions wait for a new owner;
+    every ``heartbeat_ms`` a member renews its leases and looks at the membership
+    (so a join or a graceful leave is acted on within about one heartbeat).
     """
 
     task: Any
@@ -71,6 +73,7 @@ class MemberSpec:
     engine: str = "c"
     default_output_system: str | None = None
     lease_ms: int = 10000
+    heartbeat_ms: int | None = None  # default: lease_ms / 3, at most 1000
     member_id: str | None = None
     exit_when_done: bool = True
     retry_s: float = 60.0
@@ -101,6 +104,12 @@ class Member:
         if spec.lease_ms < 100:
             raise ConfigError(f"{spec.lease_ms} is too short", key="lease_ms", allowed="an integer >= 100")
         self.spec = spec
+        self.heartbeat_s = (spec.heartbeat_ms or min(spec.lease_ms // 3, 1000)) / 1000
+        if not 0 < self.heartbeat_s * 1000 <= spec.lease_ms / 2:
+            raise ConfigError(
+                f"heartbeat_ms {spec.heartbeat_ms} must be positive and at most half of lease_ms",
+                key="heartbeat_ms",
+            )
         self.config = parse_config(spec.config)
         self.job = self.config.job_name
         self.id = spec.member_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -215,8 +224,7 @@ class Member:
             c.stop()
 
     def _heartbeat_loop(self) -> None:
-        interval = self.spec.lease_ms / 3000
-        while not self._hb_stop.wait(interval):
+        while not self._hb_stop.wait(self.heartbeat_s):
             try:
                 members = self._heartbeat(self.spec.lease_ms)
                 lost = self.leases.renew()
@@ -263,7 +271,7 @@ class Member:
                     self._release(p)
                 owned = sorted(p for p in wanted if self._owned(p) or self._try_acquire(p))
                 if not owned:
-                    self._wake.wait(self.spec.lease_ms / 3000)
+                    self._wake.wait(self.heartbeat_s)
                     continue
                 self._run_container(owned)
         except connection_errors() as e:

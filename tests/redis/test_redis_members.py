@@ -283,3 +283,28 @@ def test_run_local_containers_starts_n_members(redis_server: RedisServer, tmp_pa
     assert codes == [0, 0]
     check_complete(outputs(system), 50)
     system.close()
+
+
+def test_a_graceful_leave_hands_partitions_over_without_replay(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # rule 19 across containers: SIGTERM commits and releases, so the other member takes
+    # over at its next heartbeat (long before the 60 s lease would expire), nothing twice
+    system = setup_streams(redis_server.url)
+    fill(system, 0, 150, end=True)
+    spec = {"url": redis_server.url, "job": "leave", "partitions": P, "lease_ms": 60000, "task": "slow"}
+    logs = [tmp_path / f"m{i}.log" for i in range(2)]
+    procs = [spawn_member(spec, log) for log in logs]
+    try:
+        leaving, staying = procs
+        name = f"m{leaving.pid}"
+        assert wait_for(lambda: sum(m["by"] == name for m in outputs(system)) >= 30, 30)
+        leaving.send_signal(signal.SIGTERM)
+        left = finish([leaving], [logs[0]], timeout=15)[0]
+        assert left["reason"] == "stop"
+        finish([staying], [logs[1]], timeout=40)  # would wait out the lease without the release
+    finally:
+        kill_all(procs)
+    copies = check_complete(outputs(system), 150)
+    assert max(copies.values()) == 1
+    system.close()
