@@ -86,6 +86,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between progress log lines when not on a terminal (default 5)",
     )
     run.add_argument(
+        "--containers",
+        type=int,
+        default=1,
+        metavar="N",
+        help='start N local containers sharing the partitions (needs [checkpoints] type = "redis")',
+    )
+    run.add_argument(
         "--metrics-port",
         type=int,
         metavar="PORT",
@@ -135,6 +142,8 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
+    if args.containers != 1 or _is_distributed(spec):
+        return _run_distributed(args, spec)
     container = spec.container()
     if args.metrics_port is not None:
         _serve_prometheus(container, args.metrics_port)
@@ -201,6 +210,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     result: RunResult = box["result"]
     _print_summary(spec, container, result, time.monotonic() - started, sys.stdout)
     return 0
+
+
+def _is_distributed(spec: JobSpec) -> bool:
+    table = spec.tree.get("checkpoints") or {}
+    return isinstance(table, dict) and table.get("type") == "redis"
+
+
+def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
+    """Checkpoints in Redis: run as a member of the job (see tailrace.distributed)."""
+    from .distributed import run_cli
+
+    argv = [sys.executable, "-m", "tailrace", "--log-level", args.log_level, "run", args.job, "--no-progress"]
+    if args.engine:
+        argv += ["--engine", args.engine]
+    for item in args.config:
+        argv += ["--config", item]
+    return run_cli(spec, lambda: _load(args), args.containers, argv)
 
 
 def _log_resume(spec: JobSpec) -> None:

@@ -97,6 +97,19 @@ class CheckpointError(TailraceError):
     """The checkpoint store is unusable: corrupt, locked by another container, unreachable."""
 
 
+class FencedError(CheckpointError):
+    """A checkpoint write was refused because the writer no longer holds the
+    partition's lease (another container owns it now), or because it would move
+    the committed offset backwards. The writer must stop processing that partition.
+
+    ``partition`` names the partition (``system.stream[p]``) when known.
+    """
+
+    def __init__(self, message: str, *, partition: str | None = None) -> None:
+        self.partition = partition
+        super().__init__(f"{partition}: {message}" if partition else message)
+
+
 class InputError(TailraceError):
     """Bad input: missing file or directory, unparseable line, partition gap.
 

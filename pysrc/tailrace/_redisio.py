@@ -1,0 +1,267 @@
+"""Shared Redis plumbing: connections, key layout, Lua scripts, retries.
+
+Key layout (``P`` is the prefix, default ``tr``). Everything about one partition
+carries the hash tag ``{stream:p}``, so on a Redis Cluster a partition's stream,
+its checkpoint, its lease and its fencing counter live in one slot and one Lua
+script can check the lease and write the checkpoint atomically::
+
+    P:{stream:p}:s              the partition's stream (XADD / XREAD)
+    P:{stream:p}:ckpt:JOB       committed entry id of JOB
+    P:{stream:p}:lease:JOB      "member|token" while a container owns it (PX ttl)
+    P:{stream:p}:fence:JOB      fencing counter (INCR on every acquisition)
+    P:{stream:p}:done:JOB       set once JOB processed the partition to its end
+    P:meta:stream:partitions    partition count of a stream
+    P:{job:JOB}:members         sorted set of live members (score: expiry, ms)
+
+Redis is imported lazily so that tailrace works without the ``redis`` extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+
+log = logging.getLogger("tailrace.redis")
+
+T = TypeVar("T")
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+ENTRY_ID = re.compile(r"^(\d+)-(\d+)$")
+
+
+def _redis() -> Any:
+    try:
+        import redis
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError("the redis system needs redis-py: pip install 'tailrace[redis]'", key="type") from e
+    return redis
+
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "Redis is (temporarily) unreachable"."""
+    r = _redis()
+    errs: list[type[BaseException]] = [r.exceptions.ConnectionError, r.exceptions.TimeoutError]
+    for name in ("ClusterDownError", "TryAgainError", "MasterDownError", "BusyLoadingError"):
+        cls = getattr(r.exceptions, name, None)
+        if cls is not None:
+            errs.append(cls)
+    return tuple(errs)
+
+
+def connect(url: str, *, cluster: bool = False, socket_timeout: float = 10.0) -> Any:
+    """A redis-py client (``redis.Redis`` or ``redis.cluster.RedisCluster``) for ``url``.
+
+    ``url``: ``redis://host:port/db``, ``rediss://...`` or ``unix:///path/to/sock?db=0``.
+    Nothing is sent yet; :func:`check` verifies the server answers.
+    """
+    r = _redis()
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(
+            f"{url!r} is not a Redis URL", key="url", allowed="redis://host:port/db or unix:///path?db=N"
+        )
+    kw: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": 5.0}
+    if cluster:
+        if url.startswith("unix://"):
+            raise ConfigError("a Redis Cluster is reached over TCP, not a unix socket", key="url")
+        # Our own retry loops handle outages; keep redis-py's own attempts short.
+        return r.cluster.RedisCluster.from_url(url, **kw)
+    return r.Redis.from_url(url, **kw)
+
+
+def check(client: Any, url: str, error: Callable[[str], BaseException]) -> None:
+    """PING the server; raise ``error(message naming the URL)`` when it does not answer."""
+    try:
+        client.ping()
+    except connection_errors() as e:
+        raise error(f"Redis at {url} is unreachable: {e}") from e
+    except _redis().exceptions.RedisError as e:
+        raise error(f"Redis at {url} refused PING: {e}") from e
+
+
+def retrying(
+    fn: Callable[[], T],
+    what: str,
+    *,
+    deadline_s: float = 60.0,
+    stop: Callable[[], bool] | None = None,
+) -> T:
+    """Call ``fn`` until it succeeds, backing off (10 ms doubling to 1 s) while Redis is
+    unreachable, for at most ``deadline_s``; then re-raise the last connection error.
+    Any other error is raised at once. ``stop()`` true aborts the wait early."""
+    errors = connection_errors()
+    delay = 0.01
+    give_up = time.monotonic() + deadline_s
+    warned = False
+    while True:
+        try:
+            return fn()
+        except errors as e:
+            if time.monotonic() + delay > give_up or (stop is not None and stop()):
+                raise
+            if not warned:
+                log.warning("%s: Redis unreachable (%s), retrying", what, e)
+                warned = True
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def entry_id(value: Any, where: str) -> tuple[int, int]:
+    """Parse a stream entry id ``"ms-seq"`` (str or bytes); ValueError naming ``where``."""
+    if isinstance(value, bytes):
+        value = value.decode()
+    m = ENTRY_ID.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise ValueError(f"{where}: {value!r} is not a Redis stream entry id ('ms-seq')")
+    return int(m.group(1)), int(m.group(2))
+
+
+class Keys:
+    """The key layout above, for one prefix."""
+
+    def __init__(self, prefix: str = "tr") -> None:
+        if not prefix or any(c in prefix for c in "{} "):
+            raise ConfigError(f"{prefix!r} is not a usable key prefix", key="prefix")
+        self.prefix = prefix
+
+    def _tag(self, stream: str, partition: int) -> str:
+        return f"{self.prefix}:{{{stream}:{partition}}}"
+
+    def stream(self, stream: str, partition: int) -> str:
+        return f"{self._tag(stream, partition)}:s"
+
+    def checkpoint(self, stream: str, partition: int, job: str) -> str:
+        return f"{self._tag(stream, partition)}:ckpt:{job}"
+
+    def lease(self, stream: str, partition: int, job: str) -> str:
+        return f"{self._tag(stream, partition)}:lease:{job}"
+
+    def fence(self, stream: str, partition: int, job: str) -> str:
+        return f"{self._tag(stream, partition)}:fence:{job}"
+
+    def done(self, stream: str, partition: int, job: str) -> str:
+        return f"{self._tag(stream, partition)}:done:{job}"
+
+    def partitions(self, stream: str) -> str:
+        return f"{self.prefix}:meta:{stream}:partitions"
+
+    def members(self, job: str) -> str:
+        return f"{self.prefix}:{{job:{job}}}:members"
+
+
+# -- Lua ------------------------------------------------------------------------
+# Entry ids compare as (ms, seq) pairs of integers; both parts fit a double for
+# any realistic id (ms < 2^53, seq small), which is all Lua numbers offer.
+_LUA_CMP = """
+local function behind(new, old)
+  if not old then return false end
+  local nm, ns = string.match(new, '^(%d+)-(%d+)$')
+  local om, os = string.match(old, '^(%d+)-(%d+)$')
+  if not om then return false end
+  nm, ns, om, os = tonumber(nm), tonumber(ns), tonumber(om), tonumber(os)
+  return nm < om or (nm == om and ns < os)
+end
+"""
+
+# KEYS: lease, fence.  ARGV: member, ttl_ms.  -> token, or false when held.
+ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
+return token
+"""
+
+# KEYS: lease.  ARGV: value, ttl_ms.  -> 1 renewed, 0 lost.
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS: lease.  ARGV: value.  -> 1 released, 0 not ours.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS: lease_1, ckpt_1, lease_2, ckpt_2, ...  ARGV: value_1, id_1, value_2, id_2, ...
+# -> {0} written; {1, i} lease i not held with that token; {2, i, stored} id i behind.
+# Every check runs before any write: all or nothing.
+COMMIT = (
+    _LUA_CMP
+    + """
+local n = #KEYS / 2
+for i = 1, n do
+  if redis.call('GET', KEYS[2*i-1]) ~= ARGV[2*i-1] then return {1, i} end
+  local old = redis.call('GET', KEYS[2*i])
+  if behind(ARGV[2*i], old) then return {2, i, old} end
+end
+for i = 1, n do redis.call('SET', KEYS[2*i], ARGV[2*i]) end
+return {0}
+"""
+)
+
+# KEYS: lease, done.  ARGV: value.  -> 1 marked, 0 lease not held.
+MARK_DONE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], '1')
+return 1
+"""
+
+# KEYS: members.  ARGV: member, ttl_ms (0: leave).  -> live members after the update.
+# Uses the server's clock, so members' clocks need not agree.
+HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if tonumber(ARGV[2]) > 0 then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], 10 * tonumber(ARGV[2]) + 60000)
+else
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+
+
+# KEYS: one stream.  ARGV: message_1, key_1, message_2, key_2, ...; a key is "-" (none)
+# or "=" followed by the encoded key. Appends every entry in order, in one command:
+# the producer's batch costs one round trip and one command parse per partition.
+XADD_BATCH = """
+for i = 1, #ARGV, 2 do
+  local k = ARGV[i + 1]
+  if k == '-' then
+    redis.call('XADD', KEYS[1], '*', 'm', ARGV[i])
+  else
+    redis.call('XADD', KEYS[1], '*', 'm', ARGV[i], 'k', string.sub(k, 2))
+  end
+end
+return #ARGV / 2
+"""
+
+
+class Scripts:
+    """The Lua scripts registered on one client (EVALSHA with automatic reload)."""
+
+    def __init__(self, client: Any) -> None:
+        self.acquire = client.register_script(ACQUIRE)
+        self.renew = client.register_script(RENEW)
+        self.release = client.register_script(RELEASE)
+        self.commit = client.register_script(COMMIT)
+        self.mark_done = client.register_script(MARK_DONE)
+        self.heartbeat = client.register_script(HEARTBEAT)
+        self.xadd_batch = client.register_script(XADD_BATCH)
+
+
+def text(value: Any) -> str:
+    """A reply (bytes or str) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,481 @@
+"""Several containers of one job sharing its partitions through Redis.
+
+Each process runs one :class:`Member`. Members register in a sorted set
+(``PREFIX:{job:JOB}:members``, score = heartbeat expiry on the server's clock)
+and agree, without talking to each other, on a deterministic assignment:
+partition ``p`` belongs to the ``(p mod n)``-th live member (ids sorted). A
+member works on a partition only while it holds the partition's lease (``SET NX
+PX`` with a fencing token from ``INCR``, renewed every heartbeat); every
+checkpoint write checks that lease (see ``tailrace.checkpoint.redis``), so two
+containers never commit for the same partition, and a container that lost a
+lease (crash, pause, network split) can never commit for it again.
+
+A member runs an ordinary :class:`~tailrace.container.Container` over the
+partitions it owns. When membership changes or a lease is lost, it stops that
+container gracefully (in-flight work finishes, the final commit runs, fenced
+for lost partitions), releases what is no longer assigned to it, acquires what
+is newly assigned once the previous owner released it or its lease expired, and
+starts a new container. A crashed member's partitions move after ``lease_ms``.
+Guarantee: at least once (rule 20); duplicates are bounded by what a container
+processed after its last commit.
+
+A partition whose input ended (end-of-stream entry, see ``RedisSystem.end_stream``)
+and was committed to its end is marked done; with ``exit_when_done`` every member
+exits once every partition of the job is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from ._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, retrying, text
+from .checkpoint.redis import Leases, RedisCheckpointStore
+from .config import parse_config
+from .container import Container
+from .errors import CheckpointError, ConfigError, FencedError, TailraceError
+from .systems.base import System
+from .types import SystemStreamPartition, parse_system_stream
+
+log = logging.getLogger("tailrace.distributed")
+
+
+@dataclass
+class MemberSpec:
+    """What one member runs.
+
+    ``systems`` is called for every container a member starts (a container closes
+    its systems when it ends). ``url``/``cluster``/``prefix`` locate the Redis that
+    holds checkpoints, leases and membership (it need not hold the input streams).
+    ``lease_ms`` bounds how long a crashed member's partitions wait for a new owner;
+    every ``heartbeat_ms`` a member renews its leases and looks at the membership
+    (so a join or a graceful leave is acted on within about one heartbeat).
+    """
+
+    task: Any
+    inputs: Sequence[str]
+    systems: Callable[[], Sequence[System]]
+    url: str = DEFAULT_URL
+    cluster: bool = False
+    prefix: str = "tr"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    engine: str = "c"
+    default_output_system: str | None = None
+    lease_ms: int = 10000
+    heartbeat_ms: int | None = None  # default: lease_ms / 3, at most 1000
+    member_id: str | None = None
+    exit_when_done: bool = True
+    retry_s: float = 60.0
+
+
+@dataclass
+class MemberResult:
+    """What :meth:`Member.run` returns."""
+
+    member: str
+    processed: int = 0  # messages processed by this member's containers
+    runs: int = 0  # containers started
+    fenced: int = 0  # containers stopped because a commit was fenced
+    done: list[int] = field(default_factory=list)  # partitions this member finished
+    reason: str = "stop"  # "stop" or "done" (every partition of the job is done)
+
+
+class Member:
+    """One container process of a distributed job (see the module docstring).
+
+    ``run()`` blocks until ``stop()`` (any thread, signal handlers) or, with
+    ``exit_when_done``, until every partition is done. Raises CheckpointError
+    naming the URL when Redis does not answer at start, and the container's error
+    (TaskError, ...) when user code fails; leases are released either way.
+    """
+
+    def __init__(self, spec: MemberSpec) -> None:
+        if spec.lease_ms < 100:
+            raise ConfigError(f"{spec.lease_ms} is too short", key="lease_ms", allowed="an integer >= 100")
+        self.spec = spec
+        self.heartbeat_s = (spec.heartbeat_ms or min(spec.lease_ms // 3, 1000)) / 1000
+        if not 0 < self.heartbeat_s * 1000 <= spec.lease_ms / 2:
+            raise ConfigError(
+                f"heartbeat_ms {spec.heartbeat_ms} must be positive and at most half of lease_ms",
+                key="heartbeat_ms",
+            )
+        self.config = parse_config(spec.config)
+        self.job = self.config.job_name
+        self.id = spec.member_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        if "|" in self.id:
+            raise ConfigError(f"member id {self.id!r} must not contain '|'", key="member_id")
+        self.keys = Keys(spec.prefix)
+        self.client = connect(spec.url, cluster=spec.cluster)
+        check(self.client, spec.url, CheckpointError)
+        self._scripts = Scripts(self.client)
+        self.leases = Leases(self.client, self.keys, self.job, self.id, spec.lease_ms, retry_s=spec.retry_s)
+        self.groups = self._resolve_partitions()
+        self.result = MemberResult(self.id)
+        self._members: list[str] = []
+        self._done: set[int] = set()
+        self._running: set[int] = set()
+        self._container: Container | None = None
+        self._stopping = False
+        self._wake = threading.Event()
+        self._lease_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._hb_stop = threading.Event()
+
+    def _resolve_partitions(self) -> dict[int, list[SystemStreamPartition]]:
+        systems = {s.name: s for s in self.spec.systems()}
+        try:
+            groups: dict[int, list[SystemStreamPartition]] = {}
+            for spec in self.spec.inputs:
+                try:
+                    ss = parse_system_stream(spec)
+                except ValueError as e:
+                    raise ConfigError(str(e), key="inputs") from None
+                system = systems.get(ss.system)
+                if system is None:
+                    raise ConfigError(f"input {spec!r} names unknown system {ss.system!r}", key="inputs")
+                for p in range(system.partitions(ss.stream)):
+                    groups.setdefault(p, []).append(SystemStreamPartition(ss.system, ss.stream, p))
+            if not groups:
+                raise ConfigError("a distributed job needs at least one input", key="inputs")
+            return groups
+        finally:
+            for s in systems.values():
+                s.close()
+
+    # -- membership and assignment ------------------------------------------------
+    def _heartbeat(self, ttl_ms: int) -> list[str]:
+        reply = self._scripts.heartbeat(keys=[self.keys.members(self.job)], args=[self.id, ttl_ms])
+        return sorted(text(m) for m in reply)
+
+    def assigned(self, members: Sequence[str] | None = None) -> set[int]:
+        """Partitions assigned to this member by the current membership (done ones excluded)."""
+        live = sorted(members if members is not None else self._members)
+        if self.id not in live:
+            return set()
+        me, n = live.index(self.id), len(live)
+        return {p for p in self.groups if p % n == me and p not in self._done}
+
+    def _owned(self, p: int) -> bool:
+        held = self.leases.held()
+        return all(s in held for s in self.groups[p])
+
+    def _try_acquire(self, p: int) -> bool:
+        with self._lease_lock:
+            for ssp in self.groups[p]:
+                if not self.leases.acquire(ssp):
+                    return False
+            return True
+
+    def _release(self, p: int) -> None:
+        with self._lease_lock:
+            for ssp in self.groups[p]:
+                self.leases.release(ssp)
+
+    def _refresh_done(self) -> None:
+        keys = [
+            (p, self.keys.done(s.stream, s.partition, self.job))
+            for p, ssps in self.groups.items()
+            for s in ssps
+        ]
+        values = retrying(
+            lambda: [self.client.get(k) for _, k in keys], "reading done marks", deadline_s=self.spec.retry_s
+        )
+        undone = {p for (p, _), v in zip(keys, values) if v is None}
+        self._done = set(self.groups) - undone
+
+    def _mark_done(self, partitions: Sequence[int]) -> None:
+        held = self.leases.held()
+        for p in partitions:
+            for s in self.groups[p]:
+                value = held.get(s)
+                if value is None:
+                    continue
+                keys = [
+                    self.keys.lease(s.stream, s.partition, self.job),
+                    self.keys.done(s.stream, s.partition, self.job),
+                ]
+                ok = retrying(partial(self._scripts.mark_done, keys=keys, args=[value]), f"marking {s} done")
+                if int(ok) != 1:
+                    log.warning(
+                        "member %s: %s ended but its lease was lost before it was marked done", self.id, s
+                    )
+                    break
+            else:
+                self.result.done.append(p)
+                log.info("member %s: partition %d done", self.id, p)
+
+    def _restart(self, why: str) -> None:
+        """Ask the running container to stop gracefully so that the loop re-plans."""
+        log.info("member %s: rebalancing (%s)", self.id, why)
+        self._wake.set()
+        c = self._container
+        if c is not None:
+            c.stop()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._hb_stop.wait(self.heartbeat_s):
+            try:
+                members = self._heartbeat(self.spec.lease_ms)
+                lost = self.leases.renew()
+            except connection_errors() as e:
+                log.warning("member %s: heartbeat failed (%r)", self.id, e)
+                continue
+            except Exception:  # keep heartbeating; a dead heartbeat thread would lose leases
+                log.exception("member %s: heartbeat failed", self.id)
+                continue
+            with self._state_lock:
+                changed = members != self._members
+                self._members = members
+                running = set(self._running)
+            if self._stopping:
+                continue
+            if lost & {s for p in running for s in self.groups[p]}:
+                self._restart("lease lost")
+                continue
+            wanted = self.assigned(members)
+            if running - wanted:
+                self._restart(f"members now {members}")
+                continue
+            gained = [p for p in sorted(wanted - running) if self._owned(p) or self._try_acquire(p)]
+            if gained or (changed and not running):
+                self._restart(f"acquired partitions {gained}" if gained else f"members now {members}")
+
+    # -- the loop -----------------------------------------------------------------
+    def run(self) -> MemberResult:
+        """Join, run containers over assigned partitions until stopped or done, leave."""
+        self._members = self._heartbeat(self.spec.lease_ms)
+        log.info("member %s joined job %r (members: %s)", self.id, self.job, self._members)
+        hb = threading.Thread(target=self._heartbeat_loop, name="tailrace-member-heartbeat", daemon=True)
+        hb.start()
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                self._refresh_done()
+                if self.spec.exit_when_done and self._done == set(self.groups):
+                    self.result.reason = "done"
+                    break
+                with self._state_lock:
+                    wanted = self.assigned()
+                for p in sorted(set(self.groups) - wanted):
+                    self._release(p)
+                owned = sorted(p for p in wanted if self._owned(p) or self._try_acquire(p))
+                if not owned:
+                    self._wake.wait(self.heartbeat_s)
+                    continue
+                self._run_container(owned)
+        except connection_errors() as e:
+            raise CheckpointError(
+                f"Redis at {self.spec.url} stayed unreachable for {self.spec.retry_s} s: {e}"
+            ) from e
+        finally:
+            self._hb_stop.set()
+            hb.join()
+            for p in list(self.groups):
+                self._release(p)
+            try:
+                self._heartbeat(0)  # leave: the others rebalance at their next heartbeat
+            except connection_errors() as e:
+                log.warning("member %s: could not leave cleanly (%r); its entry expires", self.id, e)
+            self.client.close()
+            log.info("member %s left job %r: %s", self.id, self.job, self.result)
+        return self.result
+
+    def _run_container(self, owned: list[int]) -> None:
+        ssps = [s for p in owned for s in self.groups[p]]
+        store = RedisCheckpointStore(
+            self.spec.url,
+            cluster=self.spec.cluster,
+            prefix=self.spec.prefix,
+            client=self.client,
+            leases={s: v for s, v in self.leases.held().items() if s in set(ssps)},
+            retry_s=self.spec.retry_s,
+        )
+        container = Container(
+            self.spec.task,
+            inputs=ssps,
+            systems=list(self.spec.systems()),
+            config=self.config,
+            checkpoints=store,
+            engine=self.spec.engine,
+            default_output_system=self.spec.default_output_system,
+        )
+        with self._state_lock:
+            self._container = container
+            self._running = set(owned)
+        self.result.runs += 1
+        log.info("member %s: running partitions %s", self.id, owned)
+        if self._stopping or self._wake.is_set():
+            container.stop()
+        try:
+            result = container.run()
+        except TailraceError as e:
+            if _fenced(e) is None:
+                raise
+            self.result.fenced += 1
+            log.warning("member %s: %s; re-planning", self.id, e)
+            with self._lease_lock:
+                for ssp in store.fenced:
+                    self.leases.forget(ssp)
+            return
+        finally:
+            with self._state_lock:
+                self._container = None
+                self._running = set()
+        self.result.processed += result.processed
+        if result.reason == "end_of_stream":
+            self._mark_done(owned)
+        elif result.reason == "shutdown":
+            log.info("member %s: the task requested shutdown; leaving", self.id)
+            self._stopping = True
+
+    def stop(self) -> None:
+        """Leave gracefully: the running container finishes and commits, leases are released.
+        Safe from any thread and from signal handlers."""
+        self._stopping = True
+        self._wake.set()
+        c = self._container
+        if c is not None:
+            c.stop()
+
+
+def _fenced(error: BaseException) -> FencedError | None:
+    """The FencedError that caused ``error`` (an engine may wrap it), if any."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, FencedError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult:
+    """Run one member until stopped or done; SIGINT/SIGTERM leave gracefully
+    (when called on the main thread with ``handle_signals``)."""
+    member = Member(spec)
+    restore: list[tuple[signal.Signals, Any]] = []
+    if handle_signals and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            restore.append((sig, signal.signal(sig, lambda *_: member.stop())))
+    try:
+        return member.run()
+    finally:
+        for sig, old in restore:
+            signal.signal(sig, old)
+
+
+def run_local_containers(
+    n: int, command: Sequence[str], *, env: Mapping[str, str] | None = None
+) -> list[int]:
+    """Start ``n`` copies of ``command`` (each one member) and wait for all of them.
+
+    Each copy gets ``TAILRACE_MEMBER_INDEX`` (0..n-1) in its environment. SIGINT and
+    SIGTERM are forwarded (graceful leave). Returns the exit codes.
+    """
+    if n < 1:
+        raise ConfigError(f"{n} is not a container count", key="--containers", allowed="an integer >= 1")
+    procs: list[subprocess.Popen[bytes]] = []
+    base = dict(os.environ if env is None else env)
+    for i in range(n):
+        procs.append(subprocess.Popen(list(command), env={**base, "TAILRACE_MEMBER_INDEX": str(i)}))
+
+    def forward(sig: int, _frame: Any) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+
+    restore: list[tuple[signal.Signals, Any]] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            restore.append((sig, signal.signal(sig, forward)))
+    try:
+        return [p.wait() for p in procs]
+    finally:
+        for sig, old in restore:
+            signal.signal(sig, old)
+
+
+def python_command(module: str, *args: str) -> list[str]:
+    """``[sys.executable, "-m", module, *args]`` (for :func:`run_local_containers`)."""
+    return [sys.executable, "-m", module, *args]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` seconds passed (tools and tests)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+# -- the command line (tailrace run JOB [--containers N]) -----------------------------
+def member_spec_from_job(job: Any, reload: Callable[[], Any]) -> MemberSpec:
+    """A MemberSpec for a loaded job file (``tailrace.jobfile.JobSpec``) whose
+    ``[checkpoints]`` table has ``type = "redis"``; ``reload()`` loads the job file
+    again (each container gets freshly built systems)."""
+    store = job.checkpoint_store()
+    if not isinstance(store, RedisCheckpointStore):
+        raise ConfigError(
+            'several containers of one job need checkpoints in Redis ([checkpoints] type = "redis")',
+            key="checkpoints.type",
+            source=str(job.source),
+        )
+    store.close()
+    return MemberSpec(
+        task=job.load_task(),
+        inputs=list(job.inputs),
+        systems=lambda: list(reload().systems.values()),
+        url=store.url,
+        cluster=store.cluster,
+        prefix=store.keys.prefix,
+        config=job.config,
+        engine=job.engine,
+        default_output_system=job.default_output,
+        lease_ms=int(store.lease_ms),
+        retry_s=float(store.retry_s),
+        exit_when_done=True,
+    )
+
+
+def run_cli(job: Any, reload: Callable[[], Any], containers: int, member_argv: Sequence[str]) -> int:
+    """``tailrace run`` for a Redis-coordinated job: one member in this process, or
+    (``containers`` > 1) that many member processes running ``member_argv``."""
+    spec = member_spec_from_job(job, reload)
+    if containers > 1:
+        codes = run_local_containers(containers, member_argv)
+        failed = [c for c in codes if c != 0]
+        if failed:
+            log.error("%d of %d containers failed (exit codes %s)", len(failed), containers, codes)
+        return max((abs(c) for c in codes), default=0)
+    result = run_member(spec)
+    print(
+        f"member {result.member} of job {job.name!r} left ({result.reason}): {result.processed:,} messages "
+        f"processed in {result.runs} container runs; partitions finished here: {sorted(result.done)}",
+        flush=True,
+    )
+    return 0
+
+
+__all__ = [
+    "Member",
+    "MemberResult",
+    "MemberSpec",
+    "member_spec_from_job",
+    "run_cli",
+    "run_local_containers",
+    "run_member",
+]

@@ -1,0 +1,389 @@
+"""Redis Streams as a tailrace system: one Redis stream per partition.
+
+Partition ``p`` of stream ``s`` is the Redis stream ``PREFIX:{s:p}:s`` (see
+``tailrace._redisio`` for the whole key layout); offsets are entry ids
+(``"1700000000000-0"``), compared as (ms, seq). An entry holds the message in
+field ``m`` and the key, when there is one, in field ``k``, both encoded by the
+system's codec (``json``, ``str`` or ``bytes``). An entry with field ``eos``
+marks the end of a partition: readers stop there and it is never processed.
+
+Readers read ahead on their own thread (``XREAD COUNT batch BLOCK``) into a
+bounded buffer; producers buffer entries and append each partition's share with
+one Lua script call (a loop of ``XADD``) per ``batch`` messages or on ``flush()``,
+which returns only once Redis acknowledged every entry (durable on disk when the
+server runs with ``appendfsync always``).
+While Redis is unreachable both retry with backoff; nothing is lost or skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from .._core import Envelope
+from .._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
+from ..errors import ConfigError, InputError
+from ..types import Offset, SystemStreamPartition
+from .base import PartitionReader, Producer, System
+
+log = logging.getLogger("tailrace.redis")
+
+EOS_FIELD = b"eos"
+CODECS = ("json", "str", "bytes")
+
+
+def _encoder(codec: str) -> Callable[[Any], bytes | str]:
+    if codec == "json":
+        return lambda v: json.dumps(v, separators=(",", ":"))
+    if codec == "str":
+        return lambda v: v if isinstance(v, (str, bytes)) else str(v)
+    return lambda v: v if isinstance(v, bytes) else str(v).encode()
+
+
+def _decoder(codec: str) -> Callable[[bytes], Any]:
+    if codec == "json":
+        return json.loads
+    if codec == "str":
+        return lambda b: b.decode()
+    return lambda b: b
+
+
+class _RedisReader(PartitionReader):
+    """Reads one partition on its own thread into a bounded buffer."""
+
+    def __init__(self, system: RedisSystem, ssp: SystemStreamPartition) -> None:
+        super().__init__(ssp)
+        self._system = system
+        self._key = system.keys.stream(ssp.stream, ssp.partition)
+        self._decode = _decoder(system.codec)
+        self._capacity = system.buffer
+        self._buf: deque[Envelope] = deque()
+        self._cond = threading.Condition()
+        self._last = "0-0"
+        self._eos = False
+        self._closed = False
+        self._starved = False
+        self._error: BaseException | None = None
+        self._wakeup: Callable[[], None] = lambda: None
+        self._thread: threading.Thread | None = None
+
+    def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
+        if after is not None:
+            try:
+                entry_id(after, str(self.ssp))
+            except ValueError as e:
+                raise InputError(
+                    f"committed offset {after!r} is not a Redis entry id", source=str(self.ssp)
+                ) from e
+            self._last = str(after)
+        self._wakeup = wakeup
+        self._thread = threading.Thread(target=self._run, name=f"tailrace-redis-read {self.ssp}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        client = self._system.client
+        s = self.ssp
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and len(self._buf) >= self._capacity:
+                        self._cond.wait()
+                    if self._closed or self._eos:
+                        return
+                    room = self._capacity - len(self._buf)
+                count = min(room, self._system.batch)
+                streams = {self._key: self._last}
+                reply = retrying(
+                    lambda: client.xread(streams, count=count, block=self._system.block_ms),  # noqa: B023
+                    f"reading {s}",
+                    deadline_s=self._system.retry_s,
+                    stop=lambda: self._closed,
+                )
+                if not reply:
+                    continue
+                entries = reply[0][1]
+                batch: list[Envelope] = []
+                eos = False
+                for raw_id, fields in entries:
+                    eid = text(raw_id)
+                    if EOS_FIELD in fields:
+                        eos = True
+                        break
+                    raw_key = fields.get(b"k")
+                    try:
+                        key = None if raw_key is None else self._decode(raw_key)
+                        message = self._decode(fields[b"m"])
+                    except (KeyError, ValueError, UnicodeDecodeError) as e:
+                        raise InputError(
+                            f"entry {eid} cannot be decoded with codec {self._system.codec!r}: {e!r}",
+                            source=f"{s} ({self._key})",
+                        ) from e
+                    batch.append(Envelope(s.system, s.stream, s.partition, eid, key, message))
+                    self._last = eid
+                with self._cond:
+                    self._buf.extend(batch)
+                    self._eos = eos
+                    wake = self._starved and (batch or eos)
+                    if wake:
+                        self._starved = False
+                if wake:
+                    self._wakeup()
+        except BaseException as e:  # noqa: BLE001 - handed to the loop thread by poll()
+            if not self._closed:
+                log.error("reader of %s failed: %r", s, e)
+            with self._cond:
+                self._error = e
+                wake = not self._closed
+            if wake:
+                self._wakeup()
+
+    def poll(self, max_messages: int) -> list[Any]:
+        with self._cond:
+            if self._error is not None and not self._buf:
+                err = self._error
+                if isinstance(err, InputError):
+                    raise err
+                raise InputError(f"reading from Redis failed: {err!r}", source=str(self.ssp)) from err
+            n = min(max_messages, len(self._buf))
+            if n == 0:
+                self._starved = True
+                return []
+            full = len(self._buf) >= self._capacity
+            out = [self._buf.popleft() for _ in range(n)]
+            if full:
+                self._cond.notify_all()
+            return out
+
+    def at_end(self) -> bool:
+        with self._cond:
+            return self._eos and not self._buf
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=self._system.block_ms / 1000 + 5)
+
+
+class _RedisProducer(Producer):
+    """Buffers entries per partition; sends them as one XADD_BATCH script call per
+    partition when ``batch`` entries wait, and on flush()."""
+
+    def __init__(self, system: RedisSystem) -> None:
+        self._system = system
+        self._encode = _encoder(system.codec)
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[Any]] = {}
+        self._count = 0
+        self._partitions: dict[str, int] = {}
+        self._script = Scripts(system.client).xadd_batch
+        self.sent = 0
+
+    def partitions(self, stream: str) -> int:
+        n = self._partitions.get(stream)
+        if n is None:
+            n = self._system.output_partitions(stream)
+            self._partitions[stream] = n
+        return n
+
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        m = self._encode(message)
+        k: Any = "-" if key is None else b"=" + _as_bytes(self._encode(key))
+        skey = self._system.keys.stream(stream, partition)
+        with self._lock:
+            args = self._pending.get(skey)
+            if args is None:
+                args = self._pending[skey] = []
+            args.append(m)
+            args.append(k)
+            self._count += 1
+            if self._count >= self._system.batch:
+                self._flush_locked()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        # One script per partition: atomic (all of a partition's batch or none of it),
+        # so a retry after a refused connection duplicates nothing; only a reply lost
+        # after the write can duplicate a batch (output is at least once).
+        while self._pending:
+            skey, args = next(iter(self._pending.items()))
+            retrying(
+                partial(self._script, keys=[skey], args=args),
+                f"writing {len(args) // 2} entries to {self._system.name}",
+                deadline_s=self._system.retry_s,
+            )
+            del self._pending[skey]
+            self._count -= len(args) // 2
+            self.sent += len(args) // 2
+
+    def close(self) -> None:
+        self.flush()
+
+
+def _as_bytes(v: bytes | str) -> bytes:
+    return v if isinstance(v, bytes) else v.encode()
+
+
+class RedisSystem(System):
+    """Partitioned streams in Redis (standalone server or Redis Cluster).
+
+    ``url``: ``redis://host:port/db`` or ``unix:///path?db=N``; ``cluster``: use
+    ``redis.cluster.RedisCluster``. ``streams``: partition counts of input streams
+    (otherwise read from Redis, as recorded by :meth:`create_stream`);
+    ``output_partitions``: count for an output stream Redis does not know yet.
+    ``batch``: entries per XREAD / XADD pipeline; ``buffer``: entries read ahead
+    per partition; ``codec``: ``json`` (default), ``str`` or ``bytes``.
+
+    The keyword arguments are also the options of a job file's ``[systems.NAME]``
+    table with ``type = "redis"``. Raises InputError naming the URL when Redis does not answer at start.
+    """
+
+    def __init__(
+        self,
+        name: str = "redis",
+        url: str = DEFAULT_URL,
+        *,
+        cluster: bool = False,
+        prefix: str = "tr",
+        streams: Mapping[str, int] | None = None,
+        output_partitions: int = 1,
+        batch: int = 1000,
+        buffer: int = 4000,
+        block_ms: int = 200,
+        codec: str = "json",
+        retry_s: float = 60.0,
+        client: Any = None,
+    ) -> None:
+        super().__init__(name)
+        if codec not in CODECS:
+            raise ConfigError(f"unknown codec {codec!r}", key="codec", allowed=", ".join(CODECS))
+        for key, value in (
+            ("batch", batch),
+            ("buffer", buffer),
+            ("block_ms", block_ms),
+            ("output_partitions", output_partitions),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"expected an integer >= 1, got {value!r}", key=key)
+        self.url = url
+        self.cluster = cluster
+        self.keys = Keys(prefix)
+        self.codec = codec
+        self.batch = batch
+        self.buffer = max(buffer, batch)
+        self.block_ms = block_ms
+        self.retry_s = retry_s
+        self._streams = dict(streams or {})
+        self._default_output_partitions = output_partitions
+        self._own_client = client is None
+        self.client = client if client is not None else connect(url, cluster=cluster)
+        check(self.client, url, lambda msg: InputError(msg, source=f"system {name!r}"))
+
+    # -- streams --------------------------------------------------------------
+    def _known_partitions(self, stream: str) -> int | None:
+        n = self._streams.get(stream)
+        if n is not None:
+            return n
+        raw = retrying(lambda: self.client.get(self.keys.partitions(stream)), f"reading metadata of {stream}")
+        if raw is None:
+            return None
+        n = int(raw)
+        self._streams[stream] = n
+        return n
+
+    def partitions(self, stream: str) -> int:
+        n = self._known_partitions(stream)
+        if n is None:
+            raise InputError(
+                f"Redis at {self.url} has no stream {stream!r} (create it with RedisSystem.create_stream "
+                f"or give its partition count in the system's 'streams' table)",
+                source=f"{self.name}.{stream}",
+            )
+        return n
+
+    def output_partitions(self, stream: str) -> int:
+        """Partition count of an output stream, recording the default for a new one."""
+        n = self._known_partitions(stream)
+        if n is None:
+            self.create_stream(stream, self._default_output_partitions, exist_ok=True)
+            n = self._known_partitions(stream)
+        assert n is not None
+        return n
+
+    def create_stream(self, stream: str, partitions: int, *, exist_ok: bool = False) -> None:
+        """Record ``stream`` with ``partitions`` partitions in Redis (ValueError if it exists
+        with another count, or at all unless ``exist_ok``)."""
+        if partitions < 1:
+            raise ValueError("partitions must be >= 1")
+        key = self.keys.partitions(stream)
+        created = retrying(lambda: self.client.set(key, partitions, nx=True), f"creating {stream}")
+        if not created:
+            existing = int(self.client.get(key))
+            if existing != partitions or not exist_ok:
+                raise ValueError(f"stream {stream!r} already exists in Redis with {existing} partitions")
+        self._streams[stream] = partitions if created else int(self.client.get(key))
+
+    def append(self, stream: str, partition: int, message: Any, key: Any = None) -> str:
+        """Append one message now (acknowledged by Redis); returns its entry id."""
+        enc = _encoder(self.codec)
+        fields: dict[str, Any] = {"m": enc(message)}
+        if key is not None:
+            fields["k"] = enc(key)
+        return text(self.client.xadd(self.keys.stream(stream, partition), fields))
+
+    def end_stream(self, stream: str, partition: int | None = None) -> None:
+        """Append the end-of-stream marker to one partition (or to all)."""
+        parts = range(self.partitions(stream)) if partition is None else [partition]
+        for p in parts:
+            retrying(
+                partial(self.client.xadd, self.keys.stream(stream, p), {EOS_FIELD: b"1"}), f"ending {stream}"
+            )
+
+    def read_all(self, stream: str, partition: int) -> list[tuple[str, Any, Any]]:
+        """Every (entry id, key, message) of a partition, end marker excluded (for tests and tools)."""
+        dec = _decoder(self.codec)
+        out: list[tuple[str, Any, Any]] = []
+        last = "-"
+        key = self.keys.stream(stream, partition)
+        while True:
+            entries = self.client.xrange(key, min=last, count=10000)
+            if last != "-":
+                entries = entries[1:]
+            if not entries:
+                return out
+            for raw_id, fields in entries:
+                if EOS_FIELD in fields:
+                    continue
+                k = fields.get(b"k")
+                out.append((text(raw_id), None if k is None else dec(k), dec(fields[b"m"])))
+            last = text(entries[-1][0])
+
+    # -- tailrace interface -----------------------------------------------------
+    def reader(self, ssp: SystemStreamPartition) -> PartitionReader:
+        n = self.partitions(ssp.stream)
+        if not 0 <= ssp.partition < n:
+            raise InputError(f"stream has {n} partitions, no partition {ssp.partition}", source=str(ssp))
+        return _RedisReader(self, ssp)
+
+    def producer(self) -> Producer:
+        return _RedisProducer(self)
+
+    def close(self) -> None:
+        if self._own_client:
+            try:
+                self.client.close()
+            except connection_errors():
+                pass
+
+
+__all__ = ["RedisSystem"]

@@ -1,0 +1,189 @@
+"""The Redis system, the fenced checkpoint store and one member, in process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from redis_support import RedisServer
+
+from tailrace import CheckpointError, Container, InputError, StreamTask, SystemStreamPartition
+from tailrace.checkpoint.redis import Leases, RedisCheckpointStore
+from tailrace.distributed import MemberSpec, run_member
+from tailrace.errors import FencedError
+from tailrace.systems.redis import RedisSystem
+
+SSP0 = SystemStreamPartition("redis", "in", 0)
+
+
+def fill(
+    system: RedisSystem, stream: str, partitions: int, per_partition: int, *, end: bool = True
+) -> dict[int, list[str]]:
+    """Append {"p": p, "i": i} messages; returns the entry ids per partition."""
+    system.create_stream(stream, partitions)
+    ids: dict[int, list[str]] = {}
+    pipe = system.client.pipeline(transaction=False)
+    for p in range(partitions):
+        for i in range(per_partition):
+            pipe.xadd(system.keys.stream(stream, p), {"m": f'{{"p":{p},"i":{i}}}'})
+    replies = pipe.execute()
+    for p in range(partitions):
+        ids[p] = [r.decode() for r in replies[p * per_partition : (p + 1) * per_partition]]
+    if end:
+        system.end_stream(stream)
+    return ids
+
+
+def test_reader_resumes_after_the_committed_id_and_stops_at_the_end_marker(redis_server: RedisServer) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=7, buffer=10)
+    ids = fill(system, "in", 1, 50)[0]
+    reader = system.reader(SSP0)
+    woken = threading.Event()
+    reader.start(ids[19], woken.set)  # rule 13: resume at the message after the committed offset
+    got: list[Any] = []
+    deadline = time.monotonic() + 10
+    while not reader.at_end() and time.monotonic() < deadline:
+        batch = reader.poll(4)
+        assert len(batch) <= 4
+        if not batch:
+            woken.wait(0.5)
+            woken.clear()
+        got.extend(batch)
+    reader.close()
+    assert reader.at_end()
+    assert [e.offset for e in got] == ids[20:]
+    assert [e.message for e in got] == [{"p": 0, "i": i} for i in range(20, 50)]
+    system.close()
+
+
+def test_producer_flush_makes_entries_readable_and_keys_round_trip(redis_server: RedisServer) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=1000, output_partitions=3)
+    producer = system.producer()
+    assert producer.partitions("out") == 3
+    for i in range(10):
+        producer.send("out", i % 3, f"k{i}", {"n": i})
+    assert system.read_all("out", 0) == []  # buffered until flush or a full batch
+    producer.flush()
+    assert [(k, m) for _, k, m in system.read_all("out", 1)] == [(f"k{i}", {"n": i}) for i in (1, 4, 7)]
+    system.close()
+
+
+def test_unknown_stream_and_unreachable_redis_name_what_is_wrong(tmp_path: Any) -> None:
+    url = f"unix://{tmp_path}/nothing.sock?db=0"
+    with pytest.raises(InputError, match=r"nothing\.sock"):
+        RedisSystem("redis", url)
+    store = RedisCheckpointStore(url, inputs=[SSP0])
+    with pytest.raises(CheckpointError, match=r"nothing\.sock"):
+        store.open("job")
+
+
+def test_unknown_stream_is_an_input_error(redis_server: RedisServer) -> None:
+    system = RedisSystem("redis", redis_server.url)
+    with pytest.raises(InputError, match="no stream 'nope'"):
+        system.partitions("nope")
+    system.close()
+
+
+def test_commit_is_fenced_by_the_lease_token_and_never_goes_back(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    system = RedisSystem("redis", redis_server.url)
+    keys = system.keys
+    a = Leases(client, keys, "job", "a", ttl_ms=300)
+    b = Leases(client, keys, "job", "b", ttl_ms=300)
+    assert a.acquire(SSP0)
+    assert not b.acquire(SSP0)  # one owner at a time
+    store_a = RedisCheckpointStore(redis_server.url, leases=a.held())
+    store_a.open("job")
+    store_a.write("Partition 0", {SSP0: "5-0"})
+    with pytest.raises(FencedError, match="back from 5-0"):
+        store_a.write("Partition 0", {SSP0: "4-9"})
+    store_a2 = RedisCheckpointStore(redis_server.url, leases=a.held())
+    store_a2.open("job")
+    store_a2.write("Partition 0", {SSP0: "5-0"})  # the same id again is fine (idempotent retry)
+    assert store_a2.load("Partition 0") == {SSP0: "5-0"}
+    time.sleep(0.5)  # a's lease expires (it stopped renewing, as a paused process would)
+    assert b.acquire(SSP0)
+    store_b = RedisCheckpointStore(redis_server.url, leases=b.held())
+    store_b.open("job")
+    store_b.write("Partition 0", {SSP0: "7-0"})
+    with pytest.raises(FencedError, match="no longer held"):
+        store_a2.write("Partition 0", {SSP0: "9-0"})
+    with pytest.raises(FencedError):  # and never again, even with a valid-looking id
+        store_a2.write("Partition 0", {SSP0: "10-0"})
+    assert client.get(keys.checkpoint("in", 0, "job")) == b"7-0"
+    assert b.renew() == set()
+    assert a.renew() == {SSP0} and a.held() == {}  # a learns it lost the lease
+    assert not a.acquire(SSP0)  # b holds it
+    for s in (store_a, store_a2, store_b):
+        s.close()
+    system.close()
+    client.close()
+
+
+def test_a_second_standalone_container_is_refused(redis_server: RedisServer) -> None:
+    first = RedisCheckpointStore(redis_server.url, inputs=[SSP0], lease_ms=5000)
+    first.open("job")
+    second = RedisCheckpointStore(redis_server.url, inputs=[SSP0], lease_ms=5000)
+    with pytest.raises(CheckpointError, match="leased by another container"):
+        second.open("job")
+    first.close()
+    second.open("job")  # released on close
+    second.close()
+
+
+class Forward(StreamTask):
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        collector.send("redis.out", envelope.message, key=envelope.message["p"])
+
+
+def test_container_over_redis_with_standalone_checkpoints(redis_server: RedisServer) -> None:
+    system = RedisSystem("redis", redis_server.url)
+    ids = fill(system, "in", 2, 100)
+    system.create_stream("out", 1)
+    ssps = [SystemStreamPartition("redis", "in", p) for p in range(2)]
+    store = RedisCheckpointStore(redis_server.url, inputs=ssps)
+    result = Container(
+        Forward,
+        inputs=["redis.in"],
+        systems=[RedisSystem("redis", redis_server.url)],
+        checkpoints=store,
+        engine="python",
+    ).run()
+    assert result.reason == "end_of_stream"
+    assert result.committed == {ssps[p]: ids[p][-1] for p in range(2)}
+    out = [m for _, _, m in system.read_all("out", 0)]
+    assert sorted((m["p"], m["i"]) for m in out) == [(p, i) for p in range(2) for i in range(100)]
+    system.close()
+
+
+def test_one_member_runs_a_job_to_its_end_and_a_rerun_replays_nothing(redis_server: RedisServer) -> None:
+    system = RedisSystem("redis", redis_server.url)
+    ids = fill(system, "in", 4, 300)
+    system.create_stream("out", 1)
+
+    def spec() -> MemberSpec:
+        return MemberSpec(
+            task=Forward,
+            inputs=["redis.in"],
+            systems=lambda: [RedisSystem("redis", redis_server.url)],
+            url=redis_server.url,
+            config={"job.name": "e2e", "task.commit.ms": 50},
+            engine="python",
+            lease_ms=1000,
+        )
+
+    result = run_member(spec(), handle_signals=False)
+    assert result.reason == "done" and sorted(result.done) == [0, 1, 2, 3]
+    assert result.processed == 1200
+    out = [m for _, _, m in system.read_all("out", 0)]
+    assert sorted((m["p"], m["i"]) for m in out) == [
+        (p, i) for p in range(4) for i in range(300)
+    ]  # 0 lost, 0 dup
+    for p in range(4):  # every partition committed to its last message
+        assert system.client.get(system.keys.checkpoint("in", p, "e2e")).decode() == ids[p][-1]
+    assert system.client.zcard(system.keys.members("e2e")) == 0  # left the membership
+    again = run_member(spec(), handle_signals=False)
+    assert again.reason == "done" and again.processed == 0
+    system.close()
