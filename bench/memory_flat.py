@@ -3,7 +3,8 @@
 Producer threads ``append`` to a live MemorySystem stream (bounded: ``append``
 blocks while ``--capacity`` messages wait in a partition, which is the
 backpressure), a Container runs a task over it with a periodic commit
-(``task.commit.ms``) into a MemoryCheckpointStore, and a monitor thread samples
+(``task.commit.ms``) into a MemoryCheckpointStore (keeping no commit history
+unless ``--history-limit`` says so), and a monitor thread samples
 the process RSS (``/proc/self/statm``), Python's allocated blocks
 (``sys.getallocatedblocks``) and, about once a second, the gc object count.
 
@@ -155,9 +156,8 @@ class Monitor(threading.Thread):
 
     def sample(self, with_gc: bool) -> None:
         objs = len(gc.get_objects()) if with_gc else None
-        self.samples.append(
-            Sample(time.perf_counter() - self._t0, self._processed(), rss_bytes(), sys.getallocatedblocks(), objs)
-        )
+        now = time.perf_counter() - self._t0
+        self.samples.append(Sample(now, self._processed(), rss_bytes(), sys.getallocatedblocks(), objs))
 
     def run(self) -> None:
         next_gc = 0.0
@@ -202,7 +202,7 @@ class RunReport:
     gc_objects_warmup: int | None
     gc_objects_max_after: int | None
     memory_flat: bool
-    samples: list[list[float]] = field(default_factory=list)  # [messages, rss MiB], at most 200
+    samples: list[list[float]] = field(default_factory=list)  # [messages, rss MiB], about 200 at most
 
 
 def split(total: int, partitions: int) -> list[int]:
@@ -230,7 +230,7 @@ def _produce(system: MemorySystem, mine: Sequence[int], counts: Sequence[int], e
 def run_one(args: argparse.Namespace, task: str) -> RunReport:
     counts = split(args.messages, args.partitions)
     system = MemorySystem(SYSTEM).add_live_stream(STREAM, args.partitions, capacity=args.capacity)
-    store = MemoryCheckpointStore()
+    store = MemoryCheckpointStore(history_limit=args.history_limit)
     instances: list[Any] = []
 
     def factory() -> Any:
@@ -312,6 +312,9 @@ def run_one(args: argparse.Namespace, task: str) -> RunReport:
     gc_base = next((s.gc_objects for s in samples if s.gc_objects is not None and s.messages >= warm_n), None)
     growth = (peak.rss - base.rss) / MIB
     step = max(1, len(samples) // 200)
+    picked = samples[::step]
+    if picked[-1] is not samples[-1]:
+        picked.append(samples[-1])  # the one taken after the run
     return RunReport(
         task=task,
         engine=args.engine,
@@ -338,7 +341,7 @@ def run_one(args: argparse.Namespace, task: str) -> RunReport:
         gc_objects_warmup=gc_base,
         gc_objects_max_after=max(gc_after) if gc_after else None,
         memory_flat=growth <= args.threshold_mib,
-        samples=[[float(s.messages), round(s.rss / MIB, 3)] for s in samples[::step]],
+        samples=[[float(s.messages), round(s.rss / MIB, 3)] for s in picked],
     )
 
 
@@ -356,7 +359,8 @@ def _tasks(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     bad = [n for n in names if n not in TASKS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown task {', '.join(bad) or value!r} (known: {', '.join(TASKS)})")
+        what = ", ".join(bad) or repr(value)
+        raise argparse.ArgumentTypeError(f"unknown task {what} (known: {', '.join(TASKS)})")
     return names
 
 
@@ -369,6 +373,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--producers", type=int, default=2, help="producer threads (partitions split among them)")
     ap.add_argument("--capacity", type=int, default=10_000, help="live partition capacity (backpressure)")
     ap.add_argument("--commit-ms", type=int, default=100, help="task.commit.ms")
+    ap.add_argument(
+        "--history-limit",
+        type=int,
+        default=0,
+        help="MemoryCheckpointStore history_limit (default 0: no history, the bench measures the engine)",
+    )
     ap.add_argument("--max-concurrency", type=int, default=64, help="task.max.concurrency of the async task")
     ap.add_argument("--warmup", type=float, default=0.1, help="warm-up fraction of the messages")
     ap.add_argument("--threshold-mib", type=float, default=5.0, help="allowed growth after warm-up")
@@ -387,7 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{task} on {args.engine}: {r.processed:,} messages in {r.seconds:.2f} s "
             f"({r.msgs_per_s / 1000:.1f}k msgs/s), {r.commits} commits; RSS start {r.rss_start_mib:.1f} MiB, "
             f"after warm-up {r.rss_warmup_mib:.1f} MiB, max after {r.rss_max_after_mib:.1f} MiB, "
-            f"end {r.rss_end_mib:.1f} MiB; allocated blocks {r.blocks_warmup:,} -> max {r.blocks_max_after:,}; "
+            f"end {r.rss_end_mib:.1f} MiB; "
+            f"allocated blocks {r.blocks_warmup:,} -> max {r.blocks_max_after:,}; "
             f"gc objects {r.gc_objects_warmup} -> max {r.gc_objects_max_after}"
         )
         for e in r.first_errors:
