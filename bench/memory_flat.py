@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -133,9 +133,7 @@ class OrderedAsync(AsyncStreamTask):
 
 
 # -- monitor --------------------------------------------------------------------
-@dataclass
-class Sample:
-    seconds: float
+class Sample(NamedTuple):
     messages: int
     rss: int
     blocks: int
@@ -143,21 +141,57 @@ class Sample:
 
 
 class Monitor(threading.Thread):
-    """Samples RSS, allocated blocks and (every ``gc_every_s``) gc object counts."""
+    """Samples RSS, allocated blocks and (every ``gc_every_s``) gc object counts.
 
-    def __init__(self, processed: Callable[[], int], every_s: float, gc_every_s: float = 1.0) -> None:
+    Its own memory is bounded (it must not measure itself growing): it keeps the
+    first, last, end-of-warm-up and peak samples, running maxima, and a series
+    of at most ``SERIES`` samples whose stride doubles when it fills up.
+    """
+
+    SERIES = 256
+
+    def __init__(
+        self, processed: Callable[[], int], warm_n: int, every_s: float, gc_every_s: float = 1.0
+    ) -> None:
         super().__init__(name="memflat-monitor", daemon=True)
         self._processed = processed
+        self._warm_n = warm_n
         self._every = every_s
         self._gc_every = gc_every_s
         self._stop_event = threading.Event()
-        self.samples: list[Sample] = []
-        self._t0 = time.perf_counter()
+        self.first: Sample | None = None
+        self.last: Sample | None = None
+        self.warm: Sample | None = None  # the first sample at or after the end of warm-up
+        self.peak: Sample | None = None  # the highest RSS at or after it
+        self.blocks_max_after = 0
+        self.gc_warm: int | None = None  # the first gc count at or after the end of warm-up
+        self.gc_max_after: int | None = None
+        self.series: list[Sample] = []
+        self._stride = 1
+        self._n = 0
 
     def sample(self, with_gc: bool) -> None:
         objs = len(gc.get_objects()) if with_gc else None
-        now = time.perf_counter() - self._t0
-        self.samples.append(Sample(now, self._processed(), rss_bytes(), sys.getallocatedblocks(), objs))
+        s = Sample(self._processed(), rss_bytes(), sys.getallocatedblocks(), objs)
+        if self.first is None:
+            self.first = s
+        self.last = s
+        if s.messages >= self._warm_n:
+            if self.warm is None:
+                self.warm = s
+            if self.peak is None or s.rss > self.peak.rss:
+                self.peak = s
+            self.blocks_max_after = max(self.blocks_max_after, s.blocks)
+            if objs is not None:
+                if self.gc_warm is None:
+                    self.gc_warm = objs
+                self.gc_max_after = objs if self.gc_max_after is None else max(self.gc_max_after, objs)
+        if self._n % self._stride == 0:
+            self.series.append(s)
+            if len(self.series) >= self.SERIES:
+                del self.series[1::2]
+                self._stride *= 2
+        self._n += 1
 
     def run(self) -> None:
         next_gc = 0.0
@@ -172,6 +206,8 @@ class Monitor(threading.Thread):
         self._stop_event.set()
         self.join()
         self.sample(True)
+        if self.series[-1] is not self.last:
+            self.series.append(self.last)  # type: ignore[arg-type]
 
 
 # -- one run --------------------------------------------------------------------
@@ -202,7 +238,7 @@ class RunReport:
     gc_objects_warmup: int | None
     gc_objects_max_after: int | None
     memory_flat: bool
-    samples: list[list[float]] = field(default_factory=list)  # [messages, rss MiB], about 200 at most
+    samples: list[list[float]] = field(default_factory=list)  # [messages, rss MiB], at most 257
 
 
 def split(total: int, partitions: int) -> list[int]:
@@ -265,7 +301,7 @@ def run_one(args: argparse.Namespace, task: str) -> RunReport:
         for i in range(nprod)
     ]
     gc.collect()
-    monitor = Monitor(processed, args.sample_ms / 1000.0)
+    monitor = Monitor(processed, int(args.messages * args.warmup), args.sample_ms / 1000.0)
     monitor.sample(True)
     monitor.start()
     t0 = time.perf_counter()
@@ -303,18 +339,11 @@ def run_one(args: argparse.Namespace, task: str) -> RunReport:
     )
 
     # -- memory
-    samples = monitor.samples
-    warm_n = int(args.messages * args.warmup)
-    after = [s for s in samples if s.messages >= warm_n]
-    base = after[0] if after else samples[-1]
-    peak = max(after or samples, key=lambda s: s.rss)
-    gc_after = [s.gc_objects for s in after if s.gc_objects is not None]
-    gc_base = next((s.gc_objects for s in samples if s.gc_objects is not None and s.messages >= warm_n), None)
+    first, last = monitor.first, monitor.last
+    assert first is not None and last is not None
+    base = monitor.warm or last
+    peak = monitor.peak or last
     growth = (peak.rss - base.rss) / MIB
-    step = max(1, len(samples) // 200)
-    picked = samples[::step]
-    if picked[-1] is not samples[-1]:
-        picked.append(samples[-1])  # the one taken after the run
     return RunReport(
         task=task,
         engine=args.engine,
@@ -330,18 +359,18 @@ def run_one(args: argparse.Namespace, task: str) -> RunReport:
         commits=sum(t.commits for t in result.tasks.values()),
         checkpoint_history=len(store.history),
         no_loss=no_loss,
-        rss_start_mib=samples[0].rss / MIB,
+        rss_start_mib=first.rss / MIB,
         rss_warmup_mib=base.rss / MIB,
         rss_max_after_mib=peak.rss / MIB,
-        rss_end_mib=samples[-1].rss / MIB,
+        rss_end_mib=last.rss / MIB,
         growth_mib=growth,
         growth_pct=100.0 * (peak.rss - base.rss) / base.rss,
         blocks_warmup=base.blocks,
-        blocks_max_after=max(s.blocks for s in after or samples),
-        gc_objects_warmup=gc_base,
-        gc_objects_max_after=max(gc_after) if gc_after else None,
+        blocks_max_after=monitor.blocks_max_after or last.blocks,
+        gc_objects_warmup=monitor.gc_warm,
+        gc_objects_max_after=monitor.gc_max_after,
         memory_flat=growth <= args.threshold_mib,
-        samples=[[float(s.messages), round(s.rss / MIB, 3)] for s in picked],
+        samples=[[float(s.messages), round(s.rss / MIB, 3)] for s in monitor.series],
     )
 
 

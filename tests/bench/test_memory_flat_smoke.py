@@ -140,3 +140,30 @@ def test_a_lost_message_fails_the_run(tmp_path: Path) -> None:
     assert "partition 1: got offset 701" in proc.stdout
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["no_loss"] is False and doc["runs"][0]["processed"] == 2999
+
+
+def test_the_monitor_keeps_bounded_state_over_a_long_run() -> None:
+    """The monitor must not grow itself (an unbounded sample list reads as a leak)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import memory_flat
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    count = [0]
+
+    def processed() -> int:
+        count[0] += 100
+        return count[0]
+
+    mon = memory_flat.Monitor(processed, warm_n=1000, every_s=1.0)
+    longest = 0
+    for _ in range(20_000):
+        mon.sample(False)
+        longest = max(longest, len(mon.series))
+    mon.sample(True)
+    assert longest <= memory_flat.Monitor.SERIES
+    series = [s.messages for s in mon.series]
+    assert series == sorted(series) and series[0] == 100 and len(series) >= memory_flat.Monitor.SERIES // 2
+    assert mon.last is not None and mon.last.messages == 20_001 * 100
+    assert mon.warm is not None and mon.warm.messages == 1000  # first sample at the end of warm-up
+    assert mon.gc_warm is not None and mon.gc_warm == mon.gc_max_after  # one gc sample, after warm-up
