@@ -41,13 +41,19 @@ class CheckpointStore(ABC):
 class MemoryCheckpointStore(CheckpointStore):
     """Checkpoints in a dict; survives container restarts within one process.
 
-    ``history`` records every write as (task, offsets) so tests can check the
-    commit sequence.
+    ``history`` records the writes as (task, offsets), oldest first, so tests can
+    check the commit sequence. Bounded, so that long runs with frequent commits
+    do not grow: once ``history_limit`` writes (default 1000) were recorded it
+    holds at least the last ``history_limit`` and fewer than twice that (older
+    ones are dropped in chunks). None keeps every write, 0 none.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, history_limit: int | None = 1000) -> None:
+        if history_limit is not None and history_limit < 0:
+            raise ValueError(f"history_limit must be >= 0 or None, got {history_limit}")
         self._data: dict[str, dict[str, dict[SystemStreamPartition, Offset]]] = {}
         self._job: str | None = None
+        self.history_limit = history_limit
         self.history: list[tuple[str, dict[SystemStreamPartition, Offset]]] = []
 
     def open(self, job_name: str) -> None:
@@ -64,7 +70,12 @@ class MemoryCheckpointStore(CheckpointStore):
 
     def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
         self._tasks().setdefault(task_name, {}).update(offsets)
-        self.history.append((task_name, dict(offsets)))
+        limit = self.history_limit
+        if limit is None or limit > 0:
+            history = self.history
+            history.append((task_name, dict(offsets)))
+            if limit is not None and len(history) >= 2 * limit:
+                del history[:limit]  # trimmed in chunks: amortised O(1) per write
 
     def committed(self, job_name: str | None = None) -> dict[SystemStreamPartition, Offset]:
         """Every committed offset of a job, across tasks."""
