@@ -34,11 +34,13 @@ import contextvars
 import importlib
 import inspect
 import logging
+import selectors
 import threading
 import time
 import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
+from sys import getrefcount
 from typing import Any, TypeVar
 
 from .api import AsyncStreamTask, Callback, Collector, Coordinator, Envelope, TaskContext, TimerService
@@ -74,6 +76,46 @@ def new_event_loop(use_uvloop: bool | None = None) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+class _OwnedSelector(selectors.BaseSelector):
+    """The selector of the runner's own asyncio loop, wrapped so that the loop thread
+    holds ``owner`` at all times except while it waits in ``select``.
+
+    Whoever holds ``owner`` knows the loop runs no callback until it lets go: the
+    dispatch thread uses that to step a coroutine itself (the inline fast path of
+    :class:`AsyncioRunner`) without racing the loop thread over the loop's state.
+    """
+
+    def __init__(self, owner: threading.Lock) -> None:
+        self._inner = selectors.DefaultSelector()
+        self._owner = owner
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        owner = self._owner
+        owner.release()
+        try:
+            return self._inner.select(timeout)
+        finally:
+            owner.acquire()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.get_key(fileobj)
+
+    def get_map(self) -> Any:
+        return self._inner.get_map()
+
+
 # An invocation as queued by the engine thread:
 # (adapter, envelope, collector, coordinator, callback, deadline or 0.0).
 _Invocation = tuple["AsyncioTask", Envelope, Collector, Coordinator, Callback, float]
@@ -99,6 +141,11 @@ class AsyncioRunner:
         self._pending: deque[_Invocation] = deque()
         self._drain_scheduled = False
         self._adapters: list[AsyncioTask] = []
+        # Held by the loop thread except while it waits in select (_OwnedSelector);
+        # the dispatch thread takes it to step a coroutine inline (AsyncioTask.process_async).
+        self._owner = threading.Lock()
+        self._inline = False  # the loop is our own selector loop: process_async may step
+        self._standin: _TaskStandIn  # current_task() of the next inline step (set in start)
 
     # -- lifecycle --------------------------------------------------------------
     @property
@@ -120,18 +167,42 @@ class AsyncioRunner:
                 raise RuntimeError("the asyncio runner is closed")
             if self._loop is not None:
                 return self._loop
-            loop = new_event_loop(self._use_uvloop)
+            loop, owned = self._new_loop()
             started = threading.Event()
-            thread = threading.Thread(target=self._main, args=(loop, started), name=self._name, daemon=True)
+            thread = threading.Thread(
+                target=self._main, args=(loop, started, self._owner if owned else None), name=self._name, daemon=True
+            )
             thread.start()
             started.wait()
             self._thread = thread
             self._loop = loop
+            self._standin = _TaskStandIn(loop)
+            self._inline = owned
             log.debug("asyncio runner started (%s) on thread %s", type(loop).__module__, thread.name)
             return loop
 
+    def _new_loop(self) -> tuple[asyncio.AbstractEventLoop, bool]:
+        """uvloop's loop (as ``new_event_loop`` chooses), else asyncio's selector loop
+        over an :class:`_OwnedSelector`; True when it is the latter."""
+        if self._use_uvloop is not False:
+            loop = new_event_loop(self._use_uvloop)
+            if type(loop).__module__.startswith("uvloop"):
+                return loop, False
+            loop.close()
+        return asyncio.SelectorEventLoop(_OwnedSelector(self._owner)), True
+
     @staticmethod
-    def _main(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    def _main(loop: asyncio.AbstractEventLoop, started: threading.Event, owner: threading.Lock | None) -> None:
+        if owner is not None:
+            owner.acquire()  # released only inside select (and at the end)
+        try:
+            AsyncioRunner._serve(loop, started)
+        finally:
+            if owner is not None:
+                owner.release()
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
         asyncio.set_event_loop(loop)
         loop.call_soon(started.set)
         try:
@@ -262,6 +333,15 @@ def _resolve(callback: Callback, exc: BaseException | None, envelope: Envelope) 
         log.exception("resolving the callback of %r failed", envelope)
 
 
+# What an inline attempt in AsyncioTask.process_async came to.
+_SUBMIT = 0  # not stepped: queue it for the loop thread
+_FINISHED = 1  # stepped to its end: resolve the callback
+_DROPPED = 2  # nothing more to do here (suspended: its Task resolves; or never started)
+
+
+_copy_context = contextvars.copy_context
+_get_running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio.events._get_running_loop
+_set_running_loop: Callable[[asyncio.AbstractEventLoop | None], None] = asyncio.events._set_running_loop
 _enter_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._enter_task
 _leave_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._leave_task
 
@@ -426,6 +506,9 @@ class AsyncioTask(AsyncStreamTask):
         self._closed = False
         self._inflight: set[_Inflight] = set()
         self._submit = runner.submit
+        self._loop: Any = None
+        self._queue = runner._pending
+        self._owner: threading.Lock | None = None  # set by init when inline steps are allowed
         # Expose only the hooks the task defines: engines look them up by name and
         # a window/end_of_stream that exists is run (and counted).
         for name in ("window", "end_of_stream"):
@@ -450,8 +533,13 @@ class AsyncioTask(AsyncStreamTask):
     # -- engine interface ---------------------------------------------------------
     def init(self, context: TaskContext) -> None:
         """Start the loop, expose it as ``context.loop``, run the task's ``init``."""
-        loop = self.runner.start()
+        runner = self.runner
+        loop = runner.start()
         context.loop = loop
+        # the inline fast path's view of the runner (fixed once the loop runs)
+        self._loop = loop
+        self._queue = runner._pending
+        self._owner = runner._owner if runner._inline else None
         context._timers = _LoopTimers(context._timers, self.runner)
         user = getattr(self.task, "init", None)
         if callable(user):
@@ -464,11 +552,74 @@ class AsyncioTask(AsyncStreamTask):
         coordinator: Coordinator,
         callback: Callback,
     ) -> None:
-        """Queue ``process`` for the loop thread (in call order; rule 1)."""
+        """Start ``process`` (in call order; rule 1): its first step right here when
+        the loop is idle, else queued for the loop thread.
+
+        The loop is idle when its thread waits in select and nothing is queued for
+        it: then this thread takes ``runner._owner`` and the loop runs nothing until
+        it is let go, so the coroutine may use the loop exactly as if it ran on the
+        loop thread (``get_running_loop()`` returns it; the timers, futures and
+        tasks it makes belong to it) while only one thread at a time touches the
+        loop. A coroutine that finishes resolves its callback on this thread (the
+        engine's cheap, local completion); one that suspends gets its Task here and
+        the loop is woken to run it; anything else the step scheduled on the loop (a
+        timer, a background task) wakes it too.
+        """
         timeout = self._timeout_s
-        self._submit(
-            (self, envelope, collector, coordinator, callback, time.monotonic() + timeout if timeout else 0.0)
-        )
+        deadline = time.monotonic() + timeout if timeout else 0.0
+        owner = self._owner  # None unless the runner's loop allows inline steps
+        if owner is not None and not self._queue and owner.acquire(False):
+            step = _SUBMIT
+            exc: BaseException | None = None
+            try:
+                loop = self._loop
+                if self._closing:
+                    step = _DROPPED  # never started: close() came first; the engine stopped waiting
+                elif not (self._queue or loop._debug):  # debug mode checks the calling thread
+                    runner = self.runner
+                    scheduled = loop._scheduled
+                    n_scheduled = len(scheduled)
+                    standin = runner._standin
+                    ctx = _copy_context()
+                    outer = _get_running_loop()
+                    _set_running_loop(loop)
+                    try:
+                        coro = self._process(envelope, collector, coordinator)
+                        _enter_task(loop, standin)
+                        try:
+                            fut = ctx.run(coro.send, None)
+                        finally:
+                            _leave_task(loop, standin)
+                    except StopIteration:
+                        step = _FINISHED
+                    except BaseException as e:  # noqa: BLE001 - any failure belongs to this message (rule 16)
+                        exc = e
+                        step = _FINISHED
+                    else:
+                        self._suspended(coro, fut, callback, envelope, deadline, standin, ctx)
+                        step = _DROPPED  # its Task resolves the callback
+                    finally:
+                        _set_running_loop(outer)
+                    # A stand-in nobody kept (refs: runner, local, argument) and that saw
+                    # no cancel() serves the next step too; any other gets replaced.
+                    if step == _DROPPED or getrefcount(standin) > 3 or standin._cancel_msgs:
+                        runner._standin = _TaskStandIn(loop)
+                    if loop._ready or len(scheduled) != n_scheduled:
+                        loop._write_to_self()  # it may wait in select with a stale timeout
+            finally:
+                owner.release()
+            if step == _FINISHED:
+                if exc is None:
+                    try:
+                        callback.complete()
+                    except Exception:
+                        log.exception("resolving the callback of %r failed", envelope)
+                else:
+                    _resolve(callback, exc, envelope)
+                return
+            if step == _DROPPED:
+                return
+        self._submit((self, envelope, collector, coordinator, callback, deadline))
 
     def close(self) -> None:
         """Cancel coroutines still running (the engine has stopped waiting for them:
