@@ -40,9 +40,10 @@ import time
 import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from sys import getrefcount
 from typing import Any, TypeVar
 
+from ._core import AsyncioStepper
+from ._core import aio_first_step as _first_step
 from .api import AsyncStreamTask, Callback, Collector, Coordinator, Envelope, TaskContext, TimerService
 from .config import Config
 
@@ -78,16 +79,17 @@ def new_event_loop(use_uvloop: bool | None = None) -> asyncio.AbstractEventLoop:
 
 class _OwnedSelector(selectors.BaseSelector):
     """The selector of the runner's own asyncio loop, wrapped so that the loop thread
-    holds ``owner`` at all times except while it waits in ``select``.
+    owns the loop (``AsyncioStepper.own``) at all times except while it waits in
+    ``select``.
 
-    Whoever holds ``owner`` knows the loop runs no callback until it lets go: the
+    Whoever holds the stepper's lock knows the loop runs no callback until it lets go: the
     dispatch thread uses that to step a coroutine itself (the inline fast path of
     :class:`AsyncioRunner`) without racing the loop thread over the loop's state.
     """
 
-    def __init__(self, owner: threading.Lock) -> None:
+    def __init__(self, stepper: AsyncioStepper) -> None:
         self._inner = selectors.DefaultSelector()
-        self._owner = owner
+        self._stepper = stepper
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._inner.register(fileobj, events, data)
@@ -99,12 +101,12 @@ class _OwnedSelector(selectors.BaseSelector):
         return self._inner.modify(fileobj, events, data)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        owner = self._owner
-        owner.release()
+        stepper = self._stepper
+        stepper.disown()
         try:
             return self._inner.select(timeout)
         finally:
-            owner.acquire()
+            stepper.own()
 
     def close(self) -> None:
         self._inner.close()
@@ -141,11 +143,9 @@ class AsyncioRunner:
         self._pending: deque[_Invocation] = deque()
         self._drain_scheduled = False
         self._adapters: list[AsyncioTask] = []
-        # Held by the loop thread except while it waits in select (_OwnedSelector);
-        # the dispatch thread takes it to step a coroutine inline (AsyncioTask.process_async).
-        self._owner = threading.Lock()
-        self._inline = False  # the loop is our own selector loop: process_async may step
-        self._standin: _TaskStandIn  # current_task() of the next inline step (set in start)
+        # Its lock is held by the loop thread except while it waits in select
+        # (_OwnedSelector); the dispatch thread takes it to step a coroutine inline.
+        self._stepper = AsyncioStepper(self._pending, _TaskStandIn)
 
     # -- lifecycle --------------------------------------------------------------
     @property
@@ -170,14 +170,18 @@ class AsyncioRunner:
             loop, owned = self._new_loop()
             started = threading.Event()
             thread = threading.Thread(
-                target=self._main, args=(loop, started, self._owner if owned else None), name=self._name, daemon=True
+                target=self._main,
+                args=(loop, started, self._stepper if owned else None),
+                name=self._name,
+                daemon=True,
             )
             thread.start()
             started.wait()
             self._thread = thread
             self._loop = loop
-            self._standin = _TaskStandIn(loop)
-            self._inline = owned
+            if owned:
+                self._stepper.standin = _TaskStandIn(loop)
+                self._stepper.loop = loop  # from now on process_async may step inline
             log.debug("asyncio runner started (%s) on thread %s", type(loop).__module__, thread.name)
             return loop
 
@@ -189,17 +193,19 @@ class AsyncioRunner:
             if type(loop).__module__.startswith("uvloop"):
                 return loop, False
             loop.close()
-        return asyncio.SelectorEventLoop(_OwnedSelector(self._owner)), True
+        return asyncio.SelectorEventLoop(_OwnedSelector(self._stepper)), True
 
     @staticmethod
-    def _main(loop: asyncio.AbstractEventLoop, started: threading.Event, owner: threading.Lock | None) -> None:
-        if owner is not None:
-            owner.acquire()  # released only inside select (and at the end)
+    def _main(
+        loop: asyncio.AbstractEventLoop, started: threading.Event, stepper: AsyncioStepper | None
+    ) -> None:
+        if stepper is not None:
+            stepper.own()  # let go only inside select (and at the end)
         try:
             AsyncioRunner._serve(loop, started)
         finally:
-            if owner is not None:
-                owner.release()
+            if stepper is not None:
+                stepper.disown()
 
     @staticmethod
     def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
@@ -295,29 +301,20 @@ class AsyncioRunner:
         popleft = pending.popleft
         loop = self._loop
         assert loop is not None
-        enter = _enter_task
-        leave = _leave_task
-        copy_context = contextvars.copy_context
         standin = _TaskStandIn(loop)
         while pending:
             adapter, envelope, collector, coordinator, callback, deadline = popleft()
             if adapter._closing:
                 continue  # never started: close() came first; the engine stopped waiting
-            ctx = copy_context()
             try:
-                coro = adapter._process(envelope, collector, coordinator)
-                enter(loop, standin)
-                try:
-                    fut = ctx.run(coro.send, None)
-                finally:
-                    leave(loop, standin)
-            except StopIteration:
-                _resolve(callback, None, envelope)
-                continue
+                suspended = _first_step(adapter._process, envelope, collector, coordinator, loop, standin)
             except BaseException as exc:  # noqa: BLE001 - any failure belongs to this message (rule 16)
                 _resolve(callback, exc, envelope)
                 continue
-            adapter._suspended(coro, fut, callback, envelope, deadline, standin, ctx)
+            if suspended is None:
+                _resolve(callback, None, envelope)
+                continue
+            adapter._suspended(*suspended, callback, envelope, deadline, standin)
             standin = _TaskStandIn(loop)  # the old one now stands for that Task
 
 
@@ -331,19 +328,6 @@ def _resolve(callback: Callback, exc: BaseException | None, envelope: Envelope) 
             callback.fail(exc)
     except Exception:
         log.exception("resolving the callback of %r failed", envelope)
-
-
-# What an inline attempt in AsyncioTask.process_async came to.
-_SUBMIT = 0  # not stepped: queue it for the loop thread
-_FINISHED = 1  # stepped to its end: resolve the callback
-_DROPPED = 2  # nothing more to do here (suspended: its Task resolves; or never started)
-
-
-_copy_context = contextvars.copy_context
-_get_running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio.events._get_running_loop
-_set_running_loop: Callable[[asyncio.AbstractEventLoop | None], None] = asyncio.events._set_running_loop
-_enter_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._enter_task
-_leave_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._leave_task
 
 
 class _TaskStandIn:
@@ -506,9 +490,7 @@ class AsyncioTask(AsyncStreamTask):
         self._closed = False
         self._inflight: set[_Inflight] = set()
         self._submit = runner.submit
-        self._loop: Any = None
-        self._queue = runner._pending
-        self._owner: threading.Lock | None = None  # set by init when inline steps are allowed
+        self._try_step = runner._stepper.try_step
         # Expose only the hooks the task defines: engines look them up by name and
         # a window/end_of_stream that exists is run (and counted).
         for name in ("window", "end_of_stream"):
@@ -536,10 +518,6 @@ class AsyncioTask(AsyncStreamTask):
         runner = self.runner
         loop = runner.start()
         context.loop = loop
-        # the inline fast path's view of the runner (fixed once the loop runs)
-        self._loop = loop
-        self._queue = runner._pending
-        self._owner = runner._owner if runner._inline else None
         context._timers = _LoopTimers(context._timers, self.runner)
         user = getattr(self.task, "init", None)
         if callable(user):
@@ -556,7 +534,7 @@ class AsyncioTask(AsyncStreamTask):
         the loop is idle, else queued for the loop thread.
 
         The loop is idle when its thread waits in select and nothing is queued for
-        it: then this thread takes ``runner._owner`` and the loop runs nothing until
+        it: then this thread takes the loop (``AsyncioStepper.try_step``), which runs nothing until
         it is let go, so the coroutine may use the loop exactly as if it ran on the
         loop thread (``get_running_loop()`` returns it; the timers, futures and
         tasks it makes belong to it) while only one thread at a time touches the
@@ -567,59 +545,8 @@ class AsyncioTask(AsyncStreamTask):
         """
         timeout = self._timeout_s
         deadline = time.monotonic() + timeout if timeout else 0.0
-        owner = self._owner  # None unless the runner's loop allows inline steps
-        if owner is not None and not self._queue and owner.acquire(False):
-            step = _SUBMIT
-            exc: BaseException | None = None
-            try:
-                loop = self._loop
-                if self._closing:
-                    step = _DROPPED  # never started: close() came first; the engine stopped waiting
-                elif not (self._queue or loop._debug):  # debug mode checks the calling thread
-                    runner = self.runner
-                    scheduled = loop._scheduled
-                    n_scheduled = len(scheduled)
-                    standin = runner._standin
-                    ctx = _copy_context()
-                    outer = _get_running_loop()
-                    _set_running_loop(loop)
-                    try:
-                        coro = self._process(envelope, collector, coordinator)
-                        _enter_task(loop, standin)
-                        try:
-                            fut = ctx.run(coro.send, None)
-                        finally:
-                            _leave_task(loop, standin)
-                    except StopIteration:
-                        step = _FINISHED
-                    except BaseException as e:  # noqa: BLE001 - any failure belongs to this message (rule 16)
-                        exc = e
-                        step = _FINISHED
-                    else:
-                        self._suspended(coro, fut, callback, envelope, deadline, standin, ctx)
-                        step = _DROPPED  # its Task resolves the callback
-                    finally:
-                        _set_running_loop(outer)
-                    # A stand-in nobody kept (refs: runner, local, argument) and that saw
-                    # no cancel() serves the next step too; any other gets replaced.
-                    if step == _DROPPED or getrefcount(standin) > 3 or standin._cancel_msgs:
-                        runner._standin = _TaskStandIn(loop)
-                    if loop._ready or len(scheduled) != n_scheduled:
-                        loop._write_to_self()  # it may wait in select with a stale timeout
-            finally:
-                owner.release()
-            if step == _FINISHED:
-                if exc is None:
-                    try:
-                        callback.complete()
-                    except Exception:
-                        log.exception("resolving the callback of %r failed", envelope)
-                else:
-                    _resolve(callback, exc, envelope)
-                return
-            if step == _DROPPED:
-                return
-        self._submit((self, envelope, collector, coordinator, callback, deadline))
+        if not self._try_step(self, envelope, collector, coordinator, callback, deadline):
+            self._submit((self, envelope, collector, coordinator, callback, deadline))
 
     def close(self) -> None:
         """Cancel coroutines still running (the engine has stopped waiting for them:
@@ -653,11 +580,11 @@ class AsyncioTask(AsyncStreamTask):
         self,
         coro: Coroutine[Any, Any, Any],
         fut: Any,
+        ctx: contextvars.Context,
         callback: Callback,
         envelope: Envelope,
         deadline: float,
         standin: _TaskStandIn,
-        ctx: contextvars.Context,
     ) -> None:
         """The coroutine awaited something pending: continue it in a Task."""
         inf = _Inflight(callback, envelope)

@@ -1,0 +1,159 @@
+# The first step of an ``async def process`` (tailrace.aio), done in C: the one
+# per-message piece of the asyncio adapter whose Python version cost more than the
+# 1.5 us/msg budget of an inline coroutine (issue 6). Included by _core.pyx.
+#
+# PyIter_Send tells "returned" from "yielded" without raising StopIteration, and
+# PyContext_Enter/Exit replace Context.run; the rest is the same calls aio.py
+# would make (asyncio's own _set_running_loop / _enter_task / _leave_task).
+
+from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit
+from cpython.ref cimport Py_REFCNT
+
+
+cdef extern from "Python.h":
+    # PYGEN_RETURN = 0, PYGEN_ERROR = -1 (exception set), PYGEN_NEXT = 1
+    int PyIter_Send(object iterator, object arg, PyObject **presult) except -1
+
+
+cdef object _aio_get_running_loop = None
+cdef object _aio_set_running_loop = None
+cdef object _aio_enter_task = None
+cdef object _aio_leave_task = None
+
+
+cdef int _aio_bind() except -1:
+    global _aio_get_running_loop, _aio_set_running_loop, _aio_enter_task, _aio_leave_task
+    import asyncio.events
+    import asyncio.tasks
+    _aio_get_running_loop = asyncio.events._get_running_loop
+    _aio_set_running_loop = asyncio.events._set_running_loop
+    _aio_enter_task = asyncio.tasks._enter_task
+    _aio_leave_task = asyncio.tasks._leave_task
+    return 0
+
+
+def aio_first_step(fn, envelope, collector, coordinator, loop, task):
+    """Call ``fn(envelope, collector, coordinator)`` and take the first step of the
+    coroutine it returns, in a copy of the current context, with ``loop`` as this
+    thread's running loop (restored after) and ``task`` as its current task.
+
+    Returns None when the coroutine returned, ``(coroutine, yielded, context)``
+    when it suspended; raises what it raised. The caller owns ``loop`` meanwhile.
+    """
+    return _aio_first_step(fn, envelope, collector, coordinator, loop, task)
+
+
+cdef object _aio_first_step(fn, envelope, collector, coordinator, loop, task):
+    cdef PyObject *res = NULL
+    cdef int r
+    cdef bint swap
+    if _aio_set_running_loop is None:
+        _aio_bind()
+    ctx = PyContext_CopyCurrent()
+    outer = _aio_get_running_loop()
+    swap = outer is not loop
+    if swap:
+        _aio_set_running_loop(loop)
+    try:
+        PyContext_Enter(ctx)
+        try:
+            coro = fn(envelope, collector, coordinator)
+            _aio_enter_task(loop, task)
+            try:
+                r = PyIter_Send(coro, None, &res)
+            finally:
+                _aio_leave_task(loop, task)
+        finally:
+            PyContext_Exit(ctx)
+    finally:
+        if swap:
+            _aio_set_running_loop(outer)
+    value = <object>res  # a new reference ...
+    Py_DECREF(value)  # ... so drop the one PyIter_Send handed over
+    if r == 0:
+        return None
+    return (coro, value, ctx)
+
+
+cdef extern from "pythread.h":
+    ctypedef void *PyThread_type_lock
+    PyThread_type_lock PyThread_allocate_lock()
+    void PyThread_free_lock(PyThread_type_lock)
+    int PyThread_acquire_lock(PyThread_type_lock, int waitflag) nogil
+    void PyThread_release_lock(PyThread_type_lock) nogil
+
+
+@cython.final
+cdef class AsyncioStepper:
+    """The inline fast path of ``tailrace.aio`` (one per AsyncioRunner).
+
+    Owns the lock the runner's loop thread holds except while it waits in select
+    (``own``/``disown``, called by that thread). ``try_step`` runs on the engine's
+    dispatch thread: when the lock is free and nothing is queued for the loop, it
+    takes the first step of ``process`` right there (see AsyncioTask.process_async).
+    """
+
+    cdef PyThread_type_lock _owner
+    cdef public object loop  # set once the loop runs; None: never step inline
+    cdef public object standin  # current_task() of the next inline step
+    cdef object _queue  # the runner's deque of invocations for the loop thread
+    cdef object _new_standin  # loop -> a fresh stand-in
+
+    def __cinit__(self, queue, new_standin):
+        self._owner = PyThread_allocate_lock()
+        if self._owner == NULL:
+            raise MemoryError("cannot allocate the asyncio loop's owner lock")
+        self._queue = queue
+        self._new_standin = new_standin
+
+    def __dealloc__(self):
+        if self._owner != NULL:
+            PyThread_free_lock(self._owner)
+
+    def own(self):
+        """Loop thread: take the loop back (waits, GIL released, for an inline step)."""
+        with nogil:
+            PyThread_acquire_lock(self._owner, 1)
+
+    def disown(self):
+        """Loop thread: let the dispatch thread step coroutines (before select)."""
+        PyThread_release_lock(self._owner)
+
+    def try_step(self, adapter, envelope, collector, coordinator, callback, double deadline):
+        """Step ``adapter``'s process inline if the loop is free: True when done
+        here (resolved, handed to a Task, or dropped), False to queue it instead."""
+        cdef object loop = self.loop
+        cdef Py_ssize_t n_scheduled
+        cdef Py_ssize_t refs
+        cdef object exc = None
+        cdef object suspended = None
+        if loop is None or len(self._queue) or not PyThread_acquire_lock(self._owner, 0):
+            return False
+        try:
+            if len(self._queue) or loop._debug:  # debug mode checks the calling thread
+                return False
+            if adapter._closing:
+                return True  # never started: close() came first; the engine stopped waiting
+            scheduled = loop._scheduled
+            n_scheduled = len(scheduled)
+            standin = self.standin
+            refs = Py_REFCNT(standin)
+            try:
+                suspended = _aio_first_step(adapter._process, envelope, collector, coordinator, loop, standin)
+            except BaseException as e:
+                exc = e
+            if suspended is not None:
+                adapter._suspended(*suspended, callback, envelope, deadline, standin)
+            # a stand-in nobody kept and that saw no cancel() serves the next step too
+            if suspended is not None or Py_REFCNT(standin) != refs or standin._cancel_msgs:
+                self.standin = self._new_standin(loop)
+            if loop._ready or len(scheduled) != n_scheduled:
+                loop._write_to_self()  # it may wait in select with a stale timeout
+        finally:
+            PyThread_release_lock(self._owner)
+        if suspended is None:
+            if exc is None:
+                callback.complete()
+            else:
+                callback.fail(exc)
+        return True
