@@ -122,15 +122,16 @@ cdef class AsyncioStepper:
     def try_step(self, adapter, envelope, collector, coordinator, callback, double deadline):
         """Step ``adapter``'s process inline if the loop is free: True when done
         here (resolved, handed to a Task, or dropped), False to queue it instead."""
-        cdef object loop = self.loop
+        cdef object loop
         cdef Py_ssize_t n_scheduled
         cdef Py_ssize_t refs
         cdef object exc = None
         cdef object suspended = None
-        if loop is None or len(self._queue) or not PyThread_acquire_lock(self._owner, 0):
+        if self.loop is None or len(self._queue) or not PyThread_acquire_lock(self._owner, 0):
             return False
         try:
-            if len(self._queue) or loop._debug:  # debug mode checks the calling thread
+            loop = self.loop  # None once the loop thread has ended
+            if loop is None or len(self._queue) or loop._debug:  # debug mode checks the thread
                 return False
             if adapter._closing:
                 return True  # never started: close() came first; the engine stopped waiting

@@ -179,9 +179,6 @@ class AsyncioRunner:
             started.wait()
             self._thread = thread
             self._loop = loop
-            if owned:
-                self._stepper.standin = _TaskStandIn(loop)
-                self._stepper.loop = loop  # from now on process_async may step inline
             log.debug("asyncio runner started (%s) on thread %s", type(loop).__module__, thread.name)
             return loop
 
@@ -201,10 +198,13 @@ class AsyncioRunner:
     ) -> None:
         if stepper is not None:
             stepper.own()  # let go only inside select (and at the end)
+            stepper.standin = _TaskStandIn(loop)
+            stepper.loop = loop  # from now on process_async may step inline
         try:
             AsyncioRunner._serve(loop, started)
         finally:
             if stepper is not None:
+                stepper.loop = None  # closed: no more inline steps
                 stepper.disown()
 
     @staticmethod
