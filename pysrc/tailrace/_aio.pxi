@@ -80,6 +80,7 @@ cdef extern from "pythread.h":
     PyThread_type_lock PyThread_allocate_lock()
     void PyThread_free_lock(PyThread_type_lock)
     int PyThread_acquire_lock(PyThread_type_lock, int waitflag) nogil
+    int PyThread_acquire_lock_timed(PyThread_type_lock, long long microseconds, int intr_flag) nogil
     void PyThread_release_lock(PyThread_type_lock) nogil
 
 
@@ -87,28 +88,47 @@ cdef extern from "pythread.h":
 cdef class AsyncioStepper:
     """The inline fast path of ``tailrace.aio`` (one per AsyncioRunner).
 
-    Owns the lock the runner's loop thread holds except while it waits in select
-    (``own``/``disown``, called by that thread). ``try_step`` runs on the engine's
-    dispatch thread: when the lock is free and nothing is queued for the loop, it
-    takes the first step of ``process`` right there (see AsyncioTask.process_async).
+    Owns the lock that the runner's loop thread holds whenever the loop may run
+    anything. ``try_step`` runs on the engine's dispatch thread: when that lock is
+    free and nothing is queued for the loop, it takes the first step of ``process``
+    right there (see AsyncioTask.process_async). The loop thread lets go of it:
+
+    * own selector loop (``selector`` mode): while it waits in select
+      (``disown``/``own`` around it); a step that scheduled anything on the loop
+      wakes it (once per select);
+    * any other loop (uvloop): while it is parked in ``park`` (lent to the dispatch
+      thread for a bounded slice, with nothing of ours suspended); a step that
+      suspends ends the park at once, so its Task runs without delay.
     """
 
     cdef PyThread_type_lock _owner
-    cdef public object loop  # set once the loop runs; None: never step inline
+    cdef PyThread_type_lock _unpark  # released to end a park early
+    cdef public object loop  # set while the loop thread runs; None: never step inline
     cdef public object standin  # current_task() of the next inline step
+    cdef public bint selector  # the loop is our own selector loop (else: parking)
+    cdef public long long steps  # inline steps so far
+    cdef bint _woken  # selector mode: the loop was woken since it entered select
+    cdef bint _parked
+    cdef bint _signalled
+    cdef bint _suspended
     cdef object _queue  # the runner's deque of invocations for the loop thread
     cdef object _new_standin  # loop -> a fresh stand-in
 
     def __cinit__(self, queue, new_standin):
         self._owner = PyThread_allocate_lock()
-        if self._owner == NULL:
-            raise MemoryError("cannot allocate the asyncio loop's owner lock")
+        self._unpark = PyThread_allocate_lock()
+        if self._owner == NULL or self._unpark == NULL:
+            raise MemoryError("cannot allocate the asyncio loop's locks")
+        PyThread_acquire_lock(self._unpark, 1)  # held: park() waits on it
         self._queue = queue
         self._new_standin = new_standin
 
     def __dealloc__(self):
         if self._owner != NULL:
             PyThread_free_lock(self._owner)
+        if self._unpark != NULL:
+            PyThread_release_lock(self._unpark)
+            PyThread_free_lock(self._unpark)
 
     def own(self):
         """Loop thread: take the loop back (waits, GIL released, for an inline step)."""
@@ -117,38 +137,75 @@ cdef class AsyncioStepper:
 
     def disown(self):
         """Loop thread: let the dispatch thread step coroutines (before select)."""
+        self._woken = False
         PyThread_release_lock(self._owner)
+
+    def park(self, double seconds):
+        """Loop thread, inside a loop callback: lend the loop to the dispatch thread
+        for at most ``seconds`` (less when a step suspends or ``unpark`` is called).
+        True when it stepped something and nothing suspended (worth lending again)."""
+        cdef long long steps = self.steps
+        cdef long long us = <long long>(seconds * 1e6)
+        cdef int got
+        self._parked = True
+        self._signalled = False
+        self._suspended = False
+        PyThread_release_lock(self._owner)
+        with nogil:
+            got = PyThread_acquire_lock_timed(self._unpark, us, 0)
+            PyThread_acquire_lock(self._owner, 1)
+        self._parked = False
+        if self._signalled and not got:
+            PyThread_acquire_lock(self._unpark, 1)  # released after the timeout: take it back
+        return self.steps != steps and not self._suspended
+
+    def unpark(self):
+        """Any thread: end a park now (the loop has work: close, a hook to run)."""
+        self._signal()
+
+    cdef void _signal(self):
+        if self._parked and not self._signalled:
+            self._signalled = True
+            PyThread_release_lock(self._unpark)
 
     def try_step(self, adapter, envelope, collector, coordinator, callback, double deadline):
         """Step ``adapter``'s process inline if the loop is free: True when done
         here (resolved, handed to a Task, or dropped), False to queue it instead."""
         cdef object loop
-        cdef Py_ssize_t n_scheduled
+        cdef Py_ssize_t n_scheduled = 0
         cdef Py_ssize_t refs
         cdef object exc = None
         cdef object suspended = None
+        cdef object scheduled = None
         if self.loop is None or len(self._queue) or not PyThread_acquire_lock(self._owner, 0):
             return False
         try:
             loop = self.loop  # None once the loop thread has ended
-            if loop is None or len(self._queue) or loop._debug:  # debug mode checks the thread
+            if loop is None or len(self._queue):
                 return False
+            if loop._debug if self.selector else loop.get_debug():
+                return False  # debug mode checks the calling thread
             if adapter._closing:
                 return True  # never started: close() came first; the engine stopped waiting
-            scheduled = loop._scheduled
-            n_scheduled = len(scheduled)
+            if self.selector:
+                scheduled = loop._scheduled
+                n_scheduled = len(scheduled)
             standin = self.standin
             refs = Py_REFCNT(standin)
+            self.steps += 1
             try:
                 suspended = _aio_first_step(adapter._process, envelope, collector, coordinator, loop, standin)
             except BaseException as e:
                 exc = e
             if suspended is not None:
                 adapter._suspended(*suspended, callback, envelope, deadline, standin)
+                self._suspended = True
+                self._signal()  # parked: its Task must run now
             # a stand-in nobody kept and that saw no cancel() serves the next step too
             if suspended is not None or Py_REFCNT(standin) != refs or standin._cancel_msgs:
                 self.standin = self._new_standin(loop)
-            if loop._ready or len(scheduled) != n_scheduled:
+            if self.selector and not self._woken and (loop._ready or len(scheduled) != n_scheduled):
+                self._woken = True
                 loop._write_to_self()  # it may wait in select with a stale timeout
         finally:
             PyThread_release_lock(self._owner)

@@ -61,6 +61,12 @@ USE_UVLOOP: bool | None = None
 # them (a coroutine that swallows CancelledError and keeps awaiting).
 CANCEL_GRACE_S = 5.0
 
+# How long a loop other than our own selector loop (uvloop) is lent at a time to
+# the dispatch thread for inline steps, while no coroutine of ours is suspended:
+# the longest its other work (another library's timer, a call_soon_threadsafe)
+# may wait meanwhile.
+PARK_SLICE_S = 0.005
+
 
 def new_event_loop(use_uvloop: bool | None = None) -> asyncio.AbstractEventLoop:
     """A new event loop: uvloop's when ``uvloop`` imports (or ``use_uvloop`` is True),
@@ -142,6 +148,7 @@ class AsyncioRunner:
         self._closed = False
         self._pending: deque[_Invocation] = deque()
         self._drain_scheduled = False
+        self._park_scheduled = False
         self._adapters: list[AsyncioTask] = []
         # Its lock is held by the loop thread except while it waits in select
         # (_OwnedSelector); the dispatch thread takes it to step a coroutine inline.
@@ -171,7 +178,7 @@ class AsyncioRunner:
             started = threading.Event()
             thread = threading.Thread(
                 target=self._main,
-                args=(loop, started, self._stepper if owned else None),
+                args=(loop, started, self._stepper, owned),
                 name=self._name,
                 daemon=True,
             )
@@ -194,18 +201,17 @@ class AsyncioRunner:
 
     @staticmethod
     def _main(
-        loop: asyncio.AbstractEventLoop, started: threading.Event, stepper: AsyncioStepper | None
+        loop: asyncio.AbstractEventLoop, started: threading.Event, stepper: AsyncioStepper, selector: bool
     ) -> None:
-        if stepper is not None:
-            stepper.own()  # let go only inside select (and at the end)
-            stepper.standin = _TaskStandIn(loop)
-            stepper.loop = loop  # from now on process_async may step inline
+        stepper.own()  # let go only in select / while parked (and at the end)
+        stepper.selector = selector
+        stepper.standin = _TaskStandIn(loop)
+        stepper.loop = loop  # from now on process_async may step inline
         try:
             AsyncioRunner._serve(loop, started)
         finally:
-            if stepper is not None:
-                stepper.loop = None  # closed: no more inline steps
-                stepper.disown()
+            stepper.loop = None  # closed: no more inline steps
+            stepper.disown()
 
     @staticmethod
     def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
@@ -243,6 +249,7 @@ class AsyncioRunner:
             adapter._abandon()
         try:
             loop.call_soon_threadsafe(loop.stop)
+            self._stepper.unpark()
         except RuntimeError:  # loop already closed
             pass
         thread.join()
@@ -262,6 +269,7 @@ class AsyncioRunner:
             coro.close()
             raise RuntimeError("AsyncioRunner.run() called from the loop thread: await the coroutine instead")
         fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        self._stepper.unpark()
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -288,6 +296,7 @@ class AsyncioRunner:
             if loop is None:
                 raise RuntimeError("the asyncio runner is not started (was init() skipped?)")
             loop.call_soon_threadsafe(self._drain)
+            self._stepper.unpark()
 
     def _drain(self) -> None:
         """Loop thread: start every queued invocation, in queue order.
@@ -316,6 +325,22 @@ class AsyncioRunner:
                 continue
             adapter._suspended(*suspended, callback, envelope, deadline, standin)
             standin = _TaskStandIn(loop)  # the old one now stands for that Task
+        if not self._stepper.selector and not self._park_scheduled:
+            self._park_scheduled = True
+            loop.call_soon(self._park)
+
+    def _park(self) -> None:
+        """Loop thread (a loop without our selector hook: uvloop): lend the loop to
+        the dispatch thread for inline steps, a slice at a time, while nothing of
+        ours is suspended and the dispatch thread keeps stepping."""
+        self._park_scheduled = False
+        if self._pending or self._closed or any(a._inflight for a in self._adapters):
+            return
+        if self._stepper.park(PARK_SLICE_S):
+            self._park_scheduled = True
+            loop = self._loop
+            assert loop is not None
+            loop.call_soon(self._park)  # after one turn of the loop (its I/O, its timers)
 
 
 def _resolve(callback: Callback, exc: BaseException | None, envelope: Envelope) -> None:

@@ -182,8 +182,8 @@ def test_inline_steps_own_the_loop_and_wake_it_for_what_they_scheduled(
     assert fired.wait(5), "the timer made by an inline step fired"
     assert background.wait(5), "the task made by an inline step ran"
     assert seen == [(True, True), (True, True)]
-    inline = runner._stepper.loop is not None
-    assert inline == (loop_kind == "asyncio"), "inline steps on the own selector loop only"
+    if loop_kind == "asyncio":  # an idle selector loop is always free for an inline step
+        assert runner._stepper.steps == 2
     adapter.close()
 
 
