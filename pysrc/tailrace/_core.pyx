@@ -19,4 +19,5 @@ from tailrace cimport _capi as capi
 include "_status.pxi"
 include "_types.pxi"
 include "_primitives.pxi"
+include "_aio.pxi"
 include "_loop.pxi"

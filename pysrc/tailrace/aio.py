@@ -34,6 +34,7 @@ import contextvars
 import importlib
 import inspect
 import logging
+import selectors
 import threading
 import time
 import types
@@ -41,6 +42,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
+from ._core import AsyncioStepper
+from ._core import aio_first_step as _first_step
 from .api import AsyncStreamTask, Callback, Collector, Coordinator, Envelope, TaskContext, TimerService
 from .config import Config
 
@@ -58,6 +61,12 @@ USE_UVLOOP: bool | None = None
 # them (a coroutine that swallows CancelledError and keeps awaiting).
 CANCEL_GRACE_S = 5.0
 
+# How long a loop other than our own selector loop (uvloop) is lent at a time to
+# the dispatch thread for inline steps, while no coroutine of ours is suspended:
+# the longest its other work (another library's timer, a call_soon_threadsafe)
+# may wait meanwhile.
+PARK_SLICE_S = 0.005
+
 
 def new_event_loop(use_uvloop: bool | None = None) -> asyncio.AbstractEventLoop:
     """A new event loop: uvloop's when ``uvloop`` imports (or ``use_uvloop`` is True),
@@ -72,6 +81,47 @@ def new_event_loop(use_uvloop: bool | None = None) -> asyncio.AbstractEventLoop:
             loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
             return loop
     return asyncio.new_event_loop()
+
+
+class _OwnedSelector(selectors.BaseSelector):
+    """The selector of the runner's own asyncio loop, wrapped so that the loop thread
+    owns the loop (``AsyncioStepper.own``) at all times except while it waits in
+    ``select``.
+
+    Whoever holds the stepper's lock knows the loop runs no callback until it lets go: the
+    dispatch thread uses that to step a coroutine itself (the inline fast path of
+    :class:`AsyncioRunner`) without racing the loop thread over the loop's state.
+    """
+
+    def __init__(self, stepper: AsyncioStepper) -> None:
+        self._inner = selectors.DefaultSelector()
+        self._stepper = stepper
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        stepper = self._stepper
+        stepper.disown()
+        try:
+            return self._inner.select(timeout)
+        finally:
+            stepper.own()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.get_key(fileobj)
+
+    def get_map(self) -> Any:
+        return self._inner.get_map()
 
 
 # An invocation as queued by the engine thread:
@@ -98,7 +148,11 @@ class AsyncioRunner:
         self._closed = False
         self._pending: deque[_Invocation] = deque()
         self._drain_scheduled = False
+        self._park_scheduled = False
         self._adapters: list[AsyncioTask] = []
+        # Its lock is held by the loop thread except while it waits in select
+        # (_OwnedSelector); the dispatch thread takes it to step a coroutine inline.
+        self._stepper = AsyncioStepper(self._pending, _TaskStandIn)
 
     # -- lifecycle --------------------------------------------------------------
     @property
@@ -120,9 +174,14 @@ class AsyncioRunner:
                 raise RuntimeError("the asyncio runner is closed")
             if self._loop is not None:
                 return self._loop
-            loop = new_event_loop(self._use_uvloop)
+            loop, owned = self._new_loop()
             started = threading.Event()
-            thread = threading.Thread(target=self._main, args=(loop, started), name=self._name, daemon=True)
+            thread = threading.Thread(
+                target=self._main,
+                args=(loop, started, self._stepper, owned),
+                name=self._name,
+                daemon=True,
+            )
             thread.start()
             started.wait()
             self._thread = thread
@@ -130,8 +189,32 @@ class AsyncioRunner:
             log.debug("asyncio runner started (%s) on thread %s", type(loop).__module__, thread.name)
             return loop
 
+    def _new_loop(self) -> tuple[asyncio.AbstractEventLoop, bool]:
+        """uvloop's loop (as ``new_event_loop`` chooses), else asyncio's selector loop
+        over an :class:`_OwnedSelector`; True when it is the latter."""
+        if self._use_uvloop is not False:
+            loop = new_event_loop(self._use_uvloop)
+            if type(loop).__module__.startswith("uvloop"):
+                return loop, False
+            loop.close()
+        return asyncio.SelectorEventLoop(_OwnedSelector(self._stepper)), True
+
     @staticmethod
-    def _main(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    def _main(
+        loop: asyncio.AbstractEventLoop, started: threading.Event, stepper: AsyncioStepper, selector: bool
+    ) -> None:
+        stepper.own()  # let go only in select / while parked (and at the end)
+        stepper.selector = selector
+        stepper.standin = _TaskStandIn(loop)
+        stepper.loop = loop  # from now on process_async may step inline
+        try:
+            AsyncioRunner._serve(loop, started)
+        finally:
+            stepper.loop = None  # closed: no more inline steps
+            stepper.disown()
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
         asyncio.set_event_loop(loop)
         loop.call_soon(started.set)
         try:
@@ -166,6 +249,7 @@ class AsyncioRunner:
             adapter._abandon()
         try:
             loop.call_soon_threadsafe(loop.stop)
+            self._stepper.unpark()
         except RuntimeError:  # loop already closed
             pass
         thread.join()
@@ -185,6 +269,7 @@ class AsyncioRunner:
             coro.close()
             raise RuntimeError("AsyncioRunner.run() called from the loop thread: await the coroutine instead")
         fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        self._stepper.unpark()
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -211,6 +296,7 @@ class AsyncioRunner:
             if loop is None:
                 raise RuntimeError("the asyncio runner is not started (was init() skipped?)")
             loop.call_soon_threadsafe(self._drain)
+            self._stepper.unpark()
 
     def _drain(self) -> None:
         """Loop thread: start every queued invocation, in queue order.
@@ -224,30 +310,37 @@ class AsyncioRunner:
         popleft = pending.popleft
         loop = self._loop
         assert loop is not None
-        enter = _enter_task
-        leave = _leave_task
-        copy_context = contextvars.copy_context
         standin = _TaskStandIn(loop)
         while pending:
             adapter, envelope, collector, coordinator, callback, deadline = popleft()
             if adapter._closing:
                 continue  # never started: close() came first; the engine stopped waiting
-            ctx = copy_context()
             try:
-                coro = adapter._process(envelope, collector, coordinator)
-                enter(loop, standin)
-                try:
-                    fut = ctx.run(coro.send, None)
-                finally:
-                    leave(loop, standin)
-            except StopIteration:
-                _resolve(callback, None, envelope)
-                continue
+                suspended = _first_step(adapter._process, envelope, collector, coordinator, loop, standin)
             except BaseException as exc:  # noqa: BLE001 - any failure belongs to this message (rule 16)
                 _resolve(callback, exc, envelope)
                 continue
-            adapter._suspended(coro, fut, callback, envelope, deadline, standin, ctx)
+            if suspended is None:
+                _resolve(callback, None, envelope)
+                continue
+            adapter._suspended(*suspended, callback, envelope, deadline, standin)
             standin = _TaskStandIn(loop)  # the old one now stands for that Task
+        if not self._stepper.selector and not self._park_scheduled:
+            self._park_scheduled = True
+            loop.call_soon(self._park)
+
+    def _park(self) -> None:
+        """Loop thread (a loop without our selector hook: uvloop): lend the loop to
+        the dispatch thread for inline steps, a slice at a time, while nothing of
+        ours is suspended and the dispatch thread keeps stepping."""
+        self._park_scheduled = False
+        if self._pending or self._closed or any(a._inflight for a in self._adapters):
+            return
+        if self._stepper.park(PARK_SLICE_S):
+            self._park_scheduled = True
+            loop = self._loop
+            assert loop is not None
+            loop.call_soon(self._park)  # after one turn of the loop (its I/O, its timers)
 
 
 def _resolve(callback: Callback, exc: BaseException | None, envelope: Envelope) -> None:
@@ -260,10 +353,6 @@ def _resolve(callback: Callback, exc: BaseException | None, envelope: Envelope) 
             callback.fail(exc)
     except Exception:
         log.exception("resolving the callback of %r failed", envelope)
-
-
-_enter_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._enter_task
-_leave_task: Callable[[asyncio.AbstractEventLoop, Any], None] = asyncio.tasks._leave_task
 
 
 class _TaskStandIn:
@@ -426,6 +515,7 @@ class AsyncioTask(AsyncStreamTask):
         self._closed = False
         self._inflight: set[_Inflight] = set()
         self._submit = runner.submit
+        self._try_step = runner._stepper.try_step
         # Expose only the hooks the task defines: engines look them up by name and
         # a window/end_of_stream that exists is run (and counted).
         for name in ("window", "end_of_stream"):
@@ -450,7 +540,8 @@ class AsyncioTask(AsyncStreamTask):
     # -- engine interface ---------------------------------------------------------
     def init(self, context: TaskContext) -> None:
         """Start the loop, expose it as ``context.loop``, run the task's ``init``."""
-        loop = self.runner.start()
+        runner = self.runner
+        loop = runner.start()
         context.loop = loop
         context._timers = _LoopTimers(context._timers, self.runner)
         user = getattr(self.task, "init", None)
@@ -464,11 +555,23 @@ class AsyncioTask(AsyncStreamTask):
         coordinator: Coordinator,
         callback: Callback,
     ) -> None:
-        """Queue ``process`` for the loop thread (in call order; rule 1)."""
+        """Start ``process`` (in call order; rule 1): its first step right here when
+        the loop is idle, else queued for the loop thread.
+
+        The loop is idle when its thread waits in select and nothing is queued for
+        it: then this thread takes the loop (``AsyncioStepper.try_step``), which runs nothing until
+        it is let go, so the coroutine may use the loop exactly as if it ran on the
+        loop thread (``get_running_loop()`` returns it; the timers, futures and
+        tasks it makes belong to it) while only one thread at a time touches the
+        loop. A coroutine that finishes resolves its callback on this thread (the
+        engine's cheap, local completion); one that suspends gets its Task here and
+        the loop is woken to run it; anything else the step scheduled on the loop (a
+        timer, a background task) wakes it too.
+        """
         timeout = self._timeout_s
-        self._submit(
-            (self, envelope, collector, coordinator, callback, time.monotonic() + timeout if timeout else 0.0)
-        )
+        deadline = time.monotonic() + timeout if timeout else 0.0
+        if not self._try_step(self, envelope, collector, coordinator, callback, deadline):
+            self._submit((self, envelope, collector, coordinator, callback, deadline))
 
     def close(self) -> None:
         """Cancel coroutines still running (the engine has stopped waiting for them:
@@ -502,11 +605,11 @@ class AsyncioTask(AsyncStreamTask):
         self,
         coro: Coroutine[Any, Any, Any],
         fut: Any,
+        ctx: contextvars.Context,
         callback: Callback,
         envelope: Envelope,
         deadline: float,
         standin: _TaskStandIn,
-        ctx: contextvars.Context,
     ) -> None:
         """The coroutine awaited something pending: continue it in a Task."""
         inf = _Inflight(callback, envelope)

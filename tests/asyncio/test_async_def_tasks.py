@@ -291,27 +291,23 @@ def test_sync_hooks_see_the_loop_and_coroutine_timers_run(engine: str) -> None:
         async def tick(self, key: Any, collector: Any, coordinator: Any) -> None:
             await asyncio.sleep(0.001)
             seen["tick"] = (key, asyncio.get_running_loop())
+            seen["loop_thread"] = threading.current_thread()  # resumed by the loop itself
             collector.send("mem.out", "ticked")
             coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
 
         def close(self) -> None:
-            seen["closed"] = threading.current_thread() is not seen["process_thread"]
+            seen["closed"] = threading.current_thread() is not seen["loop_thread"]
 
     mem = MemorySystem("mem").add_live_stream("in", 1)
     mem.append("in", 0, "a")
 
-    class U(T):
-        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
-            seen["process_thread"] = threading.current_thread()
-            await super().process(env, collector, coordinator)
-
-    result = Container(U, inputs=["mem.in"], systems=[mem], engine=engine).run()
+    result = Container(T, inputs=["mem.in"], systems=[mem], engine=engine).run()
     assert result.reason == "shutdown"
     assert seen["running"]
     assert seen["process_loop"] is seen["loop"]
     assert seen["tick"] == ("tick", seen["loop"])
     assert mem.messages("out") == ["ticked"]
-    assert seen["closed"], "process runs on the loop thread, sync close on the engine's"
+    assert seen["closed"], "a sync close runs on the engine's thread, not the loop's"
 
 
 # -- rule 16: failures ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -97,9 +98,13 @@ def test_inline_completion_and_failure_resolve_once_in_order(closing: list[aio.A
 
 
 def test_submissions_wake_the_loop_once_per_burst_not_per_message(closing: list[aio.AsyncioRunner]) -> None:
+    # rule 1 across both paths: inline steps while the loop idles, the queue while it
+    # is busy (and until that queue is drained), inline again afterwards
+    order: list[int] = []
+
     class T(AsyncStreamTask):
         async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
-            pass
+            order.append(env.offset)
 
     adapter, runner, collector = make(T())
     closing.append(runner)
@@ -112,15 +117,110 @@ def test_submissions_wake_the_loop_once_per_burst_not_per_message(closing: list[
         inner()
 
     runner._drain = counting_drain  # type: ignore[method-assign]
-    n = 2000
+    n = 3000
+    envs = envelopes(n)
     cbs = [Recorder() for _ in range(n)]
     coordinator = Coordinator()
-    for env, cb in zip(envelopes(n), cbs):
+    for env, cb in zip(envs[:1000], cbs[:1000]):
+        adapter.process_async(env, collector, coordinator, cb)
+    busy, gate = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        busy.set()
+        gate.wait(10)
+
+    runner.loop.call_soon_threadsafe(hold)
+    assert busy.wait(10)
+    for env, cb in zip(envs[1000:2000], cbs[1000:2000]):
+        adapter.process_async(env, collector, coordinator, cb)
+    assert drains <= 1 and len(runner._pending) == 1000, "the busy loop got them queued"
+    gate.set()
+    for env, cb in zip(envs[2000:], cbs[2000:]):
         adapter.process_async(env, collector, coordinator, cb)
     for cb in cbs:
         assert cb.done.wait(10)
     assert all(cb.resolutions == [("complete", None)] for cb in cbs)
+    assert order == list(range(n))
     assert drains < n // 10, f"{drains} loop wake-ups for {n} messages"
+    adapter.close()
+
+
+def test_inline_steps_own_the_loop_and_wake_it_for_what_they_scheduled(
+    closing: list[aio.AsyncioRunner], loop_kind: str
+) -> None:
+    # a coroutine that never suspends may still schedule work on the loop: a timer,
+    # a background task; it must run although nothing else wakes the idle loop
+    fired = threading.Event()
+    background = threading.Event()
+    seen: list[tuple[bool, bool]] = []
+
+    async def bg() -> None:
+        await asyncio.sleep(0)
+        background.set()
+
+    tasks: set[asyncio.Task[None]] = set()
+
+    class T(AsyncStreamTask):
+        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            loop = asyncio.get_running_loop()
+            seen.append((loop is runner.loop, asyncio.current_task() is not None))
+            if env.offset == 0:
+                loop.call_later(0.005, fired.set)
+            else:
+                t = asyncio.create_task(bg())
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+
+    adapter, runner, collector = make(T())
+    closing.append(runner)
+    time.sleep(0.05)  # let the loop settle into select with no timer pending
+    for env in envelopes(2):
+        cb = Recorder()
+        adapter.process_async(env, collector, Coordinator(), cb)
+        assert cb.done.wait(10) and cb.resolutions == [("complete", None)]
+        assert asyncio.events._get_running_loop() is None, "this thread's running loop is restored"
+    assert fired.wait(5), "the timer made by an inline step fired"
+    assert background.wait(5), "the task made by an inline step ran"
+    assert seen == [(True, True), (True, True)]
+    if loop_kind == "asyncio":  # the settled selector loop was free for the first one
+        assert runner._stepper.steps >= 1
+    adapter.close()
+
+
+def test_inline_and_loop_thread_never_run_coroutine_code_at_once(closing: list[aio.AsyncioRunner]) -> None:
+    # the dispatch thread steps new coroutines while the loop thread resumes older
+    # ones: never both at once (time.sleep(0) hands the GIL over mid-section)
+    active = 0
+    overlaps: list[int] = []
+    rng = random.Random(7)
+    delays = [rng.choice([0.0, 0.0, 0.0005, 0.002]) for _ in range(600)]
+
+    def section(offset: int) -> None:
+        nonlocal active
+        active += 1
+        if active != 1:
+            overlaps.append(offset)
+        time.sleep(0)
+        active -= 1
+
+    class T(AsyncStreamTask):
+        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            section(env.offset)
+            if delays[env.offset]:
+                await asyncio.sleep(delays[env.offset])
+                section(env.offset)
+
+    adapter, runner, collector = make(T())
+    closing.append(runner)
+    cbs = [Recorder() for _ in range(600)]
+    window = 16  # what task.max.concurrency would allow
+    for i, (env, cb) in enumerate(zip(envelopes(600), cbs)):
+        if i >= window:
+            assert cbs[i - window].done.wait(10)
+        adapter.process_async(env, collector, Coordinator(), cb)
+    for cb in cbs:
+        assert cb.done.wait(10)
+    assert overlaps == []
     adapter.close()
 
 
