@@ -17,8 +17,6 @@ watermark is committed and every task is closed before the error is raised.
 from __future__ import annotations
 
 import functools
-import heapq
-import itertools
 import logging
 import threading
 import time
@@ -30,6 +28,7 @@ from ..api import hook
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
+from .timers import TimerHeap
 
 log = logging.getLogger("tailrace.engine.native")
 
@@ -45,52 +44,31 @@ class _Timers:
 
     def __init__(self, runner: LoopRunner | None, index: int) -> None:
         self._lock = threading.Lock()
-        self._heap: list[tuple[float, int, Any]] = []
-        self._entries: dict[Any, tuple[float, int, Callable[..., Any]]] = {}
-        self._counter = itertools.count()
+        self._timers = TimerHeap()
         self.runner = runner
         self.index = index
 
-    def _drop_stale(self) -> None:
-        heap = self._heap
-        while heap:
-            _, n, key = heap[0]
-            entry = self._entries.get(key)
-            if entry is not None and entry[1] == n:
-                return
-            heapq.heappop(heap)
-
     def _publish(self) -> None:
         # lock held: the latest call into the loop carries the latest earliest time
-        self._drop_stale()
         if self.runner is not None:
-            self.runner.set_user_timer(self.index, self._heap[0][0] if self._heap else None)
+            self.runner.set_user_timer(self.index, self._timers.earliest())
 
     def schedule(self, key: Any, when: float, fn: Callable[..., Any]) -> None:
         with self._lock:
-            n = next(self._counter)
-            self._entries[key] = (when, n, fn)
-            heapq.heappush(self._heap, (when, n, key))
+            self._timers.push(key, when, fn)
             self._publish()
 
     def cancel(self, key: Any) -> bool:
         with self._lock:
-            found = self._entries.pop(key, None) is not None
+            found = self._timers.remove(key)
             if found:
                 self._publish()
             return found
 
     def pop_due(self, now: float) -> list[tuple[Any, Callable[..., Any]]]:
         """Remove and return the timers due at ``now``, in time order."""
-        due: list[tuple[Any, Callable[..., Any]]] = []
         with self._lock:
-            while True:
-                self._drop_stale()
-                if not self._heap or self._heap[0][0] > now:
-                    break
-                _, _, key = heapq.heappop(self._heap)
-                _, _, fn = self._entries.pop(key)
-                due.append((key, fn))
+            due = self._timers.pop_due(now)
             self._publish()
         return due
 
@@ -104,14 +82,6 @@ class NativeEngine:
     """
 
     def __init__(self, plan: JobPlan) -> None:
-        for t in plan.tasks:
-            if t.kind == "asyncio":
-                raise TailraceError(
-                    f"task {t.name!r} ({type(t.task).__qualname__}) uses async def process(); "
-                    "asyncio tasks are not supported by the c engine yet"
-                )
-            if t.kind not in ("sync", "async"):
-                raise TailraceError(f"task {t.name!r}: unknown task kind {t.kind!r}")
         self.plan = plan
         self.config = cfg = plan.config
         self._slots: list[_TaskSlot] = []

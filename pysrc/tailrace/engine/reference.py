@@ -58,8 +58,6 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
 from __future__ import annotations
 
 import functools
-import heapq
-import itertools
 import logging
 import queue
 import threading
@@ -74,6 +72,7 @@ from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
 from ..types import Offset, SystemStreamPartition
+from .timers import TimerHeap
 
 log = logging.getLogger("tailrace.engine.reference")
 
@@ -162,48 +161,27 @@ class _Timers:
 
     def __init__(self, wake: Callable[[], None]) -> None:
         self._lock = threading.Lock()
-        self._heap: list[tuple[float, int, Any]] = []
-        self._entries: dict[Any, tuple[float, int, Callable[..., Any]]] = {}
-        self._counter = itertools.count()
+        self._timers = TimerHeap()
         self._wake = wake
 
     def schedule(self, key: Any, when: float, fn: Callable[..., Any]) -> None:
         with self._lock:
-            n = next(self._counter)
-            self._entries[key] = (when, n, fn)
-            heapq.heappush(self._heap, (when, n, key))
-        self._wake()
+            self._timers.push(key, when, fn)
+        self._wake()  # outside the lock: the loop reads timers under its own lock
 
     def cancel(self, key: Any) -> bool:
         with self._lock:
-            return self._entries.pop(key, None) is not None
-
-    def _drop_stale(self) -> None:
-        heap = self._heap
-        while heap:
-            _, n, key = heap[0]
-            entry = self._entries.get(key)
-            if entry is not None and entry[1] == n:
-                return
-            heapq.heappop(heap)
+            return self._timers.remove(key)
 
     def next_due(self) -> float | None:
         """The earliest registered time (time.time() seconds), or None."""
         with self._lock:
-            self._drop_stale()
-            return self._heap[0][0] if self._heap else None
+            return self._timers.earliest()
 
     def pop_due(self, now: float) -> list[tuple[Any, Callable[..., Any]]]:
         """Remove and return the timers due at ``now``, in time order."""
-        due: list[tuple[Any, Callable[..., Any]]] = []
         with self._lock:
-            while True:
-                self._drop_stale()
-                if not self._heap or self._heap[0][0] > now:
-                    return due
-                _, _, key = heapq.heappop(self._heap)
-                _, _, fn = self._entries.pop(key)
-                due.append((key, fn))
+            return self._timers.pop_due(now)
 
 
 class _Task:
@@ -267,14 +245,6 @@ class ReferenceEngine:
     """
 
     def __init__(self, plan: JobPlan) -> None:
-        for t in plan.tasks:
-            if t.kind == "asyncio":
-                raise TailraceError(
-                    f"task {t.name!r} ({type(t.task).__qualname__}) uses async def process(); "
-                    "asyncio tasks are not supported by the python engine yet"
-                )
-            if t.kind not in ("sync", "async"):
-                raise TailraceError(f"task {t.name!r}: unknown task kind {t.kind!r}")
         self.plan = plan
         self.config = plan.config
         # Condition over an RLock: stop() may run in a signal handler on the loop

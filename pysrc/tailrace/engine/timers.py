@@ -1,0 +1,63 @@
+"""The per-task one-shot timer heap behind ``TaskContext.schedule`` / ``cancel`` (rule 23).
+
+Both engines keep one :class:`TimerHeap` per task and wrap it with their own
+locking and wake-up policy (the C engine tells the loop the earliest due time;
+the reference engine notifies its condition variable).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+
+class TimerHeap:
+    """Timers keyed by the user's key; re-scheduling a key replaces its timer.
+
+    Not thread-safe: callers hold their own lock. Entries replaced or cancelled
+    stay in the heap until they reach its top (lazy deletion), so every
+    operation is O(log n) amortised.
+    """
+
+    __slots__ = ("_counter", "_entries", "_heap")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any]] = []
+        self._entries: dict[Any, tuple[float, int, Callable[..., Any]]] = {}
+        self._counter = itertools.count()
+
+    def push(self, key: Any, when: float, fn: Callable[..., Any]) -> None:
+        n = next(self._counter)
+        self._entries[key] = (when, n, fn)
+        heapq.heappush(self._heap, (when, n, key))
+
+    def remove(self, key: Any) -> bool:
+        """Cancel ``key``'s timer; False when none was registered."""
+        return self._entries.pop(key, None) is not None
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        while heap:
+            _, n, key = heap[0]
+            entry = self._entries.get(key)
+            if entry is not None and entry[1] == n:
+                return
+            heapq.heappop(heap)
+
+    def earliest(self) -> float | None:
+        """The earliest registered time (``time.time()`` seconds), or None."""
+        self._drop_stale()
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: float) -> list[tuple[Any, Callable[..., Any]]]:
+        """Remove and return the timers due at ``now``, in time order."""
+        due: list[tuple[Any, Callable[..., Any]]] = []
+        while True:
+            self._drop_stale()
+            if not self._heap or self._heap[0][0] > now:
+                return due
+            _, _, key = heapq.heappop(self._heap)
+            _, _, fn = self._entries.pop(key)
+            due.append((key, fn))
