@@ -19,7 +19,7 @@
 #     the C loop outlives any callback that can still call into it.
 
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 import threading as _threading
 import time as _time
@@ -74,7 +74,7 @@ cdef class _PartState:
     cdef inline uint64_t handle_for(self, object offset):
         cdef int overflow = 0
         cdef long long v
-        if PyLong_CheckExact(offset):
+        if _is_int(offset):
             v = PyLong_AsLongLongAndOverflow(offset, &overflow)
             if overflow == 0 and 0 <= v < _INT_HANDLE_LIMIT:
                 return (<uint64_t>v) << 1
