@@ -89,6 +89,7 @@ typedef struct task {
     uint8_t done, voted, in_control, control_kind, in_ready, in_ctl, in_dirty, timeout_armed;
     uint8_t in_run; /* a RUN op of this task is in the batch or being executed */
     uint8_t halted; /* a message of a run failed: never dispatch to it again */
+    uint32_t queued; /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
     _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */
     _Atomic uint32_t timer_pending; /* 1 while a CQ_TIMER item is queued */
@@ -140,6 +141,7 @@ struct tr_loop {
     uint64_t run_items[TR_RUN_MAX]; /* the items of the RUN op handed out last */
     uint32_t run_parts[TR_RUN_MAX]; /* their partitions */
     uint32_t run_task, run_count;
+    uint32_t chain; /* PROCESS ops handed by tr_loop_next_of_task since next_op */
     uint32_t nbatch, bpos, budget;
     int phase;
     int64_t now;
@@ -575,7 +577,9 @@ static uint32_t fill_run(tr_loop *L, uint32_t t, uint32_t max) {
     return n;
 }
 
-static void dispatch_one(tr_loop *L, uint32_t t) {
+/* Pop T's next message and acquire its sequence number; a loop-thread task's
+ * PROCESS op goes to `dst`, or to the batch when dst is NULL. */
+static void dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
     task *T = &L->tasks[t];
     uint32_t p = next_part(T);
     part *P = &T->parts[p];
@@ -608,8 +612,17 @@ static void dispatch_one(tr_loop *L, uint32_t t) {
         /* room was checked by runnable(); the loop is the only producer */
         (void)tr_queue_try_push_mpsc(L->workers[T->worker].q, it);
         L->progress = 1;
+    } else if (dst) {
+        memset(dst, 0, sizeof *dst);
+        dst->kind = TR_OP_PROCESS;
+        dst->task = t;
+        dst->partition = p;
+        dst->seq = seq;
+        dst->item = item;
+        dst->handle = handle;
     } else {
         emit(L, TR_OP_PROCESS, t, p, 0, seq, item, handle);
+        T->queued++;
     }
 }
 
@@ -730,7 +743,7 @@ static void build(tr_loop *L) {
         }
         if (T->flags & TR_TASK_POOL)
             pool_budget--;
-        dispatch_one(L, t);
+        dispatch_one(L, t, NULL);
         maybe_ready(L, t);
     }
 }
@@ -1058,7 +1071,10 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
     tr_op *op = &L->batch[L->bpos++];
     *out = *op;
     L->handed++;
-    if (op->kind == TR_OP_RUN) {
+    L->chain = 0;
+    if (op->kind == TR_OP_PROCESS) {
+        L->tasks[op->task].queued--;
+    } else if (op->kind == TR_OP_RUN) {
         out->count = fill_run(L, op->task, op->count);
         out->partition = L->run_parts[0];
         out->item = (uint64_t)(uintptr_t)L->run_items;
@@ -1066,6 +1082,29 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
     } else if (L->budget) {
         L->budget--;
     }
+    return 1;
+}
+
+int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
+    if (t >= L->cfg.ntasks || L->chain >= TR_RUN_MAX || L->budget == 0)
+        return 0;
+    /* acquire: pairs with post_error's CAS (as in next_op) */
+    if (TR_UNLIKELY(atomic_load_explicit(&L->error, TR_ACQUIRE) != 0) || L->phase != PH_RUNNING)
+        return 0;
+    task *T = &L->tasks[t];
+    if (T->flags & (TR_TASK_POOL | TR_TASK_INLINE))
+        return 0;
+    if (T->in_dirty) {
+        /* release what it completed (requests included) before deciding */
+        release_task(L, t, 0);
+    }
+    /* its earlier messages still in the batch go first (rule 1) */
+    if (T->queued || T->in_ctl || !runnable(L, T))
+        return 0;
+    dispatch_one(L, t, out);
+    L->chain++;
+    L->handed++;
+    L->budget--;
     return 1;
 }
 

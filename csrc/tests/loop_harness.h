@@ -182,6 +182,18 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             uint32_t req = h_requests(h, t, idx);
             if (h->mode == H_INLINE || h->mode == H_RUN) {
                 h_complete(h, t, p, idx, op.seq, req, 1);
+                /* completed inline: the same task's next message, if it may take one */
+                while (h->mode == H_INLINE && tr_loop_next_of_task(loop, t, &op)) {
+                    CHECK_EQ(op.kind, TR_OP_PROCESS);
+                    CHECK_EQ(op.task, t);
+                    h_decode(op.item, &tt, &p, &idx);
+                    CHECK_EQ(tt, t);
+                    CHECK_EQ(p, op.partition);
+                    CHECK_EQ(op.handle, idx);
+                    h_invoke(h, t, p, idx);
+                    req = h_requests(h, t, idx);
+                    h_complete(h, t, p, idx, op.seq, req, 1);
+                }
             } else if (h->mode == H_THREADS) {
                 pthread_mutex_lock(&h->mu);
                 CHECK(h->npending < h->cap * 4 + (size_t)h->ntasks * h->maxc);

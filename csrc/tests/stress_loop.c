@@ -47,6 +47,10 @@ int main(int argc, char **argv) {
     c.input_buffer = 100;
     scenario("runs 64 tasks", c, 2, tr_test_scaled(3000, scale), H_RUN, 0, 0);
 
+    c = h_config(4, 3);
+    c.input_buffer = 200;
+    scenario("inline, commit requests", c, 1, tr_test_scaled(3000, scale), H_INLINE, 0, 11);
+
     c = h_config(4, 2);
     c.input_buffer = 200;
     scenario("runs, commit requests", c, 1, tr_test_scaled(3000, scale), H_RUN, 0, 13);

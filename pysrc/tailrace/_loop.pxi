@@ -143,6 +143,7 @@ cdef class Callback:
     cdef Coordinator _coordinator
     cdef uint64_t _seq
     cdef uint32_t _task
+    cdef bint _inline  # completed on the loop thread inside its batch
 
     def complete(self):
         """Mark the message done (from any thread)."""
@@ -313,18 +314,25 @@ cdef class LoopRunner:
                         coord._requests = 0
                         capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req)
                     else:
-                        cb = Callback.__new__(Callback)
-                        cb._runner = self
-                        cb._env = env
-                        cb._seq = op.seq
-                        cb._task = op.task
-                        coord = Coordinator.__new__(Coordinator)
-                        cb._coordinator = coord
-                        try:
-                            slot.process(env, slot.collector, coord, cb)
-                        except Exception as e:
-                            slot.failed += 1
-                            self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                        # completed inline: go on with this task's next message
+                        # without a batch rebuild (a bounded burst, see next_of_task)
+                        while True:
+                            cb = Callback.__new__(Callback)
+                            cb._runner = self
+                            cb._env = env
+                            cb._seq = op.seq
+                            cb._task = op.task
+                            coord = Coordinator.__new__(Coordinator)
+                            cb._coordinator = coord
+                            try:
+                                slot.process(env, slot.collector, coord, cb)
+                            except Exception as e:
+                                slot.failed += 1
+                                self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                                break
+                            if not cb._inline or not capi.tr_loop_next_of_task(loop, op.task, &op):
+                                break
+                            env = _take_item(op.item)
                 elif op.kind == capi.TR_OP_REFILL:
                     self._refill(slot, op.task, op.partition, <Py_ssize_t>op.handle)
                 else:
@@ -483,6 +491,7 @@ cdef class LoopRunner:
         if exc is None:
             if self._in_batch and PyThread_get_thread_ident() == self._loop_thread:
                 st = capi.tr_loop_complete_local(self._loop, cb._task, cb._seq, <uint32_t>req)
+                cb._inline = st == capi.TR_OK
             else:
                 st = capi.tr_loop_complete(self._loop, cb._task, cb._seq, <uint32_t>req)
             if st == capi.TR_OK:

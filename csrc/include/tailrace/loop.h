@@ -193,6 +193,14 @@ tr_status tr_loop_run(tr_loop *loop, const tr_loop_hooks *hooks);
 /* Loop thread, inside run_batch: the next op, 1; 0 when the batch is over. */
 int tr_loop_next_op(tr_loop *loop, tr_op *out);
 
+/* Loop thread, inside run_batch, right after executing a PROCESS op of `task`
+ * (not a TR_TASK_INLINE or TR_TASK_POOL task) whose callback completed inline
+ * with tr_loop_complete_local: the task's next PROCESS op, 1, when it may take
+ * one now (its completions released, no barrier or request pending, room
+ * under max concurrency), so an async task completing inline runs a bounded
+ * burst (at most TR_RUN_MAX per next_op) without a batch rebuild per message;
+ * 0 otherwise (go on with tr_loop_next_op). */
+int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out);
 /* Loop thread, inside run_batch (REFILL): append one item with its offset
  * handle. TR_EAGAIN when the ring is full (nothing stored). */
 tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, uint64_t item,
