@@ -70,6 +70,7 @@ typedef struct part {
     uint32_t lent; /* pool tasks: messages out on the worker, not yet released (rule 6) */
     uint8_t state;
     uint8_t refill_queued;
+    uint32_t run_taken; /* scratch while a run is filled / completed */
     _Atomic uint32_t woken;      /* 1 while a CQ_WAKE item is queued: dedupes wake-ups */
     _Atomic uint64_t read_count; /* == tail, for metrics from any thread */
 } part;
@@ -101,6 +102,8 @@ typedef struct task {
     uint8_t paused; /* the worker may have stopped this task: send POOL_RESUME first */
     uint8_t commit_req, commit_due, window_due, timer_due, commit_hold;
     uint8_t done, voted, in_control, control_kind, in_ready, in_ctl, in_dirty, timeout_armed;
+    uint8_t in_run; /* a RUN op of this task is in the batch or being executed */
+    uint8_t halted; /* a message of a run failed: never dispatch to it again */
     uint32_t timer_gen;
     _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */
     _Atomic uint32_t timer_pending; /* 1 while a CQ_TIMER item is queued */
@@ -159,6 +162,9 @@ struct tr_loop {
     hent *heap;
     size_t nheap, heap_cap;
     tr_op batch[BATCH_MAX];
+    uint64_t run_items[TR_RUN_MAX]; /* the items of the RUN op handed out last */
+    uint32_t run_parts[TR_RUN_MAX]; /* their partitions */
+    uint32_t run_task, run_count;
     uint32_t nbatch, bpos, budget;
     int phase;
     int64_t now;
@@ -178,6 +184,10 @@ struct tr_loop {
 static inline void bump(_Atomic uint64_t *c) {
     /* single writer (the loop thread); relaxed: readers want a snapshot only */
     atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) + 1, TR_RELAXED);
+}
+
+static inline void bump_n(_Atomic uint64_t *c, uint64_t n) {
+    atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) + n, TR_RELAXED);
 }
 
 static uint32_t pow2_at_least(uint64_t n) {
@@ -272,7 +282,8 @@ static inline uint64_t at_worker(const task *T) {
 }
 
 static int runnable(const tr_loop *L, const task *T) {
-    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due)
+    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due ||
+        T->in_run || T->halted)
         return 0;
     if (!L->cfg.async_commit && commit_pending(T))
         return 0;
@@ -323,7 +334,7 @@ static int control_kind(const tr_loop *L, const task *T) {
         return out == T->redo_count ? CTL_WINDOW : CTL_NONE;
     if (T->timer_due)
         return out == T->redo_count ? CTL_TIMER : CTL_NONE;
-    if (T->nended == T->nparts && T->buffered == 0 && out == 0)
+    if (T->nended == T->nparts && T->buffered == 0 && out == 0 && !T->halted)
         return CTL_EOS;
     return CTL_NONE;
 }
@@ -563,6 +574,66 @@ static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t fla
     op->seq = seq;
     op->item = item;
     op->handle = handle;
+    op->count = 0;
+    op->reserved = 0;
+}
+
+/* Pick the partition to serve next (round robin over non-empty rings). */
+static inline uint32_t next_part(task *T) {
+    uint32_t p = T->rr;
+    for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
+        if (T->parts[p].tail != T->parts[p].head)
+            break;
+    }
+    T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
+    return p;
+}
+
+/* A TR_TASK_INLINE task with nothing outstanding or held: hand it a run of up
+ * to TR_RUN_MAX of its buffered messages (fill_run picks them when the op is
+ * handed out). The items stay in the rings until tr_loop_run_done pops the
+ * ones the binding took. */
+static void dispatch_run(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    T->in_run = 1;
+    emit(L, TR_OP_RUN, t, 0, 0, 0, 0, 0);
+    L->batch[L->nbatch - 1].count = T->buffered < TR_RUN_MAX ? (uint32_t)T->buffered : TR_RUN_MAX;
+}
+
+/* The messages of a run, in dispatch order: one partition's in a row, or
+ * round robin message by message over the task's partitions (rule 5). */
+static uint32_t fill_run(tr_loop *L, uint32_t t, uint32_t max) {
+    task *T = &L->tasks[t];
+    uint32_t n = 0;
+    L->run_task = t;
+    if (T->nparts == 1) {
+        part *P = &T->parts[0];
+        uint64_t avail = P->tail - P->head;
+        n = avail < max ? (uint32_t)avail : max;
+        for (uint32_t i = 0; i < n; i++) {
+            L->run_items[i] = P->items[(P->head + i) & P->mask];
+            L->run_parts[i] = 0;
+        }
+    } else {
+        uint32_t p = T->rr, misses = 0;
+        while (n < max && misses < T->nparts) {
+            part *P = &T->parts[p];
+            if (P->tail - P->head > P->run_taken) {
+                L->run_items[n] = P->items[(P->head + P->run_taken) & P->mask];
+                L->run_parts[n++] = p;
+                P->run_taken++;
+                misses = 0;
+            } else {
+                misses++;
+            }
+            p = (p + 1 == T->nparts) ? 0 : p + 1;
+        }
+        T->rr = p;
+        for (uint32_t i = 0; i < n; i++)
+            T->parts[L->run_parts[i]].run_taken = 0;
+    }
+    L->run_count = n;
+    return n;
 }
 
 static inline void arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p) {
@@ -582,13 +653,7 @@ static inline void arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t ha
 static uint64_t take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
                          uint64_t *handle_out) {
     task *T = &L->tasks[t];
-    uint32_t p = T->rr;
-    for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
-        part *P = &T->parts[p];
-        if (P->tail != P->head)
-            break;
-    }
-    T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
+    uint32_t p = next_part(T);
     part *P = &T->parts[p];
     uint64_t pos = P->head;
     uint64_t item = P->items[pos & P->mask];
@@ -787,6 +852,11 @@ static void build(tr_loop *L) {
         T->in_ready = 0;
         if (!runnable(L, T))
             continue;
+        if ((T->flags & TR_TASK_INLINE) && !T->commit_hold &&
+            tr_sequencer_outstanding(T->seq) == 0) {
+            dispatch_run(L, t); /* back in the ready ring after run_done */
+            continue;
+        }
         if (T->flags & TR_TASK_POOL) {
             uint32_t taken = dispatch_pool(L, t, pool_budget < POOL_WINDOW ? pool_budget : POOL_WINDOW);
             pool_budget = taken < pool_budget ? pool_budget - taken : 0;
@@ -857,6 +927,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         T->flags = tasks[t].flags;
         if (cfg->pool_size == 0)
             T->flags &= ~TR_TASK_POOL;
+        if (T->flags & TR_TASK_POOL)
+            T->flags &= ~TR_TASK_INLINE;
         T->worker = cfg->pool_size ? t % cfg->pool_size : 0;
         T->limit = (T->flags & TR_TASK_POOL) ? pool_limit : cfg->max_concurrency;
         atomic_init(&T->timer_when, INT64_MAX);
@@ -1239,10 +1311,17 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
         if (L->nbatch == 0)
             return 0;
     }
-    if (L->budget)
-        L->budget--;
+    tr_op *op = &L->batch[L->bpos++];
+    *out = *op;
     L->handed++;
-    *out = L->batch[L->bpos++];
+    if (op->kind == TR_OP_RUN) {
+        out->count = fill_run(L, op->task, op->count);
+        out->partition = L->run_parts[0];
+        out->item = (uint64_t)(uintptr_t)L->run_items;
+        L->budget = L->budget > op->count ? L->budget - op->count : 0;
+    } else if (L->budget) {
+        L->budget--;
+    }
     return 1;
 }
 
@@ -1259,6 +1338,75 @@ tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, 
     atomic_store_explicit(&P->read_count, P->tail, TR_RELAXED); /* metrics snapshot */
     T->buffered++;
     maybe_ready(L, t);
+    return TR_OK;
+}
+
+tr_status tr_loop_push_inputs(tr_loop *L, uint32_t t, uint32_t p, const uint64_t *items,
+                              const uint64_t *handles, size_t n) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return TR_EINVAL;
+    task *T = &L->tasks[t];
+    part *P = &T->parts[p];
+    if (n > P->limit - (P->tail - P->head + P->lent))
+        return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
+    for (size_t i = 0; i < n; i++) {
+        P->items[(P->tail + i) & P->mask] = items[i];
+        P->handles[(P->tail + i) & P->mask] = handles[i];
+    }
+    P->tail += n;
+    atomic_store_explicit(&P->read_count, P->tail, TR_RELAXED); /* metrics snapshot */
+    T->buffered += n;
+    if (n)
+        maybe_ready(L, t);
+    return TR_OK;
+}
+
+tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t completed,
+                           uint32_t requests) {
+    if (t >= L->cfg.ntasks || !L->tasks[t].in_run || L->run_task != t)
+        return TR_EINVAL;
+    task *T = &L->tasks[t];
+    if (completed > consumed || consumed - completed > 1 || consumed > L->run_count)
+        return TR_EINVAL;
+    T->in_run = 0;
+    /* completed in order on this thread with nothing outstanding before them:
+     * releasing them is advancing the watermarks past them */
+    if (T->nparts == 1) {
+        part *P = &T->parts[0];
+        if (completed) {
+            uint64_t pos = P->head + completed - 1;
+            (void)tr_watermark_advance(T->wm, 0, pos, P->handles[pos & P->mask]);
+        }
+        P->head += consumed;
+        if (P->tail - P->head <= P->limit / 2)
+            queue_refill(L, t, 0);
+    } else {
+        for (uint32_t i = 0; i < consumed; i++) {
+            uint32_t p = L->run_parts[i];
+            part *P = &T->parts[p];
+            if (i < completed)
+                (void)tr_watermark_advance(T->wm, p, P->head, P->handles[P->head & P->mask]);
+            P->head++;
+            if (P->tail - P->head <= P->limit / 2)
+                queue_refill(L, t, p);
+        }
+    }
+    L->run_count = 0;
+    T->buffered -= consumed;
+    bump_n(&T->processed, consumed);
+    bump_n(&T->completed, completed);
+    bump_n(&L->chosen, consumed);
+    if (consumed > completed)
+        T->halted = 1; /* failed: nothing after it may complete (rule 18) */
+    requests &= TR_REQ_MASK;
+    if (requests && !T->halted) {
+        /* rule 15: hold later releases until the commit has run */
+        if (requests & (TR_REQ_COMMIT_CURRENT | TR_REQ_COMMIT_ALL))
+            T->commit_hold = 1;
+        apply_requests(L, t, requests);
+    }
+    maybe_ready(L, t);
+    maybe_control(L, t);
     return TR_OK;
 }
 

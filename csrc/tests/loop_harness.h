@@ -11,7 +11,9 @@
  *     exactly the prefix up to the message that asked for it (one partition);
  *   - rule 21 (pool): process of one task never runs concurrently with itself.
  * Completion modes: inline on the loop thread, by completer threads in random
- * order (with deliberate double completions), or on the loop's worker pool.
+ * order (with deliberate double completions), on the loop's worker pool, or as
+ * TR_TASK_INLINE tasks taking RUN ops (refilled with push_inputs; a run ends
+ * right after a message that made a request, rule 15).
  */
 #ifndef TR_LOOP_HARNESS_H
 #define TR_LOOP_HARNESS_H
@@ -27,7 +29,7 @@
 #include "tailrace/loop.h"
 #include "tr_test.h"
 
-enum { H_INLINE = 0, H_THREADS = 1, H_POOL = 2, H_NEVER = 3 };
+enum { H_INLINE = 0, H_THREADS = 1, H_POOL = 2, H_NEVER = 3, H_RUN = 4 };
 
 typedef struct h_pending {
     uint32_t task, part;
@@ -149,10 +151,28 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             uint64_t n = avail - h->next_read[tp];
             if (n > op.handle)
                 n = op.handle;
-            for (uint64_t i = 0; i < n; i++) {
-                uint64_t k = h->next_read[tp]++;
-                CHECK_EQ(tr_loop_push_input(loop, t, op.partition, h_item(t, op.partition, k), k),
-                         TR_OK);
+            if (h->mode == H_RUN) {
+                uint64_t items[64], handles[64];
+                for (uint64_t done = 0; done < n;) {
+                    size_t m = n - done < 64 ? (size_t)(n - done) : 64;
+                    for (size_t i = 0; i < m; i++) {
+                        handles[i] = h->next_read[tp] + i;
+                        items[i] = h_item(t, op.partition, handles[i]);
+                    }
+                    CHECK_EQ(tr_loop_push_inputs(loop, t, op.partition, items, handles, m), TR_OK);
+                    h->next_read[tp] += m;
+                    done += m;
+                }
+                if (n) /* the ring is full now: one more does not fit */
+                    CHECK_EQ(tr_loop_push_inputs(loop, t, op.partition, items, handles, op.handle - n + 1),
+                             TR_EAGAIN);
+            } else {
+                for (uint64_t i = 0; i < n; i++) {
+                    uint64_t k = h->next_read[tp]++;
+                    CHECK_EQ(
+                        tr_loop_push_input(loop, t, op.partition, h_item(t, op.partition, k), k),
+                        TR_OK);
+                }
             }
             if (n == 0)
                 tr_loop_partition_state(loop, t, op.partition,
@@ -166,7 +186,7 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             CHECK_EQ(op.handle, idx);
             h_invoke(h, t, p, idx);
             uint32_t req = h_requests(h, t, idx);
-            if (h->mode == H_INLINE) {
+            if (h->mode == H_INLINE || h->mode == H_RUN) {
                 h_complete(h, t, p, idx, op.seq, req, 1);
             } else if (h->mode == H_THREADS) {
                 pthread_mutex_lock(&h->mu);
@@ -174,6 +194,26 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
                 h->pending[h->npending++] = (h_pending){t, p, idx, op.seq, req};
                 pthread_mutex_unlock(&h->mu);
             }
+            break;
+        }
+        case TR_OP_RUN: {
+            CHECK_EQ(h->mode, H_RUN);
+            CHECK(op.count >= 1 && op.count <= TR_RUN_MAX);
+            CHECK_EQ(atomic_load(&h->incomplete[t]), 0); /* rule 2: nothing outstanding */
+            const uint64_t *items = (const uint64_t *)(uintptr_t)op.item;
+            uint32_t done = 0, req = 0;
+            while (done < op.count && req == 0) {
+                h_decode(items[done], &tt, &p, &idx);
+                CHECK_EQ(tt, t);
+                CHECK(p < h->nparts && (done > 0 || p == op.partition));
+                h_invoke(h, t, p, idx);
+                req = h_requests(h, t, idx);
+                atomic_store(&h->state[h_slot(h, t, p, idx)], 2);
+                atomic_fetch_sub(&h->incomplete[t], 1);
+                done++;
+            }
+            CHECK_EQ(tr_loop_run_done(loop, t, done, done, req), TR_OK);
+            CHECK_EQ(tr_loop_run_done(loop, t, 0, 0, 0), TR_EINVAL); /* no run open */
             break;
         }
         case TR_OP_WINDOW:
@@ -293,7 +333,8 @@ static void h_init(harness *h, tr_loop_config *cfg, uint32_t nparts, uint64_t nm
     tr_loop_task *tasks = calloc(cfg->ntasks, sizeof *tasks);
     for (uint32_t t = 0; t < cfg->ntasks; t++) {
         tasks[t].npartitions = nparts;
-        tasks[t].flags = TR_TASK_WINDOW | (mode == H_POOL ? TR_TASK_POOL : 0);
+        tasks[t].flags = TR_TASK_WINDOW | (mode == H_POOL ? TR_TASK_POOL : 0) |
+                         (mode == H_RUN ? TR_TASK_INLINE : 0);
     }
     CHECK_EQ(tr_loop_create(cfg, tasks, &h->loop), TR_OK);
     free(tasks);

@@ -19,6 +19,7 @@
 #     the C loop outlives any callback that can still call into it.
 
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 import threading as _threading
 import time as _time
@@ -71,8 +72,12 @@ cdef class _PartState:
         self.pinned = {}
 
     cdef inline uint64_t handle_for(self, object offset):
-        if type(offset) is int and 0 <= offset < _INT_HANDLE_LIMIT:
-            return (<uint64_t>offset) << 1
+        cdef int overflow = 0
+        cdef long long v
+        if _is_int(offset):
+            v = PyLong_AsLongLongAndOverflow(offset, &overflow)
+            if overflow == 0 and 0 <= v < _INT_HANDLE_LIMIT:
+                return (<uint64_t>v) << 1
         cdef long long i = self.next_id
         self.next_id += 1
         self.pinned[i] = offset  # a reference held until the watermark passes it
@@ -239,6 +244,8 @@ cdef class LoopRunner:
                 if not s.is_async and config.thread_pool_size > 0:
                     tasks[i].flags |= capi.TR_TASK_POOL
                     s.pooled_concurrent = config.max_concurrency > 1
+                elif not s.is_async:
+                    tasks[i].flags |= capi.TR_TASK_INLINE  # runs of messages (_run_sync)
                 if window_flags[i]:
                     tasks[i].flags |= capi.TR_TASK_WINDOW
             check(capi.tr_loop_create(&cfg, tasks, &self._loop), "dispatch loop")
@@ -290,7 +297,9 @@ cdef class LoopRunner:
         try:
             while capi.tr_loop_next_op(loop, &op):
                 slot = <_TaskSlot>self._slotv[op.task]
-                if op.kind == capi.TR_OP_PROCESS:
+                if op.kind == capi.TR_OP_RUN:
+                    self._run_sync(slot, op.task, <const uint64_t *><uintptr_t>op.item, op.count)
+                elif op.kind == capi.TR_OP_PROCESS:
                     env = _take_item(op.item)
                     if not slot.is_async:
                         coord = slot.coordinator
@@ -321,6 +330,44 @@ cdef class LoopRunner:
                     self._control(op.kind, op.task, op.flags)
         finally:
             self._in_batch = False
+        return 0
+
+    cdef int _run_sync(self, _TaskSlot slot, uint32_t t, const uint64_t *items,
+                       uint32_t n) except -1:
+        """A RUN op: up to n messages of one partition in a row, reported with one run_done.
+
+        The run ends right after a message whose coordinator made a request (the
+        loop acts on it before this task gets more, rule 15) or that failed.
+        """
+        cdef uint32_t consumed = 0
+        cdef uint32_t completed = 0
+        cdef int req = 0
+        cdef Envelope env
+        cdef Coordinator coord = slot.coordinator
+        process = slot.process
+        collector = slot.collector
+        try:
+            while consumed < n:
+                env = _take_item(items[consumed])
+                consumed += 1
+                try:
+                    process(env, collector, coord)
+                except Exception as e:
+                    if not (self._has_ignores and self._ignores(e)):
+                        coord._requests = 0
+                        slot.failed += 1
+                        self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                        break
+                    slot.ignored += 1
+                completed = consumed
+                if coord._requests:
+                    req = coord._requests
+                    coord._requests = 0
+                    break
+        finally:
+            # also on a BaseException: the items taken are ours, the failed one
+            # (taken, not completed) halts the task in C
+            capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
         return 0
 
     cdef bint _sync_error(self, _TaskSlot slot, uint32_t t, uint64_t seq, Envelope env, object e,
@@ -367,12 +414,16 @@ cdef class LoopRunner:
     cdef int _refill(self, _TaskSlot slot, uint32_t t, uint32_t p, Py_ssize_t free_slots) except -1:
         cdef _PartState ps = <_PartState>slot.parts[p]
         cdef capi.tr_mark mark
-        cdef capi.tr_status st
-        cdef Py_ssize_t n
+        cdef Py_ssize_t n, i, j, m
+        cdef uint64_t items[256]
+        cdef uint64_t handles[256]
+        cdef Envelope env
         if ps.pinned and capi.tr_loop_watermark(self._loop, t, p, &mark) == capi.TR_OK:
             ps.purge_below(mark.handle)
         batch = ps.reader.poll(free_slots)
-        n = len(batch)
+        if type(batch) is not list:
+            batch = list(batch)
+        n = len(<list>batch)
         if n == 0:
             if ps.reader.at_end():
                 capi.tr_loop_partition_state(self._loop, t, p, capi.TR_PART_ENDED)
@@ -381,13 +432,18 @@ cdef class LoopRunner:
             return 0
         if n > free_slots:
             raise RuntimeError(f"reader of {ps.ssp} returned {n} messages, asked for at most {free_slots}")
-        for env in batch:
-            Py_INCREF(env)  # the ring's pin: released by _take_item or _drain
-            st = capi.tr_loop_push_input(self._loop, t, p, <uint64_t><PyObject *>env,
-                                         ps.handle_for((<Envelope?>env).offset))
-            if st != capi.TR_OK:
-                Py_DECREF(env)
-                check(st, f"input ring of {ps.ssp}")
+        i = 0
+        while i < n:
+            m = n - i if n - i < 256 else 256
+            for j in range(m):
+                env = <Envelope?>(<list>batch)[i + j]
+                items[j] = <uint64_t><PyObject *>env
+                handles[j] = ps.handle_for(env.offset)
+            check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
+                  f"input ring of {ps.ssp}")
+            for j in range(m):
+                Py_INCREF(<object><PyObject *>items[j])  # the ring's pin: see _take_item, _drain
+            i += m
         ps.read_n += n
         ps.newest_read = (<Envelope>batch[n - 1]).offset
         return 0
