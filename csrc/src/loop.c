@@ -39,11 +39,11 @@
 #define MIN_IDLE_NS 1000000LL
 #define POOL_TASK_BITS 24u
 #define POOL_TASK_MASK ((1u << POOL_TASK_BITS) - 1u)
-#define POOL_WINDOW 128u       /* seqs a pool task may have queued/running on its worker */
-#define POOL_BATCH 64u         /* items a worker pops from its queue at once */
-#define POOL_PEND 256u         /* completions a worker buffers before one bulk push */
-#define POOL_BUDGET 1024u      /* ops per run_pool_batch call (lock hold) */
-#define POOL_FLUSH_NS 1000000LL /* push buffered completions at least this often */
+#define POOL_WINDOW 128u         /* seqs a pool task may have queued/running on its worker */
+#define POOL_BATCH 64u           /* items a worker pops from its queue at once */
+#define POOL_PEND 256u           /* completions a worker buffers before one bulk push */
+#define POOL_BUDGET 1024u        /* ops per run_pool_batch call (lock hold) */
+#define POOL_FLUSH_NS 1000000LL  /* push buffered completions at least this often */
 #define POOL_RESUME (1ull << 63) /* worker item {0, RESUME | task}: run that task again */
 
 /* Completion-queue items: a = kind << 56 | task, b = payload. */
@@ -70,7 +70,7 @@ typedef struct part {
     uint32_t lent; /* pool tasks: messages out on the worker, not yet released (rule 6) */
     uint8_t state;
     uint8_t refill_queued;
-    uint32_t run_taken; /* scratch while a run is filled / completed */
+    uint32_t run_taken;          /* scratch while a run is filled / completed */
     _Atomic uint32_t woken;      /* 1 while a CQ_WAKE item is queued: dedupes wake-ups */
     _Atomic uint64_t read_count; /* == tail, for metrics from any thread */
 } part;
@@ -126,12 +126,12 @@ typedef struct worker {
     uint32_t index;
     int started;
     /* worker thread only */
-    int stop;            /* popped the stop sentinel */
-    uint8_t *stopped;    /* [task / pool_size]: a request was made; hand the rest back */
-    size_t n, pos;       /* items[pos..n) still to hand out */
-    uint32_t budget;     /* ops left in this run_pool_batch call */
-    size_t npend;        /* completions buffered for the next bulk push */
-    int64_t pend_t0;     /* when the first of them was buffered */
+    int stop;         /* popped the stop sentinel */
+    uint8_t *stopped; /* [task / pool_size]: a request was made; hand the rest back */
+    size_t n, pos;    /* items[pos..n) still to hand out */
+    uint32_t budget;  /* ops left in this run_pool_batch call */
+    size_t npend;     /* completions buffered for the next bulk push */
+    int64_t pend_t0;  /* when the first of them was buffered */
     tr_item items[POOL_BATCH];
     tr_item pend[POOL_PEND];
 } worker;
@@ -858,7 +858,8 @@ static void build(tr_loop *L) {
             continue;
         }
         if (T->flags & TR_TASK_POOL) {
-            uint32_t taken = dispatch_pool(L, t, pool_budget < POOL_WINDOW ? pool_budget : POOL_WINDOW);
+            uint32_t taken =
+                dispatch_pool(L, t, pool_budget < POOL_WINDOW ? pool_budget : POOL_WINDOW);
             pool_budget = taken < pool_budget ? pool_budget - taken : 0;
         } else {
             dispatch_one(L, t);
@@ -887,8 +888,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         pool_limit = POOL_WINDOW;
     uint64_t nlimit = 0; /* sum of the tasks' windows */
     for (uint32_t t = 0; t < cfg->ntasks; t++)
-        nlimit += (cfg->pool_size && (tasks[t].flags & TR_TASK_POOL)) ? pool_limit
-                                                                        : cfg->max_concurrency;
+        nlimit +=
+            (cfg->pool_size && (tasks[t].flags & TR_TASK_POOL)) ? pool_limit : cfg->max_concurrency;
     /* one item per outstanding seq, per partition (wake), per task (timer) */
     uint64_t cq_cap = nlimit + total_parts + cfg->ntasks + 16;
     if (cq_cap > (1ull << 30))
@@ -1472,7 +1473,6 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     maybe_ready(L, t);
     maybe_control(L, t);
 }
-
 
 tr_status tr_loop_complete(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
     if (t >= L->cfg.ntasks)

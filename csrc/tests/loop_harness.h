@@ -51,7 +51,7 @@ typedef struct harness {
     _Atomic int64_t *incomplete;
     _Atomic int *running;
     _Atomic uint8_t *commit_wait; /* [task]: a requested commit must run before the next process */
-    uint64_t *req_fifo; /* per task: requested commit positions (ring of 4096) */
+    uint64_t *req_fifo;           /* per task: requested commit positions (ring of 4096) */
     uint64_t *req_head, *req_tail;
     pthread_mutex_t mu;
     h_pending *pending;
@@ -164,7 +164,8 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
                     done += m;
                 }
                 if (n) /* the ring is full now: one more does not fit */
-                    CHECK_EQ(tr_loop_push_inputs(loop, t, op.partition, items, handles, op.handle - n + 1),
+                    CHECK_EQ(tr_loop_push_inputs(loop, t, op.partition, items, handles,
+                                                 op.handle - n + 1),
                              TR_EAGAIN);
             } else {
                 for (uint64_t i = 0; i < n; i++) {

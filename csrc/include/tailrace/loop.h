@@ -105,9 +105,9 @@ typedef enum tr_op_kind {
     TR_OP_COMMIT = 4,  /* task (flags TR_OPF_FINAL for the last one); then control_done */
     TR_OP_TIMER = 5,   /* task: run due user timers; then control_done */
     TR_OP_END_OF_STREAM = 6, /* task: run end_of_stream(); then control_done */
-    TR_OP_RUN = 7 /* TR_TASK_INLINE task: `count` messages in dispatch order (one
-                   * partition's in order, several partitions' round robin), items
-                   * at `item`; partition: the first one's (see tr_loop_run_done) */
+    TR_OP_RUN = 7            /* TR_TASK_INLINE task: `count` messages in dispatch order (one
+                              * partition's in order, several partitions' round robin), items
+                              * at `item`; partition: the first one's (see tr_loop_run_done) */
 } tr_op_kind;
 
 #define TR_OPF_FINAL 0x1u   /* TR_OP_COMMIT: the final commit of a graceful stop */
