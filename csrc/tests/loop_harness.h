@@ -50,7 +50,8 @@ typedef struct harness {
     uint64_t *next_read, *next_proc, *checked, *wm_last;
     _Atomic int64_t *incomplete;
     _Atomic int *running;
-    uint64_t *req_fifo; /* per task: requested commit positions (ring of 4096) */
+    _Atomic uint8_t *commit_wait; /* [task]: a requested commit must run before the next process */
+    uint64_t *req_fifo;           /* per task: requested commit positions (ring of 4096) */
     uint64_t *req_head, *req_tail;
     pthread_mutex_t mu;
     h_pending *pending;
@@ -115,6 +116,10 @@ static uint32_t h_requests(harness *h, uint32_t t, uint64_t idx) {
     if (h->commit_every && idx % h->commit_every == h->commit_every - 1) {
         req |= TR_REQ_COMMIT_CURRENT;
         h->req_fifo[(size_t)t * 4096 + (h->req_tail[t]++ % 4096)] = idx;
+        /* with one message out at a time (or on the pool, which runs a task's
+         * messages one by one), nothing more of this task may run before it */
+        if (!h->async_commit && (h->mode == H_POOL || h->maxc == 1))
+            atomic_store(&h->commit_wait[t], 1);
     }
     if (h->shutdown_after && idx == h->shutdown_after)
         req |= TR_REQ_SHUTDOWN_CURRENT;
@@ -127,6 +132,7 @@ static void h_invoke(harness *h, uint32_t t, uint32_t p, uint64_t idx) {
     h->next_proc[tp]++;
     uint8_t zero = 0;
     CHECK(atomic_compare_exchange_strong(&h->state[h_slot(h, t, p, idx)], &zero, 1));
+    CHECK_EQ(atomic_load(&h->commit_wait[t]), 0); /* rule 9: commit blocks new dispatch */
     int64_t inc = atomic_fetch_add(&h->incomplete[t], 1) + 1;
     CHECK(inc >= 1 && inc <= (int64_t)h->maxc); /* rule 2 */
     atomic_fetch_add(&h->processed, 1);
@@ -158,7 +164,8 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
                     done += m;
                 }
                 if (n) /* the ring is full now: one more does not fit */
-                    CHECK_EQ(tr_loop_push_inputs(loop, t, op.partition, items, handles, op.handle - n + 1),
+                    CHECK_EQ(tr_loop_push_inputs(loop, t, op.partition, items, handles,
+                                                 op.handle - n + 1),
                              TR_EAGAIN);
             } else {
                 for (uint64_t i = 0; i < n; i++) {
@@ -247,6 +254,7 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
                     CHECK_EQ(m.position, h->req_fifo[(size_t)t * 4096 + (h->req_head[t]++ % 4096)]);
                 }
                 h->commits++;
+                atomic_store(&h->commit_wait[t], 0);
             }
             tr_loop_control_done(loop, t, 0);
             break;
@@ -264,23 +272,23 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
     return 0;
 }
 
-static void h_run_pool_batch(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
-                             int discard) {
+static void h_run_pool_batch(void *ctx, tr_loop *loop, uint32_t worker) {
     harness *h = ctx;
-    (void)worker;
-    (void)loop;
-    for (size_t i = 0; i < n; i++) {
-        if (discard)
+    tr_op op;
+    while (tr_loop_pool_next(loop, worker, &op)) {
+        if (op.flags & TR_OPF_DISCARD)
             continue;
         uint32_t t, p;
         uint64_t idx;
-        h_decode(ops[i].item, &t, &p, &idx);
-        CHECK_EQ(t, ops[i].task);
+        h_decode(op.item, &t, &p, &idx);
+        CHECK_EQ(t, op.task);
         CHECK_EQ(atomic_exchange(&h->running[t], 1), 0); /* rule 21 */
         h_invoke(h, t, p, idx);
         uint32_t req = h_requests(h, t, idx);
         atomic_store(&h->running[t], 0);
-        h_complete(h, t, p, idx, ops[i].seq, req, 0);
+        atomic_store(&h->state[h_slot(h, t, p, idx)], 2);
+        atomic_fetch_sub(&h->incomplete[t], 1);
+        CHECK_EQ(tr_loop_pool_done(loop, worker, &op, req), TR_OK);
     }
 }
 
@@ -328,6 +336,7 @@ static void h_init(harness *h, tr_loop_config *cfg, uint32_t nparts, uint64_t nm
     h->wm_last = calloc(ntp, sizeof(uint64_t));
     h->incomplete = calloc(cfg->ntasks, sizeof *h->incomplete);
     h->running = calloc(cfg->ntasks, sizeof *h->running);
+    h->commit_wait = calloc(cfg->ntasks, sizeof *h->commit_wait);
     h->req_fifo = calloc((size_t)cfg->ntasks * 4096, sizeof(uint64_t));
     h->req_head = calloc(cfg->ntasks, sizeof(uint64_t));
     h->req_tail = calloc(cfg->ntasks, sizeof(uint64_t));
@@ -379,6 +388,7 @@ static void h_free(harness *h) {
     free(h->wm_last);
     free((void *)h->incomplete);
     free((void *)h->running);
+    free((void *)h->commit_wait);
     free(h->req_fifo);
     free(h->req_head);
     free(h->req_tail);

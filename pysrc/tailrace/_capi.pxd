@@ -106,6 +106,7 @@ cdef extern from "tailrace/loop.h" nogil:
     uint32_t TR_TASK_INLINE
     uint32_t TR_RUN_MAX
     uint32_t TR_OPF_FINAL
+    uint32_t TR_OPF_DISCARD
     int TR_PART_ACTIVE
     int TR_PART_IDLE
     int TR_PART_ENDED
@@ -153,8 +154,7 @@ cdef extern from "tailrace/loop.h" nogil:
     ctypedef struct tr_loop_hooks:
         void *ctx
         int (*run_batch)(void *ctx, tr_loop *loop) noexcept nogil
-        void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
-                               int discard) noexcept nogil
+        void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker) noexcept nogil
         void (*worker_started)(void *ctx, uint32_t worker) noexcept nogil
         void (*worker_stopping)(void *ctx, uint32_t worker) noexcept nogil
     ctypedef struct tr_task_stats:
@@ -185,6 +185,9 @@ cdef extern from "tailrace/loop.h" nogil:
     void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state)
     void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests)
     tr_status tr_loop_complete(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests)
+    int tr_loop_pool_next(tr_loop *loop, uint32_t worker, tr_op *out)
+    tr_status tr_loop_pool_done(tr_loop *loop, uint32_t worker, const tr_op *op, uint32_t requests)
+    tr_status tr_loop_pool_failed(tr_loop *loop, uint32_t worker, const tr_op *op)
     tr_status tr_loop_complete_local(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests)
     tr_status tr_loop_fail(tr_loop *loop, uint32_t task, uint64_t seq)
     tr_status tr_loop_post_error(tr_loop *loop, uint64_t error)

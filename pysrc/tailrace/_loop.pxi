@@ -177,14 +177,13 @@ cdef int _batch_trampoline(void *ctx, capi.tr_loop *loop) noexcept with gil:
         return 1
 
 
-cdef void _pool_trampoline(void *ctx, capi.tr_loop *loop, uint32_t worker, const capi.tr_op *ops,
-                           size_t n, int discard) noexcept with gil:
+cdef void _pool_trampoline(void *ctx, capi.tr_loop *loop, uint32_t worker) noexcept with gil:
     cdef LoopRunner r = <LoopRunner>ctx
-    cdef size_t i
     try:
-        r._run_pool_batch(ops, n, discard)
+        r._run_pool_batch(worker)
     except BaseException as e:  # noqa: B036 - nothing may cross into C
         r._fatal(e)
+        r._post(e)  # stops the loop (the recorded exception is what run reports)
 
 
 cdef class LoopRunner:
@@ -391,26 +390,33 @@ cdef class LoopRunner:
         self._post(_TaskError(slot.name, env.ssp, env.offset, e))
         return False
 
-    cdef int _run_pool_batch(self, const capi.tr_op *ops, size_t n, int discard) except -1:
-        cdef size_t i
+    cdef int _run_pool_batch(self, uint32_t worker) except -1:
+        """Pool worker `worker` (GIL held once): run ops until the C side ends the batch."""
+        cdef capi.tr_op op
+        cdef capi.tr_loop *loop = self._loop
         cdef _TaskSlot slot
         cdef Envelope env
         cdef Coordinator coord
         cdef int req
-        for i in range(n):
-            env = _take_item(ops[i].item)
-            if discard:
-                continue
-            slot = <_TaskSlot>self._slotv[ops[i].task]
+        while capi.tr_loop_pool_next(loop, worker, &op):
+            env = _take_item(op.item)
+            if op.flags & capi.TR_OPF_DISCARD:
+                continue  # the loop stopped: only the pin is dropped (with env)
+            slot = <_TaskSlot>self._slotv[op.task]
             coord = Coordinator.__new__(Coordinator) if slot.pooled_concurrent else slot.coordinator
             try:
                 slot.process(env, slot.collector, coord)
             except Exception as e:
-                if not self._sync_error(slot, ops[i].task, ops[i].seq, env, e, coord, False):
+                if not (self._has_ignores and self._ignores(e)):
+                    coord._requests = 0
+                    slot.failed += 1
+                    capi.tr_loop_pool_failed(loop, worker, &op)
+                    self._post(_TaskError(slot.name, env.ssp, env.offset, e))
                     continue
+                slot.ignored += 1
             req = coord._requests
             coord._requests = 0
-            capi.tr_loop_complete(self._loop, ops[i].task, ops[i].seq, <uint32_t>req)
+            capi.tr_loop_pool_done(loop, worker, &op, <uint32_t>req)
         return 0
 
     cdef int _refill(self, _TaskSlot slot, uint32_t t, uint32_t p, Py_ssize_t free_slots) except -1:

@@ -35,8 +35,26 @@
  *   - run: the loop thread. next_op, push_input(s), partition_state, complete_local,
  *     run_done, control_done, watermark, mark_committed: the loop thread, inside
  *     run_batch.
+ *   - pool_next, pool_done, pool_failed: worker `worker`, inside run_pool_batch.
  *   - complete, fail, post_error, wake_partition, set_user_timer, stop, stats:
  *     any thread, any time between create and destroy (also after run returned).
+ *
+ * Worker pool (rules 2, 3, 21): each TR_TASK_POOL task belongs to one worker
+ * (task % pool_size), so its process calls run on one thread at a time, in
+ * sequence order. The loop hands a worker runs of a task's buffered messages
+ * ahead of time (up to a window of sequence numbers per task, not only
+ * max_concurrency of them): queued-but-not-invoked messages are not
+ * outstanding in the rules' sense, and the worker completes message k before
+ * it invokes k+1. A worker takes the runtime lock once per run_pool_batch and
+ * pulls ops with tr_loop_pool_next until it returns 0 (it refills from its
+ * queue meanwhile); results go to tr_loop_pool_done / tr_loop_pool_failed and
+ * reach the loop as one bulk completion-queue push per batch. When a process
+ * call makes coordinator requests (or the loop is draining), the worker stops
+ * invoking that task: its remaining queued ops go back to the loop unrun and
+ * are handed out again, in order, once the loop has acted on the request
+ * (commit before the next message, rule 9; nothing more after a shutdown).
+ * With callback timeouts on, the window is max_concurrency (a message's clock
+ * starts at dispatch). Items must be nonzero.
  *
  * Completion path (rules 12, 17, 22): the completing thread resolves the
  * sequencer slot itself (one CAS, so exactly one of racing resolutions wins and
@@ -87,12 +105,13 @@ typedef enum tr_op_kind {
     TR_OP_COMMIT = 4,  /* task (flags TR_OPF_FINAL for the last one); then control_done */
     TR_OP_TIMER = 5,   /* task: run due user timers; then control_done */
     TR_OP_END_OF_STREAM = 6, /* task: run end_of_stream(); then control_done */
-    TR_OP_RUN = 7 /* TR_TASK_INLINE task: `count` messages in dispatch order (one
-                   * partition's in order, several partitions' round robin), items
-                   * at `item`; partition: the first one's (see tr_loop_run_done) */
+    TR_OP_RUN = 7            /* TR_TASK_INLINE task: `count` messages in dispatch order (one
+                              * partition's in order, several partitions' round robin), items
+                              * at `item`; partition: the first one's (see tr_loop_run_done) */
 } tr_op_kind;
 
-#define TR_OPF_FINAL 0x1u /* TR_OP_COMMIT: the final commit of a graceful stop */
+#define TR_OPF_FINAL 0x1u   /* TR_OP_COMMIT: the final commit of a graceful stop */
+#define TR_OPF_DISCARD 0x2u /* pool PROCESS op: the loop stopped; drop the item, run nothing */
 
 typedef struct tr_op {
     uint32_t kind;
@@ -146,11 +165,12 @@ typedef struct tr_loop_hooks {
     int (*run_batch)(void *ctx, tr_loop *loop);
     /* (run_batch is also called with no ops after an idle timeout, at least
      * every 100 ms, so the binding can check for signals.) */
-    /* Worker thread `worker`, runtime lock not held. Execute n PROCESS ops
-     * (or, when discard is set, only drop their items) and resolve each one
-     * with tr_loop_complete / tr_loop_fail. NULL when pool_size is 0. */
-    void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
-                           int discard);
+    /* Worker thread `worker`, runtime lock not held. Take it once, pull PROCESS
+     * ops with tr_loop_pool_next until it returns 0, release it. An op with
+     * TR_OPF_DISCARD: only drop its item. Any other op: run it, then resolve
+     * it with tr_loop_pool_done or tr_loop_pool_failed (before the next
+     * tr_loop_pool_next). NULL when pool_size is 0. */
+    void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker);
     /* Optional (may be NULL): called on each worker thread when it starts and
      * before it exits, e.g. to keep a runtime thread state for its lifetime. */
     void (*worker_started)(void *ctx, uint32_t worker);
@@ -232,6 +252,17 @@ tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint
  * coordinator requests made for that message. TR_OK (this call won),
  * TR_EALREADY (resolved before: rule 17), TR_EUNKNOWN, TR_EINVAL. */
 tr_status tr_loop_complete(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests);
+/* Worker `worker`, inside run_pool_batch: the next op of the worker's batch, 1;
+ * 0 when the batch is over (the binding then releases its lock). */
+int tr_loop_pool_next(tr_loop *loop, uint32_t worker, tr_op *out);
+/* Worker `worker`, inside run_pool_batch: the op from tr_loop_pool_next ran;
+ * `requests` are its coordinator's TR_REQ_* bits. The completion reaches the
+ * loop with the worker's next bulk push (end of batch, or within ~1 ms).
+ * Same statuses as tr_loop_complete. */
+tr_status tr_loop_pool_done(tr_loop *loop, uint32_t worker, const tr_op *op, uint32_t requests);
+/* Worker `worker`, inside run_pool_batch: the op raised; resolve it as failed
+ * (the binding posts the error object with tr_loop_post_error). */
+tr_status tr_loop_pool_failed(tr_loop *loop, uint32_t worker, const tr_op *op);
 /* Loop thread inside run_batch: the same, without the completion queue. */
 tr_status tr_loop_complete_local(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests);
 /* Any thread: resolve as failed (never released, rule 18). Same statuses.
