@@ -33,6 +33,11 @@
 #define PART_MASK ((1u << PART_BITS) - 1u)
 #define POS_MAX (UINT64_MAX >> PART_BITS)
 #define BATCH_MAX 64u
+/* Messages buffered across all partitions the loop aims for: with many
+ * partitions each one is refilled in smaller polls (at least 2 runs' worth,
+ * never more than the input buffer, rule 6), so the messages waiting stay few
+ * enough to be recycled warm instead of a cold buffer per partition. */
+#define FILL_BUDGET 65536u
 #define BATCH_BUDGET 4096u  /* ops per run_batch call before the loop looks at parking/ticks */
 #define SPIN_ROUNDS 256     /* polls of the completion queue before parking */
 #define TICK_NS 100000000LL /* run_batch at least this often while idle (signals) */
@@ -67,6 +72,7 @@ typedef struct part {
     uint64_t tail; /* pushed count = position of the next message read */
     uint32_t mask; /* storage size - 1 (power of two >= limit) */
     uint32_t limit;
+    uint32_t fill; /* refill up to this many (<= limit, see FILL_BUDGET) */
     uint32_t lent; /* pool tasks: messages out on the worker, not yet released (rule 6) */
     uint8_t state;
     uint8_t refill_queued;
@@ -436,7 +442,7 @@ static void release_task(tr_loop *L, uint32_t t, int all) {
             if (T->flags & TR_TASK_POOL) {
                 part *P = &T->parts[p];
                 P->lent--;
-                if (P->tail - P->head + P->lent <= P->limit / 2)
+                if (P->tail - P->head + P->lent <= P->fill / 2)
                     queue_refill(L, t, p);
             }
             uint32_t req = (buf[i].flags >> TR_SEQ_USER_SHIFT) & TR_REQ_MASK;
@@ -672,7 +678,7 @@ static uint64_t take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *i
         arm_timeout(L, t, seq, handle, p);
     if (T->flags & TR_TASK_POOL)
         P->lent++;
-    if (P->tail - P->head + P->lent <= P->limit / 2)
+    if (P->tail - P->head + P->lent <= P->fill / 2)
         queue_refill(L, t, p);
     *part_out = p;
     *item_out = item;
@@ -852,8 +858,8 @@ static void build(tr_loop *L) {
         part *P = &L->tasks[t].parts[p];
         P->refill_queued = 0;
         uint64_t count = P->tail - P->head + P->lent;
-        if (P->state == TR_PART_ACTIVE && count < P->limit)
-            emit(L, TR_OP_REFILL, t, p, 0, 0, 0, P->limit - count);
+        if (P->state == TR_PART_ACTIVE && count < P->fill)
+            emit(L, TR_OP_REFILL, t, p, 0, 0, 0, P->fill - count);
     }
 
     /* normal work, round robin over ready tasks (rules 4, 5) */
@@ -935,6 +941,11 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     if (!L->tasks || !L->ready || !L->ctl || !L->dirty || !L->refill || !L->heap)
         goto fail;
     uint32_t infl_size = cfg->callback_timeout_ns > 0 ? pow2_at_least(cfg->max_concurrency) : 0;
+    uint64_t fill = total_parts ? FILL_BUDGET / total_parts : cfg->input_buffer;
+    if (fill < 2u * TR_RUN_MAX)
+        fill = 2u * TR_RUN_MAX;
+    if (fill > cfg->input_buffer)
+        fill = cfg->input_buffer;
     /* (with callback timeouts, every task's window is max_concurrency) */
     for (uint32_t t = 0; t < cfg->ntasks; t++) {
         task *T = &L->tasks[t];
@@ -981,6 +992,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
                 goto fail;
             P->mask = size - 1;
             P->limit = cfg->input_buffer;
+            P->fill = (uint32_t)fill;
             P->state = TR_PART_ACTIVE;
         }
     }
@@ -1419,7 +1431,7 @@ tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t c
             (void)tr_watermark_advance(T->wm, 0, pos, P->handles[pos & P->mask]);
         }
         P->head += consumed;
-        if (P->tail - P->head <= P->limit / 2)
+        if (P->tail - P->head <= P->fill / 2)
             queue_refill(L, t, 0);
     } else {
         for (uint32_t i = 0; i < consumed; i++) {
@@ -1428,7 +1440,7 @@ tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t c
             if (i < completed)
                 (void)tr_watermark_advance(T->wm, p, P->head, P->handles[P->head & P->mask]);
             P->head++;
-            if (P->tail - P->head <= P->limit / 2)
+            if (P->tail - P->head <= P->fill / 2)
                 queue_refill(L, t, p);
         }
     }
