@@ -76,7 +76,9 @@ typedef struct part {
     uint32_t lent; /* pool tasks: messages out on the worker, not yet released (rule 6) */
     uint8_t state;
     uint8_t refill_queued;
-    uint32_t run_taken;          /* scratch while a run is filled / completed */
+    uint32_t run_taken; /* scratch while a run is filled / completed */
+    uint8_t wm_pending; /* wm_pos/wm_handle not yet written to the task's tr_watermark */
+    uint64_t wm_pos, wm_handle;
     _Atomic uint32_t woken;      /* 1 while a CQ_WAKE item is queued: dedupes wake-ups */
     _Atomic uint64_t read_count; /* == tail, for metrics from any thread */
 } part;
@@ -164,6 +166,8 @@ struct tr_loop {
     uint32_t nctl;
     uint32_t *dirty;
     uint32_t ndirty;
+    uint64_t *wm_dirty; /* task << 32 | partition: partitions with a pending advance */
+    uint64_t nwm_dirty;
     uint64_t *refill; /* task << 32 | partition */
     uint64_t refill_head, refill_count, refill_cap;
     hent *heap;
@@ -422,6 +426,31 @@ static void apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
         begin_drain(L, TR_STOP_SHUTDOWN);
 }
 
+/* A released message moves its partition's low watermark. The write to the
+ * tr_watermark (a seqlock write) is deferred to wm_flush: once per batch and
+ * before anything reads the watermark, so a burst of releases costs one. */
+static inline void wm_note(tr_loop *L, uint32_t t, uint32_t p, uint64_t pos, uint64_t handle) {
+    part *P = &L->tasks[t].parts[p];
+    P->wm_pos = pos;
+    P->wm_handle = handle;
+    if (!P->wm_pending) {
+        P->wm_pending = 1;
+        L->wm_dirty[L->nwm_dirty++] = ((uint64_t)t << 32) | p;
+    }
+}
+
+static void wm_flush(tr_loop *L) {
+    for (uint64_t i = 0; i < L->nwm_dirty; i++) {
+        uint32_t t = (uint32_t)(L->wm_dirty[i] >> 32), p = (uint32_t)L->wm_dirty[i];
+        part *P = &L->tasks[t].parts[p];
+        P->wm_pending = 0;
+        /* positions of one partition are released in increasing order, so
+         * advance cannot regress */
+        (void)tr_watermark_advance(L->tasks[t].wm, p, P->wm_pos, P->wm_handle);
+    }
+    L->nwm_dirty = 0;
+}
+
 /* Release T's contiguous completed prefix into its watermarks (rule 12). Stops
  * right after a completion carrying a commit request and holds the rest until
  * that commit has run (rule 15), unless `all` (the final commit). */
@@ -435,9 +464,7 @@ static void release_task(tr_loop *L, uint32_t t, int all) {
         for (size_t i = 0; i < n; i++) {
             uint32_t p = (uint32_t)(buf[i].tag_a & PART_MASK);
             uint64_t pos = buf[i].tag_a >> PART_BITS;
-            /* positions of one partition are dispatched, hence released, in
-             * increasing order, so advance cannot regress */
-            (void)tr_watermark_advance(T->wm, p, pos, buf[i].tag_b);
+            wm_note(L, t, p, pos, buf[i].tag_b);
             bump(&T->completed);
             if (T->flags & TR_TASK_POOL) {
                 part *P = &T->parts[p];
@@ -783,7 +810,7 @@ static void start_final(tr_loop *L) {
 }
 
 /* Fill the batch: the one place that decides what runs next. */
-static void build(tr_loop *L) {
+static void build_batch(tr_loop *L) {
     if (L->phase == PH_FINISHED)
         return;
     L->nbatch = L->bpos = 0;
@@ -888,6 +915,14 @@ static void build(tr_loop *L) {
     }
 }
 
+/* Every op of a batch sees the watermarks of everything released before it
+ * was built: a control op of a task is built only when nothing of that task
+ * runs in between (rules 9, 15); other threads read at most a batch behind. */
+static void build(tr_loop *L) {
+    build_batch(L);
+    wm_flush(L);
+}
+
 /* ------------------------------------------------------------- public API */
 
 tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out) {
@@ -936,9 +971,10 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     L->dirty = calloc(cfg->ntasks, sizeof *L->dirty);
     L->refill_cap = total_parts ? total_parts : 1;
     L->refill = calloc(L->refill_cap, sizeof *L->refill);
+    L->wm_dirty = calloc(L->refill_cap, sizeof *L->wm_dirty);
     L->heap_cap = 4u * cfg->ntasks + 16u;
     L->heap = malloc(L->heap_cap * sizeof *L->heap);
-    if (!L->tasks || !L->ready || !L->ctl || !L->dirty || !L->refill || !L->heap)
+    if (!L->tasks || !L->ready || !L->ctl || !L->dirty || !L->refill || !L->wm_dirty || !L->heap)
         goto fail;
     uint32_t infl_size = cfg->callback_timeout_ns > 0 ? pow2_at_least(cfg->max_concurrency) : 0;
     uint64_t fill = total_parts ? FILL_BUDGET / total_parts : cfg->input_buffer;
@@ -1060,6 +1096,7 @@ void tr_loop_destroy(tr_loop *L) {
     free(L->ctl);
     free(L->dirty);
     free(L->refill);
+    free(L->wm_dirty);
     free(L->heap);
     free(L);
 }
@@ -1316,6 +1353,7 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
         wait_for_work(L);
     }
     stop_workers(L);
+    wm_flush(L);
     /* ops the workers handed back after the loop's last drain: their items
      * join the tails that tr_loop_drain_items gives back to the binding */
     drain_completions(L);
@@ -1428,7 +1466,7 @@ tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t c
         part *P = &T->parts[0];
         if (completed) {
             uint64_t pos = P->head + completed - 1;
-            (void)tr_watermark_advance(T->wm, 0, pos, P->handles[pos & P->mask]);
+            wm_note(L, t, 0, pos, P->handles[pos & P->mask]);
         }
         P->head += consumed;
         if (P->tail - P->head <= P->fill / 2)
@@ -1438,7 +1476,7 @@ tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t c
             uint32_t p = L->run_parts[i];
             part *P = &T->parts[p];
             if (i < completed)
-                (void)tr_watermark_advance(T->wm, p, P->head, P->handles[P->head & P->mask]);
+                wm_note(L, t, p, P->head, P->handles[P->head & P->mask]);
             P->head++;
             if (P->tail - P->head <= P->fill / 2)
                 queue_refill(L, t, p);
