@@ -34,7 +34,7 @@
 #define POS_MAX (UINT64_MAX >> PART_BITS)
 #define BATCH_MAX 64u
 /* Messages buffered across all partitions the loop aims for: with many
- * partitions each one is refilled in smaller polls (at least 2 runs' worth,
+ * partitions each one is refilled in smaller polls (at least a run's worth,
  * never more than the input buffer, rule 6), so the messages waiting stay few
  * enough to be recycled warm instead of a cold buffer per partition. */
 #define FILL_BUDGET 65536u
@@ -978,8 +978,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         goto fail;
     uint32_t infl_size = cfg->callback_timeout_ns > 0 ? pow2_at_least(cfg->max_concurrency) : 0;
     uint64_t fill = total_parts ? FILL_BUDGET / total_parts : cfg->input_buffer;
-    if (fill < 2u * TR_RUN_MAX)
-        fill = 2u * TR_RUN_MAX;
+    if (fill < TR_RUN_MAX)
+        fill = TR_RUN_MAX;
     if (fill > cfg->input_buffer)
         fill = cfg->input_buffer;
     /* (with callback timeouts, every task's window is max_concurrency) */
