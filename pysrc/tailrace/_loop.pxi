@@ -60,6 +60,10 @@ cdef class _PartState:
     cdef public long long released_n
     cdef public long long committed_n
     cdef dict pinned  # id -> offset object, for offsets that are not small ints
+    cdef object poll_range  # the reader's _tailrace_poll_range (MemorySystem bounded), or None
+    cdef str system
+    cdef str stream
+    cdef Py_ssize_t partition
     cdef long long next_id
     cdef long long purged
 
@@ -70,6 +74,10 @@ cdef class _PartState:
         self.committed = start
         self.newest_read = None
         self.pinned = {}
+        self.poll_range = getattr(reader, "_tailrace_poll_range", None)
+        self.system = ssp.system
+        self.stream = ssp.stream
+        self.partition = ssp.partition
 
     cdef inline uint64_t handle_for(self, object offset):
         cdef int overflow = 0
@@ -428,6 +436,8 @@ cdef class LoopRunner:
         cdef Envelope env
         if ps.pinned and capi.tr_loop_watermark(self._loop, t, p, &mark) == capi.TR_OK:
             ps.purge_below(mark.handle)
+        if ps.poll_range is not None:
+            return self._refill_range(ps, t, p, free_slots)
         batch = ps.reader.poll(free_slots)
         if type(batch) is not list:
             batch = list(batch)
@@ -454,6 +464,41 @@ cdef class LoopRunner:
             i += m
         ps.read_n += n
         ps.newest_read = (<Envelope>batch[n - 1]).offset
+        return 0
+
+    cdef int _refill_range(self, _PartState ps, uint32_t t, uint32_t p,
+                           Py_ssize_t free_slots) except -1:
+        """_refill for a reader with _tailrace_poll_range: envelopes straight into the ring."""
+        cdef uint64_t items[256]
+        cdef uint64_t handles[256]
+        cdef Py_ssize_t start, end, i, j, m
+        cdef Envelope env
+        cdef capi.tr_status st
+        messages, keys, start, end = ps.poll_range(free_slots)
+        if end <= start:
+            capi.tr_loop_partition_state(
+                self._loop, t, p, capi.TR_PART_ENDED if ps.reader.at_end() else capi.TR_PART_IDLE)
+            return 0
+        if end - start > free_slots or start < 0 or end >= _INT_HANDLE_LIMIT:
+            raise RuntimeError(f"reader of {ps.ssp} returned offsets {start}..{end - 1}, "
+                               f"asked for at most {free_slots}")
+        i = start
+        while i < end:
+            m = end - i if end - i < 256 else 256
+            for j in range(m):
+                env = new_envelope(ps.system, ps.stream, ps.partition, i + j,
+                                   None if keys is None else keys[i + j], messages[i + j])
+                Py_INCREF(env)  # the ring's pin: see _take_item, _drain
+                items[j] = <uint64_t><PyObject *>env
+                handles[j] = (<uint64_t>(i + j)) << 1
+            st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
+            if st != capi.TR_OK:
+                for j in range(m):
+                    Py_DECREF(<object><PyObject *>items[j])
+                check(st, f"input ring of {ps.ssp}")
+            i += m
+        ps.read_n += end - start
+        ps.newest_read = end - 1
         return 0
 
     cdef int _control(self, uint32_t kind, uint32_t t, uint32_t flags) except -1:
