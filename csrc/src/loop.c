@@ -1400,7 +1400,7 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
     if (TR_UNLIKELY(atomic_load_explicit(&L->error, TR_ACQUIRE) != 0) || L->phase != PH_RUNNING)
         return 0;
     task *T = &L->tasks[t];
-    if (T->flags & (TR_TASK_POOL | TR_TASK_INLINE))
+    if (T->flags & TR_TASK_POOL)
         return 0;
     if (T->in_dirty) {
         /* release what it completed (requests included) before deciding */
@@ -1452,14 +1452,36 @@ tr_status tr_loop_push_inputs(tr_loop *L, uint32_t t, uint32_t p, const uint64_t
     return TR_OK;
 }
 
-tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t completed,
-                           uint32_t requests) {
+/* run_done and run_escape: pop the `consumed` items taken, release the first
+ * `completed`; with `escape`, the last one taken is outstanding: it gets a
+ * sequence number (*seq) like a PROCESS op. */
+static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t completed,
+                            uint32_t requests, int escape, uint64_t *seq) {
     if (t >= L->cfg.ntasks || !L->tasks[t].in_run || L->run_task != t)
         return TR_EINVAL;
     task *T = &L->tasks[t];
-    if (completed > consumed || consumed - completed > 1 || consumed > L->run_count)
+    if (completed > consumed || consumed - completed > 1 || consumed > L->run_count ||
+        (escape && (consumed == 0 || completed != consumed - 1)))
         return TR_EINVAL;
     T->in_run = 0;
+    if (escape) {
+        /* the run was handed only with nothing outstanding: room for one */
+        uint32_t p = L->run_parts[consumed - 1];
+        part *P = &T->parts[p];
+        uint64_t pos = P->head; /* of the escaping item, once the others are popped */
+        if (T->nparts == 1) {
+            pos = P->head + consumed - 1;
+        } else {
+            for (uint32_t i = 0; i + 1 < consumed; i++)
+                if (L->run_parts[i] == p)
+                    pos++;
+        }
+        uint64_t handle = P->handles[pos & P->mask];
+        (void)tr_sequencer_acquire(T->seq, ((pos & POS_MAX) << PART_BITS) | p, handle, seq);
+        T->acquired++;
+        if (T->infl)
+            arm_timeout(L, t, *seq, handle, p);
+    }
     /* completed in order on this thread with nothing outstanding before them:
      * releasing them is advancing the watermarks past them */
     if (T->nparts == 1) {
@@ -1487,7 +1509,7 @@ tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t c
     bump_n(&T->processed, consumed);
     bump_n(&T->completed, completed);
     bump_n(&L->chosen, consumed);
-    if (consumed > completed)
+    if (consumed > completed && !escape)
         T->halted = 1; /* failed: nothing after it may complete (rule 18) */
     requests &= TR_REQ_MASK;
     if (requests && !T->halted) {
@@ -1499,6 +1521,15 @@ tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t c
     maybe_ready(L, t);
     maybe_control(L, t);
     return TR_OK;
+}
+
+tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t completed,
+                           uint32_t requests) {
+    return finish_run(L, t, consumed, completed, requests, 0, NULL);
+}
+
+tr_status tr_loop_run_escape(tr_loop *L, uint32_t t, uint32_t consumed, uint64_t *seq) {
+    return finish_run(L, t, consumed, consumed ? consumed - 1 : 0, 0, 1, seq);
 }
 
 void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {

@@ -190,7 +190,7 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             if (h->mode == H_INLINE || h->mode == H_RUN) {
                 h_complete(h, t, p, idx, op.seq, req, 1);
                 /* completed inline: the same task's next message, if it may take one */
-                while (h->mode == H_INLINE && tr_loop_next_of_task(loop, t, &op)) {
+                while (tr_loop_next_of_task(loop, t, &op)) {
                     CHECK_EQ(op.kind, TR_OP_PROCESS);
                     CHECK_EQ(op.task, t);
                     h_decode(op.item, &tt, &p, &idx);
@@ -215,17 +215,28 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             CHECK_EQ(atomic_load(&h->incomplete[t]), 0); /* rule 2: nothing outstanding */
             const uint64_t *items = (const uint64_t *)(uintptr_t)op.item;
             uint32_t done = 0, req = 0;
+            int escaped = 0;
             while (done < op.count && req == 0) {
                 h_decode(items[done], &tt, &p, &idx);
                 CHECK_EQ(tt, t);
                 CHECK(p < h->nparts && (done > 0 || p == op.partition));
                 h_invoke(h, t, p, idx);
                 req = h_requests(h, t, idx);
+                done++;
+                if (idx % 5 == 2) {
+                    /* an async callback that escaped the run: sequenced now,
+                     * completed after (inline here) */
+                    uint64_t seq;
+                    CHECK_EQ(tr_loop_run_escape(loop, t, done, &seq), TR_OK);
+                    h_complete(h, t, p, idx, seq, req, 1);
+                    escaped = 1;
+                    break;
+                }
                 atomic_store(&h->state[h_slot(h, t, p, idx)], 2);
                 atomic_fetch_sub(&h->incomplete[t], 1);
-                done++;
             }
-            CHECK_EQ(tr_loop_run_done(loop, t, done, done, req), TR_OK);
+            if (!escaped)
+                CHECK_EQ(tr_loop_run_done(loop, t, done, done, req), TR_OK);
             CHECK_EQ(tr_loop_run_done(loop, t, 0, 0, 0), TR_EINVAL); /* no run open */
             break;
         }

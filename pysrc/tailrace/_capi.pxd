@@ -180,6 +180,7 @@ cdef extern from "tailrace/loop.h" nogil:
     int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out)
     tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
                                   const uint64_t *items, const uint64_t *handles, size_t n)
+    tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq)
     tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint32_t completed,
                                uint32_t requests)
     void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state)

@@ -31,6 +31,9 @@ cdef extern from "Python.h":
     unsigned long PyThread_get_thread_ident()
 
 DEF _INT_HANDLE_LIMIT = 4611686018427387904  # 2**62
+DEF RUN_PENDING = 1
+DEF RUN_DONE = 2
+DEF RUN_FAILED = 3
 
 OP_PROCESS = capi.TR_OP_PROCESS
 OP_WINDOW = capi.TR_OP_WINDOW
@@ -152,6 +155,11 @@ cdef class Callback:
     cdef uint64_t _seq
     cdef uint32_t _task
     cdef bint _inline  # completed on the loop thread inside its batch
+    # In a run (_run_async) a callback has no sequence number until it escapes:
+    # _rstate RUN_PENDING / RUN_DONE / RUN_FAILED (with the requests in _rreq),
+    # changed only with the GIL held; 0 once sequenced (complete() goes to C).
+    cdef int _rstate
+    cdef int _rreq
 
     def complete(self):
         """Mark the message done (from any thread)."""
@@ -253,8 +261,8 @@ cdef class LoopRunner:
                 if not s.is_async and config.thread_pool_size > 0:
                     tasks[i].flags |= capi.TR_TASK_POOL
                     s.pooled_concurrent = config.max_concurrency > 1
-                elif not s.is_async:
-                    tasks[i].flags |= capi.TR_TASK_INLINE  # runs of messages (_run_sync)
+                else:
+                    tasks[i].flags |= capi.TR_TASK_INLINE  # runs: _run_sync / _run_async
                 if window_flags[i]:
                     tasks[i].flags |= capi.TR_TASK_WINDOW
             check(capi.tr_loop_create(&cfg, tasks, &self._loop), "dispatch loop")
@@ -307,7 +315,10 @@ cdef class LoopRunner:
             while capi.tr_loop_next_op(loop, &op):
                 slot = <_TaskSlot>self._slotv[op.task]
                 if op.kind == capi.TR_OP_RUN:
-                    self._run_sync(slot, op.task, <const uint64_t *><uintptr_t>op.item, op.count)
+                    if slot.is_async:
+                        self._run_async(slot, op.task, <const uint64_t *><uintptr_t>op.item, op.count)
+                    else:
+                        self._run_sync(slot, op.task, <const uint64_t *><uintptr_t>op.item, op.count)
                 elif op.kind == capi.TR_OP_PROCESS:
                     env = _take_item(op.item)
                     if not slot.is_async:
@@ -384,6 +395,65 @@ cdef class LoopRunner:
             # also on a BaseException: the items taken are ours, the failed one
             # (taken, not completed) halts the task in C
             capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
+        return 0
+
+    cdef int _run_async(self, _TaskSlot slot, uint32_t t, const uint64_t *items,
+                        uint32_t n) except -1:
+        """A RUN op of an async task: go on while each callback completes during its call.
+
+        A callback completed (on any thread) before process_async returned
+        needs no sequence number: in order with nothing outstanding, it is
+        released by run_done. The first one still pending escapes: run_escape
+        gives it a sequence number and it completes through the C loop like
+        any other. The run also ends after a failure or a message with requests.
+        """
+        cdef uint32_t consumed = 0
+        cdef uint32_t completed = 0
+        cdef int req = 0
+        cdef bint escaped = False
+        cdef uint64_t seq = 0
+        cdef Envelope env
+        cdef Callback cb
+        cdef Coordinator coord
+        process = slot.process
+        collector = slot.collector
+        try:
+            while consumed < n:
+                env = _take_item(items[consumed])
+                consumed += 1
+                cb = Callback.__new__(Callback)
+                cb._runner = self
+                cb._env = env
+                cb._task = t
+                cb._rstate = RUN_PENDING
+                coord = Coordinator.__new__(Coordinator)
+                cb._coordinator = coord
+                try:
+                    process(env, collector, coord, cb)
+                except Exception as e:
+                    if cb._rstate == RUN_PENDING:
+                        cb._rstate = RUN_FAILED  # a later complete() is a second resolution
+                    slot.failed += 1
+                    self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                    break
+                if cb._rstate == RUN_DONE:
+                    completed = consumed
+                    req = cb._rreq
+                    if req:
+                        break
+                elif cb._rstate == RUN_FAILED:
+                    break  # _resolve posted the error
+                else:
+                    # no GIL release from here to the end of this block: no
+                    # other thread can resolve cb while it changes hands
+                    check(capi.tr_loop_run_escape(self._loop, t, consumed, &seq), "run")
+                    escaped = True
+                    cb._seq = seq
+                    cb._rstate = 0
+                    break
+        finally:
+            if not escaped:
+                capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
         return 0
 
     cdef bint _sync_error(self, _TaskSlot slot, uint32_t t, uint64_t seq, Envelope env, object e,
@@ -539,6 +609,19 @@ cdef class LoopRunner:
         cdef int req = cb._coordinator._requests
         cdef _TaskSlot slot = <_TaskSlot>self._slotv[cb._task]
         cb._coordinator._requests = 0
+        if cb._rstate:  # a callback of a run, not sequenced (see _run_async)
+            what = "completed" if exc is None else "failed"
+            if cb._rstate != RUN_PENDING:
+                self._post(_CallbackError(slot.name, cb._env.ssp, cb._env.offset, exc,
+                                          detail=f"callback {what} a second time (rule 17)"))
+            elif exc is None:
+                cb._rstate = RUN_DONE
+                cb._rreq = req
+            else:
+                cb._rstate = RUN_FAILED
+                slot.failed += 1
+                self._post(_TaskError(slot.name, cb._env.ssp, cb._env.offset, exc))
+            return
         if exc is None:
             if self._in_batch and PyThread_get_thread_ident() == self._loop_thread:
                 st = capi.tr_loop_complete_local(self._loop, cb._task, cb._seq, <uint32_t>req)

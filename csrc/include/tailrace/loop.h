@@ -22,7 +22,7 @@
  * without parking), so a task completed inline by the binding gets its next
  * message in the same batch: one lock acquisition covers many messages.
  *
- * Runs (TR_TASK_INLINE tasks): a sync task on the loop thread with nothing
+ * Runs (TR_TASK_INLINE tasks): a task on the loop thread with nothing
  * outstanding gets a RUN op, up to TR_RUN_MAX of its buffered messages (one
  * partition's in order, or round robin message by message over its
  * partitions), which the binding processes in a row and reports with one
@@ -92,8 +92,8 @@ typedef struct tr_loop tr_loop;
 /* Task flags (tr_loop_task.flags). */
 #define TR_TASK_POOL 0x1u   /* process runs on the worker pool (sync tasks, pool size > 0) */
 #define TR_TASK_WINDOW 0x2u /* the task has a window hook (rule 8) */
-/* process runs on the loop thread and completes before it returns (a sync task
- * without a pool): the loop may hand it RUN ops instead of PROCESS ops */
+/* process runs on the loop thread (a sync task without a pool, or an async
+ * task): the loop may hand it RUN ops instead of PROCESS ops */
 #define TR_TASK_INLINE 0x4u
 
 /* Operation kinds handed to the binding. */
@@ -214,7 +214,7 @@ tr_status tr_loop_run(tr_loop *loop, const tr_loop_hooks *hooks);
 int tr_loop_next_op(tr_loop *loop, tr_op *out);
 
 /* Loop thread, inside run_batch, right after executing a PROCESS op of `task`
- * (not a TR_TASK_INLINE or TR_TASK_POOL task) whose callback completed inline
+ * (not a TR_TASK_POOL task) whose callback completed inline
  * with tr_loop_complete_local: the task's next PROCESS op, 1, when it may take
  * one now (its completions released, no barrier or request pending, room
  * under max concurrency), so an async task completing inline runs a bounded
@@ -248,6 +248,12 @@ void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests);
  * releasing it (rules 2, 12, 15). TR_EINVAL when no run of `task` is open. */
 tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint32_t completed,
                            uint32_t requests);
+/* Loop thread, inside run_batch, instead of run_done: the last of the
+ * `consumed` items taken did not complete during its call (an async task whose
+ * callback escaped): the others completed in order, without requests; that
+ * one is outstanding now, with sequence number *seq (complete / complete_local
+ * / fail resolve it, as for a PROCESS op). TR_EINVAL when no run is open. */
+tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq);
 /* Any thread: resolve callback `seq` of `task` as completed, with the
  * coordinator requests made for that message. TR_OK (this call won),
  * TR_EALREADY (resolved before: rule 17), TR_EUNKNOWN, TR_EINVAL. */
