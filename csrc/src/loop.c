@@ -110,8 +110,8 @@ typedef struct task {
     uint8_t paused; /* the worker may have stopped this task: send POOL_RESUME first */
     uint8_t commit_req, commit_due, window_due, timer_due, commit_hold;
     uint8_t done, voted, in_control, control_kind, in_ready, in_ctl, in_dirty, timeout_armed;
-    uint8_t in_run; /* a RUN op of this task is in the batch or being executed */
-    uint8_t halted; /* a message of a run failed: never dispatch to it again */
+    uint8_t in_run;  /* a RUN op of this task is in the batch or being executed */
+    uint8_t halted;  /* a message of a run failed: never dispatch to it again */
     uint32_t queued; /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
     _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */

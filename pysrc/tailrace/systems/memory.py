@@ -57,9 +57,7 @@ class _BoundedReader(PartitionReader):
     def at_end(self) -> bool:
         return self._pos >= len(self._messages)
 
-    def _tailrace_poll_range(
-        self, max_messages: int
-    ) -> tuple[Sequence[Any], Sequence[Any] | None, int, int]:
+    def _tailrace_poll_range(self, max_messages: int) -> tuple[Sequence[Any], Sequence[Any] | None, int, int]:
         """``poll`` without building a list: (messages, keys, start, end); the
         messages of offsets start..end-1 are ``messages[start:end]``. The native
         engine builds their envelopes straight into its input buffer."""
