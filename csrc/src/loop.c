@@ -33,15 +33,26 @@
 #define PART_MASK ((1u << PART_BITS) - 1u)
 #define POS_MAX (UINT64_MAX >> PART_BITS)
 #define BATCH_MAX 64u
+/* Messages buffered across all partitions the loop aims for: with many
+ * partitions each one is refilled in smaller polls (at least a run's worth,
+ * never more than the input buffer, rule 6), so the messages waiting stay few
+ * enough to be recycled warm instead of a cold buffer per partition. */
+#define FILL_BUDGET 65536u
 #define BATCH_BUDGET 4096u  /* ops per run_batch call before the loop looks at parking/ticks */
 #define SPIN_ROUNDS 256     /* polls of the completion queue before parking */
 #define TICK_NS 100000000LL /* run_batch at least this often while idle (signals) */
 #define MIN_IDLE_NS 1000000LL
 #define POOL_TASK_BITS 24u
 #define POOL_TASK_MASK ((1u << POOL_TASK_BITS) - 1u)
+#define POOL_WINDOW 128u         /* seqs a pool task may have queued/running on its worker */
+#define POOL_BATCH 64u           /* items a worker pops from its queue at once */
+#define POOL_PEND 256u           /* completions a worker buffers before one bulk push */
+#define POOL_BUDGET 1024u        /* ops per run_pool_batch call (lock hold) */
+#define POOL_FLUSH_NS 1000000LL  /* push buffered completions at least this often */
+#define POOL_RESUME (1ull << 63) /* worker item {0, RESUME | task}: run that task again */
 
 /* Completion-queue items: a = kind << 56 | task, b = payload. */
-enum { CQ_DONE = 1, CQ_WAKE = 2, CQ_TIMER = 3 };
+enum { CQ_DONE = 1, CQ_WAKE = 2, CQ_TIMER = 3, CQ_UNRUN = 4 };
 #define CQ_KIND_SHIFT 56
 
 enum { H_WINDOW = 1, H_COMMIT = 2, H_USER = 3, H_CBTIMEOUT = 4 };
@@ -61,8 +72,13 @@ typedef struct part {
     uint64_t tail; /* pushed count = position of the next message read */
     uint32_t mask; /* storage size - 1 (power of two >= limit) */
     uint32_t limit;
+    uint32_t fill; /* refill up to this many (<= limit, see FILL_BUDGET) */
+    uint32_t lent; /* pool tasks: messages out on the worker, not yet released (rule 6) */
     uint8_t state;
     uint8_t refill_queued;
+    uint32_t run_taken; /* scratch while a run is filled / completed */
+    uint8_t wm_pending; /* wm_pos/wm_handle not yet written to the task's tr_watermark */
+    uint64_t wm_pos, wm_handle;
     _Atomic uint32_t woken;      /* 1 while a CQ_WAKE item is queued: dedupes wake-ups */
     _Atomic uint64_t read_count; /* == tail, for metrics from any thread */
 } part;
@@ -71,7 +87,7 @@ typedef struct inflight {
     int64_t t0;
     uint64_t handle;
     uint32_t part;
-    uint32_t done;
+    uint32_t done; /* 1: completed; 2: handed back unrun by the worker (not started) */
 } inflight;
 
 typedef struct task {
@@ -84,8 +100,19 @@ typedef struct task {
     uint64_t buffered;    /* items in all rings */
     uint64_t acquired;    /* sequence numbers handed out */
     uint64_t completions; /* completions seen by the loop (inflight = acquired - completions) */
+    /* pool tasks: seqs [redo_from, redo_from + redo_count) came back unrun from the
+     * worker (the tail of the acquired seqs); their items are pitem[seq & pmask] */
+    uint32_t limit; /* sequencer window: max_concurrency, or POOL_WINDOW for pool tasks */
+    uint64_t *pitem;
+    uint64_t pmask;
+    uint64_t redo_from;
+    uint32_t redo_count;
+    uint8_t paused; /* the worker may have stopped this task: send POOL_RESUME first */
     uint8_t commit_req, commit_due, window_due, timer_due, commit_hold;
     uint8_t done, voted, in_control, control_kind, in_ready, in_ctl, in_dirty, timeout_armed;
+    uint8_t in_run;  /* a RUN op of this task is in the batch or being executed */
+    uint8_t halted;  /* a message of a run failed: never dispatch to it again */
+    uint32_t queued; /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
     _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */
     _Atomic uint32_t timer_pending; /* 1 while a CQ_TIMER item is queued */
@@ -107,6 +134,15 @@ typedef struct worker {
     pthread_t thread;
     uint32_t index;
     int started;
+    /* worker thread only */
+    int stop;         /* popped the stop sentinel */
+    uint8_t *stopped; /* [task / pool_size]: a request was made; hand the rest back */
+    size_t n, pos;    /* items[pos..n) still to hand out */
+    uint32_t budget;  /* ops left in this run_pool_batch call */
+    size_t npend;     /* completions buffered for the next bulk push */
+    int64_t pend_t0;  /* when the first of them was buffered */
+    tr_item items[POOL_BATCH];
+    tr_item pend[POOL_PEND];
 } worker;
 
 struct tr_loop {
@@ -119,7 +155,8 @@ struct tr_loop {
     _Atomic uint32_t stop_requested; /* any thread sets; the loop reads after its notifier wait */
     _Atomic uint64_t error;          /* first posted error word (CAS from 0) */
     _Atomic uint32_t reason;
-    _Atomic uint32_t discard; /* workers drop remaining ops */
+    _Atomic uint32_t discard;  /* workers drop remaining ops */
+    _Atomic uint32_t draining; /* graceful stop: workers hand queued ops back unrun */
     _Atomic uint64_t chosen, idle_wakeups, iterations, batches;
 
     /* ---- loop thread only ---- */
@@ -129,11 +166,17 @@ struct tr_loop {
     uint32_t nctl;
     uint32_t *dirty;
     uint32_t ndirty;
+    uint64_t *wm_dirty; /* task << 32 | partition: partitions with a pending advance */
+    uint64_t nwm_dirty;
     uint64_t *refill; /* task << 32 | partition */
     uint64_t refill_head, refill_count, refill_cap;
     hent *heap;
     size_t nheap, heap_cap;
     tr_op batch[BATCH_MAX];
+    uint64_t run_items[TR_RUN_MAX]; /* the items of the RUN op handed out last */
+    uint32_t run_parts[TR_RUN_MAX]; /* their partitions */
+    uint32_t run_task, run_count;
+    uint32_t chain; /* PROCESS ops handed by tr_loop_next_of_task since next_op */
     uint32_t nbatch, bpos, budget;
     int phase;
     int64_t now;
@@ -153,6 +196,10 @@ struct tr_loop {
 static inline void bump(_Atomic uint64_t *c) {
     /* single writer (the loop thread); relaxed: readers want a snapshot only */
     atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) + 1, TR_RELAXED);
+}
+
+static inline void bump_n(_Atomic uint64_t *c, uint64_t n) {
+    atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) + n, TR_RELAXED);
 }
 
 static uint32_t pow2_at_least(uint64_t n) {
@@ -241,16 +288,30 @@ static inline int worker_has_room(const tr_loop *L, const task *T) {
     return tr_queue_size_approx(W->q) + 2 <= tr_queue_capacity(W->q);
 }
 
+/* Ops of a pool task queued or running on its worker (not completed, not handed back). */
+static inline uint64_t at_worker(const task *T) {
+    return T->acquired - T->completions - T->redo_count;
+}
+
 static int runnable(const tr_loop *L, const task *T) {
-    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due)
+    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due ||
+        T->in_run || T->halted)
         return 0;
     if (!L->cfg.async_commit && commit_pending(T))
         return 0;
+    if (T->flags & TR_TASK_POOL) {
+        /* after the worker stopped this task, hand out again only once everything
+         * it still had came back, so the handed-back tail stays in seq order */
+        if ((T->paused || T->redo_count) && at_worker(T) != 0)
+            return 0;
+        if (!worker_has_room(L, T))
+            return 0;
+        if (T->redo_count)
+            return 1; /* already hold their seqs */
+    }
     if (T->buffered == 0)
         return 0;
-    if (tr_sequencer_outstanding(T->seq) >= L->cfg.max_concurrency)
-        return 0;
-    if ((T->flags & TR_TASK_POOL) && !worker_has_room(L, T))
+    if (tr_sequencer_outstanding(T->seq) >= T->limit)
         return 0;
     return 1;
 }
@@ -272,18 +333,20 @@ static int control_kind(const tr_loop *L, const task *T) {
         /* rule 9: nothing invoked-and-incomplete, unless async commit (rule 10);
          * completed-but-held messages are fine: they are exactly the tail the
          * commit must not cover (rule 15) */
-        if (L->cfg.async_commit || T->acquired == T->completions)
+        if (L->cfg.async_commit || T->acquired == T->completions + T->redo_count)
             return CTL_COMMIT;
         return CTL_NONE;
     }
     if (L->phase != PH_RUNNING)
         return CTL_NONE;
     uint32_t out = tr_sequencer_outstanding(T->seq);
+    /* ops handed back unrun (the tail) were never invoked: they do not hold
+     * a window or timer back (they run after it) */
     if (T->window_due)
-        return out == 0 ? CTL_WINDOW : CTL_NONE;
+        return out == T->redo_count ? CTL_WINDOW : CTL_NONE;
     if (T->timer_due)
-        return out == 0 ? CTL_TIMER : CTL_NONE;
-    if (T->nended == T->nparts && T->buffered == 0 && out == 0)
+        return out == T->redo_count ? CTL_TIMER : CTL_NONE;
+    if (T->nended == T->nparts && T->buffered == 0 && out == 0 && !T->halted)
         return CTL_EOS;
     return CTL_NONE;
 }
@@ -328,6 +391,8 @@ static void begin_drain(tr_loop *L, tr_stop_reason reason) {
     atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED,
                                             TR_RELAXED);
     L->phase = PH_DRAINING;
+    /* workers stop invoking queued ops: dispatch has stopped (rule 19) */
+    atomic_store_explicit(&L->draining, 1, TR_RELAXED);
     L->drain_deadline = L->now + (L->cfg.shutdown_ns > 0 ? L->cfg.shutdown_ns : 0);
     for (uint32_t t = 0; t < L->cfg.ntasks; t++)
         maybe_control(L, t);
@@ -361,6 +426,31 @@ static void apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
         begin_drain(L, TR_STOP_SHUTDOWN);
 }
 
+/* A released message moves its partition's low watermark. The write to the
+ * tr_watermark (a seqlock write) is deferred to wm_flush: once per batch and
+ * before anything reads the watermark, so a burst of releases costs one. */
+static inline void wm_note(tr_loop *L, uint32_t t, uint32_t p, uint64_t pos, uint64_t handle) {
+    part *P = &L->tasks[t].parts[p];
+    P->wm_pos = pos;
+    P->wm_handle = handle;
+    if (!P->wm_pending) {
+        P->wm_pending = 1;
+        L->wm_dirty[L->nwm_dirty++] = ((uint64_t)t << 32) | p;
+    }
+}
+
+static void wm_flush(tr_loop *L) {
+    for (uint64_t i = 0; i < L->nwm_dirty; i++) {
+        uint32_t t = (uint32_t)(L->wm_dirty[i] >> 32), p = (uint32_t)L->wm_dirty[i];
+        part *P = &L->tasks[t].parts[p];
+        P->wm_pending = 0;
+        /* positions of one partition are released in increasing order, so
+         * advance cannot regress */
+        (void)tr_watermark_advance(L->tasks[t].wm, p, P->wm_pos, P->wm_handle);
+    }
+    L->nwm_dirty = 0;
+}
+
 /* Release T's contiguous completed prefix into its watermarks (rule 12). Stops
  * right after a completion carrying a commit request and holds the rest until
  * that commit has run (rule 15), unless `all` (the final commit). */
@@ -374,11 +464,17 @@ static void release_task(tr_loop *L, uint32_t t, int all) {
         for (size_t i = 0; i < n; i++) {
             uint32_t p = (uint32_t)(buf[i].tag_a & PART_MASK);
             uint64_t pos = buf[i].tag_a >> PART_BITS;
-            /* positions of one partition are dispatched, hence released, in
-             * increasing order, so advance cannot regress */
-            (void)tr_watermark_advance(T->wm, p, pos, buf[i].tag_b);
+            wm_note(L, t, p, pos, buf[i].tag_b);
             bump(&T->completed);
+            if (T->flags & TR_TASK_POOL) {
+                part *P = &T->parts[p];
+                P->lent--;
+                if (P->tail - P->head + P->lent <= P->fill / 2)
+                    queue_refill(L, t, p);
+            }
             uint32_t req = (buf[i].flags >> TR_SEQ_USER_SHIFT) & TR_REQ_MASK;
+            if (req && (T->flags & TR_TASK_POOL))
+                T->paused = 1; /* its worker stopped invoking this task */
             if (req && !all)
                 apply_requests(L, t, req);
         }
@@ -412,6 +508,17 @@ static void drain_completions(tr_loop *L) {
                 T->completions++;
                 if (T->infl)
                     T->infl[items[i].b & T->infl_mask].done = 1;
+                mark_dirty(L, t);
+            } else if (kind == CQ_UNRUN) {
+                /* a pool op the worker did not run: its seq joins the tail */
+                if (T->redo_count == 0)
+                    T->redo_from = items[i].b;
+                else if (items[i].b != T->redo_from + T->redo_count)
+                    L->internal = TR_EINVAL; /* cannot happen: a worker keeps seq order */
+                T->redo_count++;
+                T->paused = 1;
+                if (T->infl)
+                    T->infl[items[i].b & T->infl_mask].done = 2;
                 mark_dirty(L, t);
             } else if (kind == CQ_WAKE) {
                 uint32_t p = (uint32_t)items[i].b;
@@ -502,17 +609,86 @@ static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t fla
     op->seq = seq;
     op->item = item;
     op->handle = handle;
+    op->count = 0;
+    op->reserved = 0;
 }
 
-static void dispatch_one(tr_loop *L, uint32_t t) {
-    task *T = &L->tasks[t];
+/* Pick the partition to serve next (round robin over non-empty rings). */
+static inline uint32_t next_part(task *T) {
     uint32_t p = T->rr;
     for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
-        part *P = &T->parts[p];
-        if (P->tail != P->head)
+        if (T->parts[p].tail != T->parts[p].head)
             break;
     }
     T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
+    return p;
+}
+
+/* A TR_TASK_INLINE task with nothing outstanding or held: hand it a run of up
+ * to TR_RUN_MAX of its buffered messages (fill_run picks them when the op is
+ * handed out). The items stay in the rings until tr_loop_run_done pops the
+ * ones the binding took. */
+static void dispatch_run(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    T->in_run = 1;
+    emit(L, TR_OP_RUN, t, 0, 0, 0, 0, 0);
+    L->batch[L->nbatch - 1].count = T->buffered < TR_RUN_MAX ? (uint32_t)T->buffered : TR_RUN_MAX;
+}
+
+/* The messages of a run, in dispatch order: one partition's in a row, or
+ * round robin message by message over the task's partitions (rule 5). */
+static uint32_t fill_run(tr_loop *L, uint32_t t, uint32_t max) {
+    task *T = &L->tasks[t];
+    uint32_t n = 0;
+    L->run_task = t;
+    if (T->nparts == 1) {
+        part *P = &T->parts[0];
+        uint64_t avail = P->tail - P->head;
+        n = avail < max ? (uint32_t)avail : max;
+        for (uint32_t i = 0; i < n; i++) {
+            L->run_items[i] = P->items[(P->head + i) & P->mask];
+            L->run_parts[i] = 0;
+        }
+    } else {
+        uint32_t p = T->rr, misses = 0;
+        while (n < max && misses < T->nparts) {
+            part *P = &T->parts[p];
+            if (P->tail - P->head > P->run_taken) {
+                L->run_items[n] = P->items[(P->head + P->run_taken) & P->mask];
+                L->run_parts[n++] = p;
+                P->run_taken++;
+                misses = 0;
+            } else {
+                misses++;
+            }
+            p = (p + 1 == T->nparts) ? 0 : p + 1;
+        }
+        T->rr = p;
+        for (uint32_t i = 0; i < n; i++)
+            T->parts[L->run_parts[i]].run_taken = 0;
+    }
+    L->run_count = n;
+    return n;
+}
+
+static inline void arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p) {
+    task *T = &L->tasks[t];
+    inflight *f = &T->infl[seq & T->infl_mask];
+    f->t0 = L->now;
+    f->handle = handle;
+    f->part = p;
+    f->done = 0;
+    if (!T->timeout_armed) {
+        T->timeout_armed = 1;
+        heap_push(L, L->now + L->cfg.callback_timeout_ns, t, H_CBTIMEOUT, 0);
+    }
+}
+
+/* Pop T's next message (round robin over its partitions) and acquire its seq. */
+static uint64_t take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
+                         uint64_t *handle_out) {
+    task *T = &L->tasks[t];
+    uint32_t p = next_part(T);
     part *P = &T->parts[p];
     uint64_t pos = P->head;
     uint64_t item = P->items[pos & P->mask];
@@ -520,32 +696,97 @@ static void dispatch_one(tr_loop *L, uint32_t t) {
     P->head++;
     T->buffered--;
     uint64_t seq = 0;
-    /* cannot fail: runnable() checked outstanding < max_concurrency */
+    /* cannot fail: the caller checked outstanding < limit */
     (void)tr_sequencer_acquire(T->seq, ((pos & POS_MAX) << PART_BITS) | p, handle, &seq);
     T->acquired++;
     bump(&T->processed);
     bump(&L->chosen);
-    if (T->infl) {
-        inflight *f = &T->infl[seq & T->infl_mask];
-        f->t0 = L->now;
-        f->handle = handle;
-        f->part = p;
-        f->done = 0;
-        if (!T->timeout_armed) {
-            T->timeout_armed = 1;
-            heap_push(L, L->now + L->cfg.callback_timeout_ns, t, H_CBTIMEOUT, 0);
-        }
-    }
-    if (P->tail - P->head <= P->limit / 2)
+    if (T->infl)
+        arm_timeout(L, t, seq, handle, p);
+    if (T->flags & TR_TASK_POOL)
+        P->lent++;
+    if (P->tail - P->head + P->lent <= P->fill / 2)
         queue_refill(L, t, p);
-    if (T->flags & TR_TASK_POOL) {
-        tr_item it = {item, (seq << POOL_TASK_BITS) | t};
-        /* room was checked by runnable(); the loop is the only producer */
-        (void)tr_queue_try_push_mpsc(L->workers[T->worker].q, it);
-        L->progress = 1;
+    *part_out = p;
+    *item_out = item;
+    *handle_out = handle;
+    return seq;
+}
+
+/* A loop-thread task's next PROCESS op: to `dst`, or to the batch when dst is NULL. */
+static void dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
+    uint32_t p;
+    uint64_t item, handle;
+    uint64_t seq = take_one(L, t, &p, &item, &handle);
+    if (dst) {
+        memset(dst, 0, sizeof *dst);
+        dst->kind = TR_OP_PROCESS;
+        dst->task = t;
+        dst->partition = p;
+        dst->seq = seq;
+        dst->item = item;
+        dst->handle = handle;
     } else {
         emit(L, TR_OP_PROCESS, t, p, 0, seq, item, handle);
+        L->tasks[t].queued++;
     }
+}
+
+static void push_worker(tr_queue *q, const tr_item *items, size_t n) {
+    /* the loop is the only producer and the queue has room for every op its
+     * tasks can have out (tr_loop_create), so this does not spin in practice */
+    while (n) {
+        size_t k = tr_queue_try_push_batch_mpsc(q, items, n);
+        items += k;
+        n -= k;
+        if (n)
+            tr_cpu_relax();
+    }
+}
+
+/* Hand a pool task's work to its worker in one burst: the ops it gave back
+ * (first, in seq order), then buffered messages up to the task's window.
+ * Returns how many new messages were taken from the rings. */
+static uint32_t dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
+    task *T = &L->tasks[t];
+    tr_queue *q = L->workers[T->worker].q;
+    tr_item its[64];
+    size_t n = 0;
+    uint32_t taken = 0;
+    if (T->paused) {
+        /* every op the worker had for T is back (runnable): a fresh run */
+        its[n++] = (tr_item){0, POOL_RESUME | t};
+        T->paused = 0;
+    }
+    for (uint32_t i = 0; i < T->redo_count; i++) {
+        uint64_t seq = T->redo_from + i;
+        its[n++] = (tr_item){T->pitem[seq & T->pmask], (seq << POOL_TASK_BITS) | t};
+        if (T->infl) {
+            inflight *f = &T->infl[seq & T->infl_mask];
+            arm_timeout(L, t, seq, f->handle, f->part);
+        }
+        if (n == 64) {
+            push_worker(q, its, n);
+            n = 0;
+        }
+    }
+    T->redo_count = 0;
+    while (taken < budget && T->buffered && tr_sequencer_outstanding(T->seq) < T->limit) {
+        uint32_t p;
+        uint64_t item, handle;
+        uint64_t seq = take_one(L, t, &p, &item, &handle);
+        T->pitem[seq & T->pmask] = item;
+        its[n++] = (tr_item){item, (seq << POOL_TASK_BITS) | t};
+        taken++;
+        if (n == 64) {
+            push_worker(q, its, n);
+            n = 0;
+        }
+    }
+    if (n)
+        push_worker(q, its, n);
+    L->progress = 1;
+    return taken;
 }
 
 /* Graceful stop may proceed to the final commit: nothing invoked is
@@ -553,8 +794,8 @@ static void dispatch_one(tr_loop *L, uint32_t t) {
 static int drained(const tr_loop *L) {
     for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
         const task *T = &L->tasks[t];
-        if (T->acquired != T->completions)
-            return 0;
+        if (T->acquired != T->completions + T->redo_count)
+            return 0; /* handed-back ops were never invoked: nothing to await */
         if (!T->done && (T->in_control || commit_pending(T)))
             return 0;
     }
@@ -569,7 +810,7 @@ static void start_final(tr_loop *L) {
 }
 
 /* Fill the batch: the one place that decides what runs next. */
-static void build(tr_loop *L) {
+static void build_batch(tr_loop *L) {
     if (L->phase == PH_FINISHED)
         return;
     L->nbatch = L->bpos = 0;
@@ -643,13 +884,13 @@ static void build(tr_loop *L) {
         uint32_t t = (uint32_t)(e >> 32), p = (uint32_t)e;
         part *P = &L->tasks[t].parts[p];
         P->refill_queued = 0;
-        uint64_t count = P->tail - P->head;
-        if (P->state == TR_PART_ACTIVE && count < P->limit)
-            emit(L, TR_OP_REFILL, t, p, 0, 0, 0, P->limit - count);
+        uint64_t count = P->tail - P->head + P->lent;
+        if (P->state == TR_PART_ACTIVE && count < P->fill)
+            emit(L, TR_OP_REFILL, t, p, 0, 0, 0, P->fill - count);
     }
 
     /* normal work, round robin over ready tasks (rules 4, 5) */
-    uint32_t pool_budget = 4 * BATCH_MAX;
+    uint32_t pool_budget = 16 * BATCH_MAX;
     while (L->ready_count && L->nbatch < BATCH_MAX && pool_budget) {
         uint32_t t = L->ready[L->ready_head];
         L->ready_head = (L->ready_head + 1) % L->cfg.ntasks;
@@ -658,11 +899,28 @@ static void build(tr_loop *L) {
         T->in_ready = 0;
         if (!runnable(L, T))
             continue;
-        if (T->flags & TR_TASK_POOL)
-            pool_budget--;
-        dispatch_one(L, t);
+        if ((T->flags & TR_TASK_INLINE) && !T->commit_hold &&
+            tr_sequencer_outstanding(T->seq) == 0) {
+            dispatch_run(L, t); /* back in the ready ring after run_done */
+            continue;
+        }
+        if (T->flags & TR_TASK_POOL) {
+            uint32_t taken =
+                dispatch_pool(L, t, pool_budget < POOL_WINDOW ? pool_budget : POOL_WINDOW);
+            pool_budget = taken < pool_budget ? pool_budget - taken : 0;
+        } else {
+            dispatch_one(L, t, NULL);
+        }
         maybe_ready(L, t);
     }
+}
+
+/* Every op of a batch sees the watermarks of everything released before it
+ * was built: a control op of a task is built only when nothing of that task
+ * runs in between (rules 9, 15); other threads read at most a batch behind. */
+static void build(tr_loop *L) {
+    build_batch(L);
+    wm_flush(L);
 }
 
 /* ------------------------------------------------------------- public API */
@@ -678,8 +936,17 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
             return TR_EINVAL;
         total_parts += tasks[t].npartitions;
     }
+    /* pool tasks may have POOL_WINDOW seqs out (more than max_concurrency) on
+     * their worker, unless callback timeouts are on (see loop.h) */
+    uint32_t pool_limit = cfg->max_concurrency;
+    if (cfg->pool_size && cfg->callback_timeout_ns <= 0 && pool_limit < POOL_WINDOW)
+        pool_limit = POOL_WINDOW;
+    uint64_t nlimit = 0; /* sum of the tasks' windows */
+    for (uint32_t t = 0; t < cfg->ntasks; t++)
+        nlimit +=
+            (cfg->pool_size && (tasks[t].flags & TR_TASK_POOL)) ? pool_limit : cfg->max_concurrency;
     /* one item per outstanding seq, per partition (wake), per task (timer) */
-    uint64_t cq_cap = (uint64_t)cfg->ntasks * cfg->max_concurrency + total_parts + cfg->ntasks + 16;
+    uint64_t cq_cap = nlimit + total_parts + cfg->ntasks + 16;
     if (cq_cap > (1ull << 30))
         return TR_EINVAL;
 
@@ -704,26 +971,43 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     L->dirty = calloc(cfg->ntasks, sizeof *L->dirty);
     L->refill_cap = total_parts ? total_parts : 1;
     L->refill = calloc(L->refill_cap, sizeof *L->refill);
+    L->wm_dirty = calloc(L->refill_cap, sizeof *L->wm_dirty);
     L->heap_cap = 4u * cfg->ntasks + 16u;
     L->heap = malloc(L->heap_cap * sizeof *L->heap);
-    if (!L->tasks || !L->ready || !L->ctl || !L->dirty || !L->refill || !L->heap)
+    if (!L->tasks || !L->ready || !L->ctl || !L->dirty || !L->refill || !L->wm_dirty || !L->heap)
         goto fail;
     uint32_t infl_size = cfg->callback_timeout_ns > 0 ? pow2_at_least(cfg->max_concurrency) : 0;
+    uint64_t fill = total_parts ? FILL_BUDGET / total_parts : cfg->input_buffer;
+    if (fill < TR_RUN_MAX)
+        fill = TR_RUN_MAX;
+    if (fill > cfg->input_buffer)
+        fill = cfg->input_buffer;
+    /* (with callback timeouts, every task's window is max_concurrency) */
     for (uint32_t t = 0; t < cfg->ntasks; t++) {
         task *T = &L->tasks[t];
         T->nparts = tasks[t].npartitions;
         T->flags = tasks[t].flags;
         if (cfg->pool_size == 0)
             T->flags &= ~TR_TASK_POOL;
+        if (T->flags & TR_TASK_POOL)
+            T->flags &= ~TR_TASK_INLINE;
         T->worker = cfg->pool_size ? t % cfg->pool_size : 0;
+        T->limit = (T->flags & TR_TASK_POOL) ? pool_limit : cfg->max_concurrency;
         atomic_init(&T->timer_when, INT64_MAX);
-        st = tr_sequencer_create(cfg->max_concurrency, &T->seq);
+        st = tr_sequencer_create(T->limit, &T->seq);
         if (st != TR_OK)
             goto fail;
         st = tr_watermark_create(T->nparts, &T->wm);
         if (st != TR_OK)
             goto fail;
         st = TR_ENOMEM;
+        if (T->flags & TR_TASK_POOL) {
+            uint32_t size = pow2_at_least(T->limit);
+            T->pitem = calloc(size, sizeof *T->pitem);
+            if (!T->pitem)
+                goto fail;
+            T->pmask = size - 1;
+        }
         if (infl_size) {
             T->infl = calloc(infl_size, sizeof *T->infl);
             if (!T->infl)
@@ -744,6 +1028,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
                 goto fail;
             P->mask = size - 1;
             P->limit = cfg->input_buffer;
+            P->fill = (uint32_t)fill;
             P->state = TR_PART_ACTIVE;
         }
     }
@@ -751,13 +1036,17 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         L->workers = calloc(cfg->pool_size, sizeof *L->workers);
         if (!L->workers)
             goto fail;
+        uint64_t ntask_w = cfg->ntasks / cfg->pool_size + 1;
         for (uint32_t w = 0; w < cfg->pool_size; w++) {
-            uint64_t ntask_w = cfg->ntasks / cfg->pool_size + 1;
-            uint64_t cap = ntask_w * cfg->max_concurrency + 2;
+            /* every op its tasks can have out, one resume item each, the sentinel */
+            uint64_t cap = ntask_w * ((uint64_t)pool_limit + 1) + 2;
             if (cap > (1ull << 30))
                 cap = 1ull << 30;
             L->workers[w].loop = L;
             L->workers[w].index = w;
+            L->workers[w].stopped = calloc((size_t)ntask_w, 1);
+            if (!L->workers[w].stopped)
+                goto fail;
             st = tr_queue_create((size_t)cap, NULL, &L->workers[w].q);
             if (st != TR_OK)
                 goto fail;
@@ -781,6 +1070,7 @@ void tr_loop_destroy(tr_loop *L) {
             if (T->wm)
                 tr_watermark_destroy(T->wm);
             free(T->infl);
+            free(T->pitem);
             if (T->parts) {
                 for (uint32_t p = 0; p < T->nparts; p++) {
                     free(T->parts[p].items);
@@ -791,9 +1081,11 @@ void tr_loop_destroy(tr_loop *L) {
         }
     }
     if (L->workers) {
-        for (uint32_t w = 0; w < L->cfg.pool_size; w++)
+        for (uint32_t w = 0; w < L->cfg.pool_size; w++) {
             if (L->workers[w].q)
                 tr_queue_destroy(L->workers[w].q);
+            free(L->workers[w].stopped);
+        }
         free(L->workers);
     }
     if (L->cq)
@@ -804,49 +1096,146 @@ void tr_loop_destroy(tr_loop *L) {
     free(L->ctl);
     free(L->dirty);
     free(L->refill);
+    free(L->wm_dirty);
     free(L->heap);
     free(L);
+}
+
+static uint32_t seq_flags(uint32_t requests) {
+    requests &= TR_REQ_MASK;
+    uint32_t f = requests << TR_SEQ_USER_SHIFT;
+    if (requests & (TR_REQ_COMMIT_CURRENT | TR_REQ_COMMIT_ALL))
+        f |= TR_SEQ_COMMIT;
+    return f;
+}
+
+/* Worker: push the buffered completions to the loop in one go (one notify). */
+static void pool_flush(tr_loop *L, worker *W) {
+    const tr_item *p = W->pend;
+    size_t n = W->npend;
+    while (n) {
+        /* capacity covers every outstanding seq: only spins if that bound were wrong */
+        size_t k = tr_queue_try_push_batch_mpsc(L->cq, p, n);
+        p += k;
+        n -= k;
+        if (n)
+            tr_cpu_relax();
+    }
+    W->npend = 0;
+}
+
+static inline void pool_note(tr_loop *L, worker *W, uint32_t kind, uint32_t t, uint64_t seq) {
+    if (W->npend == 0)
+        W->pend_t0 = tr_now_ns();
+    W->pend[W->npend++] = (tr_item){((uint64_t)kind << CQ_KIND_SHIFT) | t, seq};
+    if (W->npend == POOL_PEND)
+        pool_flush(L, W);
 }
 
 static void *worker_main(void *arg) {
     worker *W = arg;
     tr_loop *L = W->loop;
     const tr_loop_hooks *H = L->hooks;
-    tr_item items[64];
-    tr_op ops[64];
     if (H->worker_started)
         H->worker_started(H->ctx, W->index);
-    for (;;) {
-        size_t n = tr_queue_try_pop_batch_sc(W->q, items, 64);
-        if (n == 0) {
-            if (tr_queue_pop_wait_sc(W->q, &items[0], -1) != TR_OK)
-                continue;
-            n = 1 + tr_queue_try_pop_batch_sc(W->q, items + 1, 63);
-        }
-        size_t m = 0;
-        int stop = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (items[i].a == 0) { /* the stop sentinel: pushed last */
-                stop = 1;
-                break;
+    while (!W->stop) {
+        if (W->pos == W->n) {
+            /* spin briefly, then park on the queue's notifier (rule 7) */
+            W->pos = 0;
+            W->n = tr_queue_try_pop_batch_sc(W->q, W->items, POOL_BATCH);
+            if (W->n == 0) {
+                if (tr_queue_pop_wait_sc(W->q, &W->items[0], -1) != TR_OK)
+                    continue;
+                W->n = 1 + tr_queue_try_pop_batch_sc(W->q, W->items + 1, POOL_BATCH - 1);
             }
-            tr_op *op = &ops[m++];
-            memset(op, 0, sizeof *op);
-            op->kind = TR_OP_PROCESS;
-            op->task = (uint32_t)(items[i].b & POOL_TASK_MASK);
-            op->seq = items[i].b >> POOL_TASK_BITS;
-            op->item = items[i].a;
         }
-        /* acquire: pairs with the loop's release store before the sentinel */
-        if (m)
-            H->run_pool_batch(H->ctx, L, W->index, ops, m,
-                              (int)atomic_load_explicit(&L->discard, TR_ACQUIRE));
-        if (stop)
-            break;
+        W->budget = POOL_BUDGET;
+        H->run_pool_batch(H->ctx, L, W->index);
+        pool_flush(L, W);
     }
     if (H->worker_stopping)
         H->worker_stopping(H->ctx, W->index);
     return NULL;
+}
+
+int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
+    worker *W = &L->workers[w];
+    for (;;) {
+        if (W->pos == W->n) {
+            /* the batch ran dry: let the loop see what is done, then take more
+             * without giving the runtime lock back, within the budget */
+            if (W->npend && (W->budget == 0 || tr_queue_empty_sc(W->q)))
+                pool_flush(L, W);
+            if (W->stop || W->budget == 0)
+                return 0;
+            W->pos = 0;
+            W->n = tr_queue_try_pop_batch_sc(W->q, W->items, POOL_BATCH);
+            if (W->n == 0)
+                return 0;
+        }
+        tr_item it = W->items[W->pos++];
+        if (it.a == 0) {
+            if (it.b == 0) { /* the stop sentinel: pushed last */
+                W->stop = 1;
+                W->pos = W->n;
+                return 0;
+            }
+            W->stopped[(uint32_t)(it.b & POOL_TASK_MASK) / L->cfg.pool_size] = 0; /* POOL_RESUME */
+            continue;
+        }
+        uint32_t t = (uint32_t)(it.b & POOL_TASK_MASK);
+        uint64_t seq = it.b >> POOL_TASK_BITS;
+        memset(out, 0, sizeof *out);
+        out->kind = TR_OP_PROCESS;
+        out->task = t;
+        out->seq = seq;
+        out->item = it.a;
+        /* acquire: pairs with the release store before the sentinel / post_error's CAS */
+        if (atomic_load_explicit(&L->discard, TR_ACQUIRE) ||
+            atomic_load_explicit(&L->error, TR_ACQUIRE)) {
+            out->flags = TR_OPF_DISCARD; /* the loop has stopped: only drop the item */
+            return 1;
+        }
+        if (W->stopped[t / L->cfg.pool_size] || atomic_load_explicit(&L->draining, TR_RELAXED)) {
+            /* not invoked: back to the loop, which hands it out again in order */
+            W->stopped[t / L->cfg.pool_size] = 1;
+            pool_note(L, W, CQ_UNRUN, t, seq);
+            continue;
+        }
+        if (W->budget)
+            W->budget--;
+        return 1;
+    }
+}
+
+tr_status tr_loop_pool_done(tr_loop *L, uint32_t w, const tr_op *op, uint32_t requests) {
+    if (w >= L->cfg.pool_size || op->task >= L->cfg.ntasks)
+        return TR_EINVAL;
+    worker *W = &L->workers[w];
+    tr_status st = tr_sequencer_complete(L->tasks[op->task].seq, op->seq, seq_flags(requests));
+    if (st != TR_OK)
+        return st;
+    /* a request (commit, shutdown) is acted on by the loop before this task's
+     * next message is invoked: hand the rest back until the loop resumes it */
+    if (requests & TR_REQ_MASK)
+        W->stopped[op->task / L->cfg.pool_size] = 1;
+    pool_note(L, W, CQ_DONE, op->task, op->seq);
+    if (W->npend && tr_now_ns() - W->pend_t0 >= POOL_FLUSH_NS)
+        pool_flush(L, W); /* slow process calls: the loop still hears promptly */
+    return TR_OK;
+}
+
+tr_status tr_loop_pool_failed(tr_loop *L, uint32_t w, const tr_op *op) {
+    if (w >= L->cfg.pool_size || op->task >= L->cfg.ntasks)
+        return TR_EINVAL;
+    worker *W = &L->workers[w];
+    tr_status st = tr_sequencer_complete(L->tasks[op->task].seq, op->seq, TR_SEQ_FAILED);
+    if (st != TR_OK)
+        return st;
+    W->stopped[op->task / L->cfg.pool_size] = 1;
+    pool_note(L, W, CQ_DONE, op->task, op->seq);
+    pool_flush(L, W);
+    return TR_OK;
 }
 
 static void stop_workers(tr_loop *L) {
@@ -964,6 +1353,10 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
         wait_for_work(L);
     }
     stop_workers(L);
+    wm_flush(L);
+    /* ops the workers handed back after the loop's last drain: their items
+     * join the tails that tr_loop_drain_items gives back to the binding */
+    drain_completions(L);
     if (L->internal != TR_OK && result == TR_OK)
         result = L->internal;
     return result;
@@ -983,10 +1376,43 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
         if (L->nbatch == 0)
             return 0;
     }
-    if (L->budget)
-        L->budget--;
+    tr_op *op = &L->batch[L->bpos++];
+    *out = *op;
     L->handed++;
-    *out = L->batch[L->bpos++];
+    L->chain = 0;
+    if (op->kind == TR_OP_PROCESS) {
+        L->tasks[op->task].queued--;
+    } else if (op->kind == TR_OP_RUN) {
+        out->count = fill_run(L, op->task, op->count);
+        out->partition = L->run_parts[0];
+        out->item = (uint64_t)(uintptr_t)L->run_items;
+        L->budget = L->budget > op->count ? L->budget - op->count : 0;
+    } else if (L->budget) {
+        L->budget--;
+    }
+    return 1;
+}
+
+int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
+    if (t >= L->cfg.ntasks || L->chain >= TR_RUN_MAX || L->budget == 0)
+        return 0;
+    /* acquire: pairs with post_error's CAS (as in next_op) */
+    if (TR_UNLIKELY(atomic_load_explicit(&L->error, TR_ACQUIRE) != 0) || L->phase != PH_RUNNING)
+        return 0;
+    task *T = &L->tasks[t];
+    if (T->flags & TR_TASK_POOL)
+        return 0;
+    if (T->in_dirty) {
+        /* release what it completed (requests included) before deciding */
+        release_task(L, t, 0);
+    }
+    /* its earlier messages still in the batch go first (rule 1) */
+    if (T->queued || T->in_ctl || !runnable(L, T))
+        return 0;
+    dispatch_one(L, t, out);
+    L->chain++;
+    L->handed++;
+    L->budget--;
     return 1;
 }
 
@@ -995,8 +1421,8 @@ tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, 
         return TR_EINVAL;
     task *T = &L->tasks[t];
     part *P = &T->parts[p];
-    if (P->tail - P->head >= P->limit)
-        return TR_EAGAIN;
+    if (P->tail - P->head + P->lent >= P->limit)
+        return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
     P->items[P->tail & P->mask] = item;
     P->handles[P->tail & P->mask] = handle;
     P->tail++;
@@ -1004,6 +1430,106 @@ tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, 
     T->buffered++;
     maybe_ready(L, t);
     return TR_OK;
+}
+
+tr_status tr_loop_push_inputs(tr_loop *L, uint32_t t, uint32_t p, const uint64_t *items,
+                              const uint64_t *handles, size_t n) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return TR_EINVAL;
+    task *T = &L->tasks[t];
+    part *P = &T->parts[p];
+    if (n > P->limit - (P->tail - P->head + P->lent))
+        return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
+    for (size_t i = 0; i < n; i++) {
+        P->items[(P->tail + i) & P->mask] = items[i];
+        P->handles[(P->tail + i) & P->mask] = handles[i];
+    }
+    P->tail += n;
+    atomic_store_explicit(&P->read_count, P->tail, TR_RELAXED); /* metrics snapshot */
+    T->buffered += n;
+    if (n)
+        maybe_ready(L, t);
+    return TR_OK;
+}
+
+/* run_done and run_escape: pop the `consumed` items taken, release the first
+ * `completed`; with `escape`, the last one taken is outstanding: it gets a
+ * sequence number (*seq) like a PROCESS op. */
+static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t completed,
+                            uint32_t requests, int escape, uint64_t *seq) {
+    if (t >= L->cfg.ntasks || !L->tasks[t].in_run || L->run_task != t)
+        return TR_EINVAL;
+    task *T = &L->tasks[t];
+    if (completed > consumed || consumed - completed > 1 || consumed > L->run_count ||
+        (escape && (consumed == 0 || completed != consumed - 1)))
+        return TR_EINVAL;
+    T->in_run = 0;
+    if (escape) {
+        /* the run was handed only with nothing outstanding: room for one */
+        uint32_t p = L->run_parts[consumed - 1];
+        part *P = &T->parts[p];
+        uint64_t pos = P->head; /* of the escaping item, once the others are popped */
+        if (T->nparts == 1) {
+            pos = P->head + consumed - 1;
+        } else {
+            for (uint32_t i = 0; i + 1 < consumed; i++)
+                if (L->run_parts[i] == p)
+                    pos++;
+        }
+        uint64_t handle = P->handles[pos & P->mask];
+        (void)tr_sequencer_acquire(T->seq, ((pos & POS_MAX) << PART_BITS) | p, handle, seq);
+        T->acquired++;
+        if (T->infl)
+            arm_timeout(L, t, *seq, handle, p);
+    }
+    /* completed in order on this thread with nothing outstanding before them:
+     * releasing them is advancing the watermarks past them */
+    if (T->nparts == 1) {
+        part *P = &T->parts[0];
+        if (completed) {
+            uint64_t pos = P->head + completed - 1;
+            wm_note(L, t, 0, pos, P->handles[pos & P->mask]);
+        }
+        P->head += consumed;
+        if (P->tail - P->head <= P->fill / 2)
+            queue_refill(L, t, 0);
+    } else {
+        for (uint32_t i = 0; i < consumed; i++) {
+            uint32_t p = L->run_parts[i];
+            part *P = &T->parts[p];
+            if (i < completed)
+                wm_note(L, t, p, P->head, P->handles[P->head & P->mask]);
+            P->head++;
+            if (P->tail - P->head <= P->fill / 2)
+                queue_refill(L, t, p);
+        }
+    }
+    L->run_count = 0;
+    T->buffered -= consumed;
+    bump_n(&T->processed, consumed);
+    bump_n(&T->completed, completed);
+    bump_n(&L->chosen, consumed);
+    if (consumed > completed && !escape)
+        T->halted = 1; /* failed: nothing after it may complete (rule 18) */
+    requests &= TR_REQ_MASK;
+    if (requests && !T->halted) {
+        /* rule 15: hold later releases until the commit has run */
+        if (requests & (TR_REQ_COMMIT_CURRENT | TR_REQ_COMMIT_ALL))
+            T->commit_hold = 1;
+        apply_requests(L, t, requests);
+    }
+    maybe_ready(L, t);
+    maybe_control(L, t);
+    return TR_OK;
+}
+
+tr_status tr_loop_run_done(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t completed,
+                           uint32_t requests) {
+    return finish_run(L, t, consumed, completed, requests, 0, NULL);
+}
+
+tr_status tr_loop_run_escape(tr_loop *L, uint32_t t, uint32_t consumed, uint64_t *seq) {
+    return finish_run(L, t, consumed, consumed ? consumed - 1 : 0, 0, 1, seq);
 }
 
 void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
@@ -1067,14 +1593,6 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
         settle_check(L);
     maybe_ready(L, t);
     maybe_control(L, t);
-}
-
-static uint32_t seq_flags(uint32_t requests) {
-    requests &= TR_REQ_MASK;
-    uint32_t f = requests << TR_SEQ_USER_SHIFT;
-    if (requests & (TR_REQ_COMMIT_CURRENT | TR_REQ_COMMIT_ALL))
-        f |= TR_SEQ_COMMIT;
-    return f;
 }
 
 tr_status tr_loop_complete(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
@@ -1226,6 +1744,14 @@ size_t tr_loop_drain_items(tr_loop *L, uint64_t *out, size_t max) {
         tr_op *op = &L->batch[L->bpos++];
         if (op->kind == TR_OP_PROCESS)
             out[n++] = op->item;
+    }
+    for (uint32_t t = 0; n < max && t < L->cfg.ntasks; t++) {
+        task *T = &L->tasks[t];
+        while (n < max && T->redo_count) {
+            out[n++] = T->pitem[T->redo_from & T->pmask];
+            T->redo_from++;
+            T->redo_count--;
+        }
     }
     while (n < max && L->drain_task < L->cfg.ntasks) {
         task *T = &L->tasks[L->drain_task];

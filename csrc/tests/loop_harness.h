@@ -11,7 +11,9 @@
  *     exactly the prefix up to the message that asked for it (one partition);
  *   - rule 21 (pool): process of one task never runs concurrently with itself.
  * Completion modes: inline on the loop thread, by completer threads in random
- * order (with deliberate double completions), or on the loop's worker pool.
+ * order (with deliberate double completions), on the loop's worker pool, or as
+ * TR_TASK_INLINE tasks taking RUN ops (refilled with push_inputs; a run ends
+ * right after a message that made a request, rule 15).
  */
 #ifndef TR_LOOP_HARNESS_H
 #define TR_LOOP_HARNESS_H
@@ -27,7 +29,7 @@
 #include "tailrace/loop.h"
 #include "tr_test.h"
 
-enum { H_INLINE = 0, H_THREADS = 1, H_POOL = 2, H_NEVER = 3 };
+enum { H_INLINE = 0, H_THREADS = 1, H_POOL = 2, H_NEVER = 3, H_RUN = 4 };
 
 typedef struct h_pending {
     uint32_t task, part;
@@ -48,7 +50,8 @@ typedef struct harness {
     uint64_t *next_read, *next_proc, *checked, *wm_last;
     _Atomic int64_t *incomplete;
     _Atomic int *running;
-    uint64_t *req_fifo; /* per task: requested commit positions (ring of 4096) */
+    _Atomic uint8_t *commit_wait; /* [task]: a requested commit must run before the next process */
+    uint64_t *req_fifo;           /* per task: requested commit positions (ring of 4096) */
     uint64_t *req_head, *req_tail;
     pthread_mutex_t mu;
     h_pending *pending;
@@ -113,6 +116,10 @@ static uint32_t h_requests(harness *h, uint32_t t, uint64_t idx) {
     if (h->commit_every && idx % h->commit_every == h->commit_every - 1) {
         req |= TR_REQ_COMMIT_CURRENT;
         h->req_fifo[(size_t)t * 4096 + (h->req_tail[t]++ % 4096)] = idx;
+        /* with one message out at a time (or on the pool, which runs a task's
+         * messages one by one), nothing more of this task may run before it */
+        if (!h->async_commit && (h->mode == H_POOL || h->maxc == 1))
+            atomic_store(&h->commit_wait[t], 1);
     }
     if (h->shutdown_after && idx == h->shutdown_after)
         req |= TR_REQ_SHUTDOWN_CURRENT;
@@ -125,6 +132,7 @@ static void h_invoke(harness *h, uint32_t t, uint32_t p, uint64_t idx) {
     h->next_proc[tp]++;
     uint8_t zero = 0;
     CHECK(atomic_compare_exchange_strong(&h->state[h_slot(h, t, p, idx)], &zero, 1));
+    CHECK_EQ(atomic_load(&h->commit_wait[t]), 0); /* rule 9: commit blocks new dispatch */
     int64_t inc = atomic_fetch_add(&h->incomplete[t], 1) + 1;
     CHECK(inc >= 1 && inc <= (int64_t)h->maxc); /* rule 2 */
     atomic_fetch_add(&h->processed, 1);
@@ -143,10 +151,29 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             uint64_t n = avail - h->next_read[tp];
             if (n > op.handle)
                 n = op.handle;
-            for (uint64_t i = 0; i < n; i++) {
-                uint64_t k = h->next_read[tp]++;
-                CHECK_EQ(tr_loop_push_input(loop, t, op.partition, h_item(t, op.partition, k), k),
-                         TR_OK);
+            if (h->mode == H_RUN) {
+                uint64_t items[64], handles[64];
+                for (uint64_t done = 0; done < n;) {
+                    size_t m = n - done < 64 ? (size_t)(n - done) : 64;
+                    for (size_t i = 0; i < m; i++) {
+                        handles[i] = h->next_read[tp] + i;
+                        items[i] = h_item(t, op.partition, handles[i]);
+                    }
+                    CHECK_EQ(tr_loop_push_inputs(loop, t, op.partition, items, handles, m), TR_OK);
+                    h->next_read[tp] += m;
+                    done += m;
+                }
+                if (n) /* the ring is full now: one more does not fit */
+                    CHECK_EQ(tr_loop_push_inputs(loop, t, op.partition, items, handles,
+                                                 op.handle - n + 1),
+                             TR_EAGAIN);
+            } else {
+                for (uint64_t i = 0; i < n; i++) {
+                    uint64_t k = h->next_read[tp]++;
+                    CHECK_EQ(
+                        tr_loop_push_input(loop, t, op.partition, h_item(t, op.partition, k), k),
+                        TR_OK);
+                }
             }
             if (n == 0)
                 tr_loop_partition_state(loop, t, op.partition,
@@ -160,14 +187,57 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
             CHECK_EQ(op.handle, idx);
             h_invoke(h, t, p, idx);
             uint32_t req = h_requests(h, t, idx);
-            if (h->mode == H_INLINE) {
+            if (h->mode == H_INLINE || h->mode == H_RUN) {
                 h_complete(h, t, p, idx, op.seq, req, 1);
+                /* completed inline: the same task's next message, if it may take one */
+                while (tr_loop_next_of_task(loop, t, &op)) {
+                    CHECK_EQ(op.kind, TR_OP_PROCESS);
+                    CHECK_EQ(op.task, t);
+                    h_decode(op.item, &tt, &p, &idx);
+                    CHECK_EQ(tt, t);
+                    CHECK_EQ(p, op.partition);
+                    CHECK_EQ(op.handle, idx);
+                    h_invoke(h, t, p, idx);
+                    req = h_requests(h, t, idx);
+                    h_complete(h, t, p, idx, op.seq, req, 1);
+                }
             } else if (h->mode == H_THREADS) {
                 pthread_mutex_lock(&h->mu);
                 CHECK(h->npending < h->cap * 4 + (size_t)h->ntasks * h->maxc);
                 h->pending[h->npending++] = (h_pending){t, p, idx, op.seq, req};
                 pthread_mutex_unlock(&h->mu);
             }
+            break;
+        }
+        case TR_OP_RUN: {
+            CHECK_EQ(h->mode, H_RUN);
+            CHECK(op.count >= 1 && op.count <= TR_RUN_MAX);
+            CHECK_EQ(atomic_load(&h->incomplete[t]), 0); /* rule 2: nothing outstanding */
+            const uint64_t *items = (const uint64_t *)(uintptr_t)op.item;
+            uint32_t done = 0, req = 0;
+            int escaped = 0;
+            while (done < op.count && req == 0) {
+                h_decode(items[done], &tt, &p, &idx);
+                CHECK_EQ(tt, t);
+                CHECK(p < h->nparts && (done > 0 || p == op.partition));
+                h_invoke(h, t, p, idx);
+                req = h_requests(h, t, idx);
+                done++;
+                if (idx % 5 == 2) {
+                    /* an async callback that escaped the run: sequenced now,
+                     * completed after (inline here) */
+                    uint64_t seq;
+                    CHECK_EQ(tr_loop_run_escape(loop, t, done, &seq), TR_OK);
+                    h_complete(h, t, p, idx, seq, req, 1);
+                    escaped = 1;
+                    break;
+                }
+                atomic_store(&h->state[h_slot(h, t, p, idx)], 2);
+                atomic_fetch_sub(&h->incomplete[t], 1);
+            }
+            if (!escaped)
+                CHECK_EQ(tr_loop_run_done(loop, t, done, done, req), TR_OK);
+            CHECK_EQ(tr_loop_run_done(loop, t, 0, 0, 0), TR_EINVAL); /* no run open */
             break;
         }
         case TR_OP_WINDOW:
@@ -195,6 +265,7 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
                     CHECK_EQ(m.position, h->req_fifo[(size_t)t * 4096 + (h->req_head[t]++ % 4096)]);
                 }
                 h->commits++;
+                atomic_store(&h->commit_wait[t], 0);
             }
             tr_loop_control_done(loop, t, 0);
             break;
@@ -212,23 +283,23 @@ static int h_run_batch(void *ctx, tr_loop *loop) {
     return 0;
 }
 
-static void h_run_pool_batch(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
-                             int discard) {
+static void h_run_pool_batch(void *ctx, tr_loop *loop, uint32_t worker) {
     harness *h = ctx;
-    (void)worker;
-    (void)loop;
-    for (size_t i = 0; i < n; i++) {
-        if (discard)
+    tr_op op;
+    while (tr_loop_pool_next(loop, worker, &op)) {
+        if (op.flags & TR_OPF_DISCARD)
             continue;
         uint32_t t, p;
         uint64_t idx;
-        h_decode(ops[i].item, &t, &p, &idx);
-        CHECK_EQ(t, ops[i].task);
+        h_decode(op.item, &t, &p, &idx);
+        CHECK_EQ(t, op.task);
         CHECK_EQ(atomic_exchange(&h->running[t], 1), 0); /* rule 21 */
         h_invoke(h, t, p, idx);
         uint32_t req = h_requests(h, t, idx);
         atomic_store(&h->running[t], 0);
-        h_complete(h, t, p, idx, ops[i].seq, req, 0);
+        atomic_store(&h->state[h_slot(h, t, p, idx)], 2);
+        atomic_fetch_sub(&h->incomplete[t], 1);
+        CHECK_EQ(tr_loop_pool_done(loop, worker, &op, req), TR_OK);
     }
 }
 
@@ -276,6 +347,7 @@ static void h_init(harness *h, tr_loop_config *cfg, uint32_t nparts, uint64_t nm
     h->wm_last = calloc(ntp, sizeof(uint64_t));
     h->incomplete = calloc(cfg->ntasks, sizeof *h->incomplete);
     h->running = calloc(cfg->ntasks, sizeof *h->running);
+    h->commit_wait = calloc(cfg->ntasks, sizeof *h->commit_wait);
     h->req_fifo = calloc((size_t)cfg->ntasks * 4096, sizeof(uint64_t));
     h->req_head = calloc(cfg->ntasks, sizeof(uint64_t));
     h->req_tail = calloc(cfg->ntasks, sizeof(uint64_t));
@@ -285,7 +357,8 @@ static void h_init(harness *h, tr_loop_config *cfg, uint32_t nparts, uint64_t nm
     tr_loop_task *tasks = calloc(cfg->ntasks, sizeof *tasks);
     for (uint32_t t = 0; t < cfg->ntasks; t++) {
         tasks[t].npartitions = nparts;
-        tasks[t].flags = TR_TASK_WINDOW | (mode == H_POOL ? TR_TASK_POOL : 0);
+        tasks[t].flags = TR_TASK_WINDOW | (mode == H_POOL ? TR_TASK_POOL : 0) |
+                         (mode == H_RUN ? TR_TASK_INLINE : 0);
     }
     CHECK_EQ(tr_loop_create(cfg, tasks, &h->loop), TR_OK);
     free(tasks);
@@ -326,6 +399,7 @@ static void h_free(harness *h) {
     free(h->wm_last);
     free((void *)h->incomplete);
     free((void *)h->running);
+    free((void *)h->commit_wait);
     free(h->req_fifo);
     free(h->req_head);
     free(h->req_tail);

@@ -41,6 +41,25 @@ int main(int argc, char **argv) {
     c.commit_ns = 2000000;
     scenario("inline 64 tasks", c, 2, tr_test_scaled(2000, scale), H_INLINE, 0, 0);
 
+    c = h_config(64, 1);
+    c.window_ns = 1000000;
+    c.commit_ns = 2000000;
+    c.input_buffer = 100;
+    scenario("runs 64 tasks", c, 2, tr_test_scaled(3000, scale), H_RUN, 0, 0);
+
+    c = h_config(4, 3);
+    c.input_buffer = 200;
+    scenario("inline, commit requests", c, 1, tr_test_scaled(3000, scale), H_INLINE, 0, 11);
+
+    c = h_config(4, 2);
+    c.input_buffer = 200;
+    scenario("runs, commit requests", c, 1, tr_test_scaled(3000, scale), H_RUN, 0, 13);
+
+    c = h_config(4, 1);
+    c.input_buffer = 200;
+    c.async_commit = 1;
+    scenario("runs, async commit requests", c, 1, tr_test_scaled(3000, scale), H_RUN, 0, 9);
+
     c = h_config(16, 8);
     scenario("threads, commit requests", c, 1, tr_test_scaled(3000, scale), H_THREADS, 3, 7);
 

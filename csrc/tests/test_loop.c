@@ -136,6 +136,93 @@ static void test_edges(void) {
     CHECK_EQ(tr_loop_create(&c, &one, &L), TR_EINVAL);
 }
 
+/* Runs (TR_TASK_INLINE): message 37 of 100 fails inside a run. The watermark
+ * stays before it (rule 18), nothing after it is dispatched, the loop stops
+ * with the error, and the items not taken are left for drain_items. */
+typedef struct run_fail {
+    harness h;
+    uint64_t invoked, runs;
+} run_fail;
+
+static int run_fail_batch(void *ctx, tr_loop *loop) {
+    run_fail *r = ctx;
+    tr_op op;
+    while (tr_loop_next_op(loop, &op)) {
+        if (op.kind == TR_OP_REFILL) {
+            uint64_t items[100], handles[100];
+            uint64_t n = 100 - r->h.next_read[0];
+            if (n > op.handle)
+                n = op.handle;
+            for (uint64_t i = 0; i < n; i++) {
+                handles[i] = r->h.next_read[0] + i;
+                items[i] = h_item(0, 0, handles[i]);
+            }
+            CHECK_EQ(tr_loop_push_inputs(loop, 0, 0, items, handles, n), TR_OK);
+            r->h.next_read[0] += n;
+            if (n == 0)
+                tr_loop_partition_state(loop, 0, 0, TR_PART_ENDED);
+            continue;
+        }
+        CHECK_EQ(op.kind, TR_OP_RUN);
+        r->runs++;
+        const uint64_t *items = (const uint64_t *)(uintptr_t)op.item;
+        uint32_t i = 0;
+        for (; i < op.count; i++) {
+            uint32_t t, p;
+            uint64_t idx;
+            h_decode(items[i], &t, &p, &idx);
+            CHECK_EQ(idx, r->invoked); /* rule 1 */
+            r->invoked++;
+            if (idx == 37) {
+                CHECK_EQ(tr_loop_run_done(loop, 0, i + 1, i, 0), TR_OK);
+                CHECK_EQ(tr_loop_post_error(loop, 0xbad), TR_OK);
+                break;
+            }
+        }
+        if (i == op.count)
+            CHECK_EQ(tr_loop_run_done(loop, 0, i, i, 0), TR_OK);
+    }
+    return 0;
+}
+
+static void test_run_failure(void) {
+    tr_loop_config c = h_config(1, 1);
+    c.input_buffer = 50;
+    run_fail r;
+    memset(&r, 0, sizeof r);
+    r.h.next_read = calloc(1, sizeof(uint64_t));
+    tr_loop_task one = {1, TR_TASK_INLINE};
+    CHECK_EQ(tr_loop_create(&c, &one, &r.h.loop), TR_OK);
+    tr_loop_hooks hooks = {&r, run_fail_batch, NULL, NULL, NULL};
+    CHECK_EQ(tr_loop_run(r.h.loop, &hooks), TR_OK);
+    CHECK_EQ(tr_loop_stop_reason(r.h.loop), TR_STOP_ERROR);
+    CHECK_EQ(tr_loop_take_error(r.h.loop), 0xbad);
+    CHECK_EQ(r.invoked, 38);
+    CHECK(r.runs >= 1);
+    tr_mark m;
+    CHECK_EQ(tr_loop_watermark(r.h.loop, 0, 0, &m), TR_OK);
+    CHECK_EQ(m.position, 36); /* rule 18 */
+    CHECK_EQ(m.handle, 36);
+    tr_task_stats ts;
+    tr_loop_task_stats(r.h.loop, 0, &ts);
+    CHECK_EQ(ts.processed, 38);
+    CHECK_EQ(ts.completed, 37);
+    uint64_t items[64];
+    uint64_t left = 0, n;
+    while ((n = tr_loop_drain_items(r.h.loop, items, 64)) > 0) {
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t t, p;
+            uint64_t idx;
+            h_decode(items[i], &t, &p, &idx);
+            CHECK(idx > 37 && idx < r.h.next_read[0]);
+        }
+        left += n;
+    }
+    CHECK_EQ(left, r.h.next_read[0] - 38); /* taken items are not drained again */
+    tr_loop_destroy(r.h.loop);
+    free(r.h.next_read);
+}
+
 int main(void) {
     test_callback_timeout();
     test_stop_wakes_parked_loop();
@@ -143,6 +230,7 @@ int main(void) {
     test_shutdown_votes();
     test_user_timer();
     test_edges();
+    test_run_failure();
     printf("test_loop: ok\n");
     return 0;
 }

@@ -103,7 +103,10 @@ cdef extern from "tailrace/loop.h" nogil:
     uint32_t TR_REQ_MASK
     uint32_t TR_TASK_POOL
     uint32_t TR_TASK_WINDOW
+    uint32_t TR_TASK_INLINE
+    uint32_t TR_RUN_MAX
     uint32_t TR_OPF_FINAL
+    uint32_t TR_OPF_DISCARD
     int TR_PART_ACTIVE
     int TR_PART_IDLE
     int TR_PART_ENDED
@@ -115,6 +118,7 @@ cdef extern from "tailrace/loop.h" nogil:
         TR_OP_COMMIT
         TR_OP_TIMER
         TR_OP_END_OF_STREAM
+        TR_OP_RUN
     ctypedef enum tr_stop_reason:
         TR_STOP_NONE
         TR_STOP_END_OF_STREAM
@@ -132,6 +136,7 @@ cdef extern from "tailrace/loop.h" nogil:
         uint64_t seq
         uint64_t item
         uint64_t handle
+        uint32_t count
     ctypedef struct tr_loop_config:
         uint32_t ntasks
         uint32_t max_concurrency
@@ -149,8 +154,7 @@ cdef extern from "tailrace/loop.h" nogil:
     ctypedef struct tr_loop_hooks:
         void *ctx
         int (*run_batch)(void *ctx, tr_loop *loop) noexcept nogil
-        void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
-                               int discard) noexcept nogil
+        void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker) noexcept nogil
         void (*worker_started)(void *ctx, uint32_t worker) noexcept nogil
         void (*worker_stopping)(void *ctx, uint32_t worker) noexcept nogil
     ctypedef struct tr_task_stats:
@@ -173,9 +177,18 @@ cdef extern from "tailrace/loop.h" nogil:
     int tr_loop_next_op(tr_loop *loop, tr_op *out)
     tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition,
                                  uint64_t item, uint64_t handle)
+    int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out)
+    tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
+                                  const uint64_t *items, const uint64_t *handles, size_t n)
+    tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq)
+    tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint32_t completed,
+                               uint32_t requests)
     void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state)
     void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests)
     tr_status tr_loop_complete(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests)
+    int tr_loop_pool_next(tr_loop *loop, uint32_t worker, tr_op *out)
+    tr_status tr_loop_pool_done(tr_loop *loop, uint32_t worker, const tr_op *op, uint32_t requests)
+    tr_status tr_loop_pool_failed(tr_loop *loop, uint32_t worker, const tr_op *op)
     tr_status tr_loop_complete_local(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests)
     tr_status tr_loop_fail(tr_loop *loop, uint32_t task, uint64_t seq)
     tr_status tr_loop_post_error(tr_loop *loop, uint64_t error)

@@ -11,7 +11,7 @@ Assembled from fragments, one concern each (uvloop style):
 
 cimport cython
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 from tailrace cimport _capi as capi

@@ -19,6 +19,7 @@
 #     the C loop outlives any callback that can still call into it.
 
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 import threading as _threading
 import time as _time
@@ -30,6 +31,9 @@ cdef extern from "Python.h":
     unsigned long PyThread_get_thread_ident()
 
 DEF _INT_HANDLE_LIMIT = 4611686018427387904  # 2**62
+DEF RUN_PENDING = 1
+DEF RUN_DONE = 2
+DEF RUN_FAILED = 3
 
 OP_PROCESS = capi.TR_OP_PROCESS
 OP_WINDOW = capi.TR_OP_WINDOW
@@ -59,6 +63,10 @@ cdef class _PartState:
     cdef public long long released_n
     cdef public long long committed_n
     cdef dict pinned  # id -> offset object, for offsets that are not small ints
+    cdef object poll_range  # the reader's _tailrace_poll_range (MemorySystem bounded), or None
+    cdef str system
+    cdef str stream
+    cdef Py_ssize_t partition
     cdef long long next_id
     cdef long long purged
 
@@ -69,10 +77,18 @@ cdef class _PartState:
         self.committed = start
         self.newest_read = None
         self.pinned = {}
+        self.poll_range = getattr(reader, "_tailrace_poll_range", None)
+        self.system = ssp.system
+        self.stream = ssp.stream
+        self.partition = ssp.partition
 
     cdef inline uint64_t handle_for(self, object offset):
-        if type(offset) is int and 0 <= offset < _INT_HANDLE_LIMIT:
-            return (<uint64_t>offset) << 1
+        cdef int overflow = 0
+        cdef long long v
+        if _is_int(offset):
+            v = PyLong_AsLongLongAndOverflow(offset, &overflow)
+            if overflow == 0 and 0 <= v < _INT_HANDLE_LIMIT:
+                return (<uint64_t>v) << 1
         cdef long long i = self.next_id
         self.next_id += 1
         self.pinned[i] = offset  # a reference held until the watermark passes it
@@ -138,6 +154,12 @@ cdef class Callback:
     cdef Coordinator _coordinator
     cdef uint64_t _seq
     cdef uint32_t _task
+    cdef bint _inline  # completed on the loop thread inside its batch
+    # In a run (_run_async) a callback has no sequence number until it escapes:
+    # _rstate RUN_PENDING / RUN_DONE / RUN_FAILED (with the requests in _rreq),
+    # changed only with the GIL held; 0 once sequenced (complete() goes to C).
+    cdef int _rstate
+    cdef int _rreq
 
     def complete(self):
         """Mark the message done (from any thread)."""
@@ -171,14 +193,13 @@ cdef int _batch_trampoline(void *ctx, capi.tr_loop *loop) noexcept with gil:
         return 1
 
 
-cdef void _pool_trampoline(void *ctx, capi.tr_loop *loop, uint32_t worker, const capi.tr_op *ops,
-                           size_t n, int discard) noexcept with gil:
+cdef void _pool_trampoline(void *ctx, capi.tr_loop *loop, uint32_t worker) noexcept with gil:
     cdef LoopRunner r = <LoopRunner>ctx
-    cdef size_t i
     try:
-        r._run_pool_batch(ops, n, discard)
+        r._run_pool_batch(worker)
     except BaseException as e:  # noqa: B036 - nothing may cross into C
         r._fatal(e)
+        r._post(e)  # stops the loop (the recorded exception is what run reports)
 
 
 cdef class LoopRunner:
@@ -240,6 +261,8 @@ cdef class LoopRunner:
                 if not s.is_async and config.thread_pool_size > 0:
                     tasks[i].flags |= capi.TR_TASK_POOL
                     s.pooled_concurrent = config.max_concurrency > 1
+                else:
+                    tasks[i].flags |= capi.TR_TASK_INLINE  # runs: _run_sync / _run_async
                 if window_flags[i]:
                     tasks[i].flags |= capi.TR_TASK_WINDOW
             check(capi.tr_loop_create(&cfg, tasks, &self._loop), "dispatch loop")
@@ -291,7 +314,12 @@ cdef class LoopRunner:
         try:
             while capi.tr_loop_next_op(loop, &op):
                 slot = <_TaskSlot>self._slotv[op.task]
-                if op.kind == capi.TR_OP_PROCESS:
+                if op.kind == capi.TR_OP_RUN:
+                    if slot.is_async:
+                        self._run_async(slot, op.task, <const uint64_t *><uintptr_t>op.item, op.count)
+                    else:
+                        self._run_sync(slot, op.task, <const uint64_t *><uintptr_t>op.item, op.count)
+                elif op.kind == capi.TR_OP_PROCESS:
                     env = _take_item(op.item)
                     if not slot.is_async:
                         coord = slot.coordinator
@@ -304,24 +332,128 @@ cdef class LoopRunner:
                         coord._requests = 0
                         capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req)
                     else:
-                        cb = Callback.__new__(Callback)
-                        cb._runner = self
-                        cb._env = env
-                        cb._seq = op.seq
-                        cb._task = op.task
-                        coord = Coordinator.__new__(Coordinator)
-                        cb._coordinator = coord
-                        try:
-                            slot.process(env, slot.collector, coord, cb)
-                        except Exception as e:
-                            slot.failed += 1
-                            self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                        # completed inline: go on with this task's next message
+                        # without a batch rebuild (a bounded burst, see next_of_task)
+                        while True:
+                            cb = Callback.__new__(Callback)
+                            cb._runner = self
+                            cb._env = env
+                            cb._seq = op.seq
+                            cb._task = op.task
+                            coord = Coordinator.__new__(Coordinator)
+                            cb._coordinator = coord
+                            try:
+                                slot.process(env, slot.collector, coord, cb)
+                            except Exception as e:
+                                slot.failed += 1
+                                self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                                break
+                            if not cb._inline or not capi.tr_loop_next_of_task(loop, op.task, &op):
+                                break
+                            env = _take_item(op.item)
                 elif op.kind == capi.TR_OP_REFILL:
                     self._refill(slot, op.task, op.partition, <Py_ssize_t>op.handle)
                 else:
                     self._control(op.kind, op.task, op.flags)
         finally:
             self._in_batch = False
+        return 0
+
+    cdef int _run_sync(self, _TaskSlot slot, uint32_t t, const uint64_t *items,
+                       uint32_t n) except -1:
+        """A RUN op: up to n messages of one partition in a row, reported with one run_done.
+
+        The run ends right after a message whose coordinator made a request (the
+        loop acts on it before this task gets more, rule 15) or that failed.
+        """
+        cdef uint32_t consumed = 0
+        cdef uint32_t completed = 0
+        cdef int req = 0
+        cdef Envelope env
+        cdef Coordinator coord = slot.coordinator
+        process = slot.process
+        collector = slot.collector
+        try:
+            while consumed < n:
+                env = _take_item(items[consumed])
+                consumed += 1
+                try:
+                    process(env, collector, coord)
+                except Exception as e:
+                    if not (self._has_ignores and self._ignores(e)):
+                        coord._requests = 0
+                        slot.failed += 1
+                        self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                        break
+                    slot.ignored += 1
+                completed = consumed
+                if coord._requests:
+                    req = coord._requests
+                    coord._requests = 0
+                    break
+        finally:
+            # also on a BaseException: the items taken are ours, the failed one
+            # (taken, not completed) halts the task in C
+            capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
+        return 0
+
+    cdef int _run_async(self, _TaskSlot slot, uint32_t t, const uint64_t *items,
+                        uint32_t n) except -1:
+        """A RUN op of an async task: go on while each callback completes during its call.
+
+        A callback completed (on any thread) before process_async returned
+        needs no sequence number: in order with nothing outstanding, it is
+        released by run_done. The first one still pending escapes: run_escape
+        gives it a sequence number and it completes through the C loop like
+        any other. The run also ends after a failure or a message with requests.
+        """
+        cdef uint32_t consumed = 0
+        cdef uint32_t completed = 0
+        cdef int req = 0
+        cdef bint escaped = False
+        cdef uint64_t seq = 0
+        cdef Envelope env
+        cdef Callback cb
+        cdef Coordinator coord
+        process = slot.process
+        collector = slot.collector
+        try:
+            while consumed < n:
+                env = _take_item(items[consumed])
+                consumed += 1
+                cb = Callback.__new__(Callback)
+                cb._runner = self
+                cb._env = env
+                cb._task = t
+                cb._rstate = RUN_PENDING
+                coord = Coordinator.__new__(Coordinator)
+                cb._coordinator = coord
+                try:
+                    process(env, collector, coord, cb)
+                except Exception as e:
+                    if cb._rstate == RUN_PENDING:
+                        cb._rstate = RUN_FAILED  # a later complete() is a second resolution
+                    slot.failed += 1
+                    self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                    break
+                if cb._rstate == RUN_DONE:
+                    completed = consumed
+                    req = cb._rreq
+                    if req:
+                        break
+                elif cb._rstate == RUN_FAILED:
+                    break  # _resolve posted the error
+                else:
+                    # no GIL release from here to the end of this block: no
+                    # other thread can resolve cb while it changes hands
+                    check(capi.tr_loop_run_escape(self._loop, t, consumed, &seq), "run")
+                    escaped = True
+                    cb._seq = seq
+                    cb._rstate = 0
+                    break
+        finally:
+            if not escaped:
+                capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
         return 0
 
     cdef bint _sync_error(self, _TaskSlot slot, uint32_t t, uint64_t seq, Envelope env, object e,
@@ -336,37 +468,50 @@ cdef class LoopRunner:
         self._post(_TaskError(slot.name, env.ssp, env.offset, e))
         return False
 
-    cdef int _run_pool_batch(self, const capi.tr_op *ops, size_t n, int discard) except -1:
-        cdef size_t i
+    cdef int _run_pool_batch(self, uint32_t worker) except -1:
+        """Pool worker `worker` (GIL held once): run ops until the C side ends the batch."""
+        cdef capi.tr_op op
+        cdef capi.tr_loop *loop = self._loop
         cdef _TaskSlot slot
         cdef Envelope env
         cdef Coordinator coord
         cdef int req
-        for i in range(n):
-            env = _take_item(ops[i].item)
-            if discard:
-                continue
-            slot = <_TaskSlot>self._slotv[ops[i].task]
+        while capi.tr_loop_pool_next(loop, worker, &op):
+            env = _take_item(op.item)
+            if op.flags & capi.TR_OPF_DISCARD:
+                continue  # the loop stopped: only the pin is dropped (with env)
+            slot = <_TaskSlot>self._slotv[op.task]
             coord = Coordinator.__new__(Coordinator) if slot.pooled_concurrent else slot.coordinator
             try:
                 slot.process(env, slot.collector, coord)
             except Exception as e:
-                if not self._sync_error(slot, ops[i].task, ops[i].seq, env, e, coord, False):
+                if not (self._has_ignores and self._ignores(e)):
+                    coord._requests = 0
+                    slot.failed += 1
+                    capi.tr_loop_pool_failed(loop, worker, &op)
+                    self._post(_TaskError(slot.name, env.ssp, env.offset, e))
                     continue
+                slot.ignored += 1
             req = coord._requests
             coord._requests = 0
-            capi.tr_loop_complete(self._loop, ops[i].task, ops[i].seq, <uint32_t>req)
+            capi.tr_loop_pool_done(loop, worker, &op, <uint32_t>req)
         return 0
 
     cdef int _refill(self, _TaskSlot slot, uint32_t t, uint32_t p, Py_ssize_t free_slots) except -1:
         cdef _PartState ps = <_PartState>slot.parts[p]
         cdef capi.tr_mark mark
-        cdef capi.tr_status st
-        cdef Py_ssize_t n
+        cdef Py_ssize_t n, i, j, m
+        cdef uint64_t items[256]
+        cdef uint64_t handles[256]
+        cdef Envelope env
         if ps.pinned and capi.tr_loop_watermark(self._loop, t, p, &mark) == capi.TR_OK:
             ps.purge_below(mark.handle)
+        if ps.poll_range is not None:
+            return self._refill_range(ps, t, p, free_slots)
         batch = ps.reader.poll(free_slots)
-        n = len(batch)
+        if type(batch) is not list:
+            batch = list(batch)
+        n = len(<list>batch)
         if n == 0:
             if ps.reader.at_end():
                 capi.tr_loop_partition_state(self._loop, t, p, capi.TR_PART_ENDED)
@@ -375,15 +520,55 @@ cdef class LoopRunner:
             return 0
         if n > free_slots:
             raise RuntimeError(f"reader of {ps.ssp} returned {n} messages, asked for at most {free_slots}")
-        for env in batch:
-            Py_INCREF(env)  # the ring's pin: released by _take_item or _drain
-            st = capi.tr_loop_push_input(self._loop, t, p, <uint64_t><PyObject *>env,
-                                         ps.handle_for((<Envelope?>env).offset))
-            if st != capi.TR_OK:
-                Py_DECREF(env)
-                check(st, f"input ring of {ps.ssp}")
+        i = 0
+        while i < n:
+            m = n - i if n - i < 256 else 256
+            for j in range(m):
+                env = <Envelope?>(<list>batch)[i + j]
+                items[j] = <uint64_t><PyObject *>env
+                handles[j] = ps.handle_for(env.offset)
+            check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
+                  f"input ring of {ps.ssp}")
+            for j in range(m):
+                Py_INCREF(<object><PyObject *>items[j])  # the ring's pin: see _take_item, _drain
+            i += m
         ps.read_n += n
         ps.newest_read = (<Envelope>batch[n - 1]).offset
+        return 0
+
+    cdef int _refill_range(self, _PartState ps, uint32_t t, uint32_t p,
+                           Py_ssize_t free_slots) except -1:
+        """_refill for a reader with _tailrace_poll_range: envelopes straight into the ring."""
+        cdef uint64_t items[256]
+        cdef uint64_t handles[256]
+        cdef Py_ssize_t start, end, i, j, m
+        cdef Envelope env
+        cdef capi.tr_status st
+        messages, keys, start, end = ps.poll_range(free_slots)
+        if end <= start:
+            capi.tr_loop_partition_state(
+                self._loop, t, p, capi.TR_PART_ENDED if ps.reader.at_end() else capi.TR_PART_IDLE)
+            return 0
+        if end - start > free_slots or start < 0 or end >= _INT_HANDLE_LIMIT:
+            raise RuntimeError(f"reader of {ps.ssp} returned offsets {start}..{end - 1}, "
+                               f"asked for at most {free_slots}")
+        i = start
+        while i < end:
+            m = end - i if end - i < 256 else 256
+            for j in range(m):
+                env = new_envelope(ps.system, ps.stream, ps.partition, i + j,
+                                   None if keys is None else keys[i + j], messages[i + j])
+                Py_INCREF(env)  # the ring's pin: see _take_item, _drain
+                items[j] = <uint64_t><PyObject *>env
+                handles[j] = (<uint64_t>(i + j)) << 1
+            st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
+            if st != capi.TR_OK:
+                for j in range(m):
+                    Py_DECREF(<object><PyObject *>items[j])
+                check(st, f"input ring of {ps.ssp}")
+            i += m
+        ps.read_n += end - start
+        ps.newest_read = end - 1
         return 0
 
     cdef int _control(self, uint32_t kind, uint32_t t, uint32_t flags) except -1:
@@ -424,9 +609,23 @@ cdef class LoopRunner:
         cdef int req = cb._coordinator._requests
         cdef _TaskSlot slot = <_TaskSlot>self._slotv[cb._task]
         cb._coordinator._requests = 0
+        if cb._rstate:  # a callback of a run, not sequenced (see _run_async)
+            what = "completed" if exc is None else "failed"
+            if cb._rstate != RUN_PENDING:
+                self._post(_CallbackError(slot.name, cb._env.ssp, cb._env.offset, exc,
+                                          detail=f"callback {what} a second time (rule 17)"))
+            elif exc is None:
+                cb._rstate = RUN_DONE
+                cb._rreq = req
+            else:
+                cb._rstate = RUN_FAILED
+                slot.failed += 1
+                self._post(_TaskError(slot.name, cb._env.ssp, cb._env.offset, exc))
+            return
         if exc is None:
             if self._in_batch and PyThread_get_thread_ident() == self._loop_thread:
                 st = capi.tr_loop_complete_local(self._loop, cb._task, cb._seq, <uint32_t>req)
+                cb._inline = st == capi.TR_OK
             else:
                 st = capi.tr_loop_complete(self._loop, cb._task, cb._seq, <uint32_t>req)
             if st == capi.TR_OK:

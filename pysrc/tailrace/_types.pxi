@@ -1,5 +1,24 @@
 # Envelope and Coordinator: one of each is made per message, so they are
 # compiled, final, and kept on a freelist. Both engines use these classes.
+#
+# Garbage collection: an Envelope is immutable, so it can be part of a
+# reference cycle only through a field that can refer back to it. When every
+# field is an immutable atomic value (str, int, float, bytes, bool, None: the
+# common case), the envelope is untracked, as CPython does for such tuples: no
+# collector pass visits it and allocating it does not trigger collections.
+# Any other field (a dict message, even an empty one that CPython itself
+# leaves untracked for now, or a tuple) keeps it tracked, so a cycle through
+# it is still collected.
+
+cdef extern from "Python.h":
+    int PyObject_GC_IsTracked(object o)
+    void PyObject_GC_Track(object o)
+    void PyObject_GC_UnTrack(object o)
+    bint _is_str "PyUnicode_CheckExact"(object o)
+    bint _is_int "PyLong_CheckExact"(object o)
+    bint _is_bytes "PyBytes_CheckExact"(object o)
+    bint _is_float "PyFloat_CheckExact"(object o)
+    bint _is_bool "PyBool_Check"(object o)
 
 from tailrace.types import Scope as _Scope
 from tailrace.types import SystemStreamPartition as _SSP
@@ -12,7 +31,7 @@ SHUTDOWN_ALL = 8
 
 
 @cython.final
-@cython.freelist(1024)
+@cython.freelist(8192)  # covers a batch of runs (64 x 64) freed before the refills that reuse them
 cdef class Envelope:
     """One input message: system, stream, partition, offset, key, message (immutable)."""
 
@@ -30,6 +49,7 @@ cdef class Envelope:
         self.offset = offset
         self.key = key
         self.message = message
+        _settle(self)
 
     @property
     def ssp(self):
@@ -65,7 +85,21 @@ cdef inline Envelope new_envelope(str system, str stream, Py_ssize_t partition,
     e.offset = offset
     e.key = key
     e.message = message
+    _settle(e)
     return e
+
+
+cdef inline bint _atomic(object o) noexcept:
+    return o is None or _is_str(o) or _is_int(o) or _is_bytes(o) or _is_float(o) or _is_bool(o)
+
+
+cdef inline void _settle(Envelope e) noexcept:
+    """Track e for cycle collection unless every field is atomic (see the top)."""
+    if _atomic(e.message) and _atomic(e.key) and _atomic(e.offset):
+        if PyObject_GC_IsTracked(e):
+            PyObject_GC_UnTrack(e)
+    elif not PyObject_GC_IsTracked(e):
+        PyObject_GC_Track(e)
 
 
 def make_envelopes(str system, str stream, Py_ssize_t partition, Py_ssize_t first_offset,

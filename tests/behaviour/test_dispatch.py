@@ -65,6 +65,36 @@ def test_in_order_invocation_with_out_of_order_completion(engine: str) -> None:
         assert result.committed[ssp(p)] == len(msgs) - 1
 
 
+class MixedCompletion(AsyncStreamTask):
+    """Completes most callbacks inline (before process_async returns), some later from a thread."""
+
+    invoked: list[tuple[int, int]]
+
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        MixedCompletion.invoked.append((envelope.partition, envelope.offset))
+        if envelope.offset % 7 == 3:
+            threading.Timer(0.0005, callback.complete).start()
+        else:
+            callback.complete()
+        if envelope.offset % 50 == 49:
+            coordinator.commit()
+
+
+@pytest.mark.parametrize("mc", [1, 4])
+def test_in_order_invocation_with_inline_and_later_completion(engine: str, mc: int) -> None:
+    # rules 1, 2, 12: inline completions interleaved with late ones keep offset order, lose nothing
+    MixedCompletion.invoked = []
+    parts = [list(range(300)), list(range(170))]
+    result, _ = run_job(
+        engine, MixedCompletion, bounded(parts), task_max_concurrency=mc, task_input_buffer_size=32
+    )
+    assert result.reason == "end_of_stream"
+    for p, msgs in enumerate(parts):
+        assert [o for q, o in MixedCompletion.invoked if q == p] == list(range(len(msgs)))
+        assert result.committed[ssp(p)] == len(msgs) - 1
+    assert result.processed == 470
+
+
 class Tracked(AsyncStreamTask):
     """Tracks outstanding callbacks (invoked, not completed) and records events."""
 

@@ -4,6 +4,7 @@ completion; callback timeout; the watermark never passes a failure (rules 16-18)
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -187,6 +188,25 @@ def test_complete_after_fail_is_an_error_too(engine: str) -> None:
     with pytest.raises(CallbackError) as info:
         run_job(engine, Task, bounded([[0, 1, 2]]))
     assert info.value.offset == 0
+
+
+def test_second_completion_after_an_inline_one_is_an_error(engine: str) -> None:
+    # rule 17: completed inline (before process_async returned), completed again later
+    # from another thread while later messages are being processed
+    kept: list[Any] = []
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            callback.complete()
+            if envelope.offset == 2:
+                kept.append(callback)
+                threading.Timer(0.01, callback.complete).start()
+            if envelope.offset >= 3:
+                time.sleep(0.001)  # keep the container busy until the second call comes
+
+    with pytest.raises(CallbackError) as info:
+        run_job(engine, Task, bounded([list(range(200))]))
+    assert info.value.offset == 2
 
 
 def test_failure_never_moves_the_watermark_past_the_failed_message(engine: str) -> None:

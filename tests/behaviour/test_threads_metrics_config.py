@@ -17,6 +17,7 @@ from tailrace import (
     MemoryCheckpointStore,
     MemorySystem,
     Producer,
+    Scope,
     StreamTask,
     SystemStreamPartition,
 )
@@ -74,6 +75,50 @@ def test_process_window_commit_never_overlap_at_concurrency_1(engine: str) -> No
         assert t.window_counts == sorted(t.window_counts)
         assert t.count == 400
     assert len(store.history) >= 3
+
+
+def test_requested_commit_runs_before_the_next_message_on_the_pool(engine: str) -> None:
+    # rules 9, 14, 15 on a thread pool: a commit requested while processing message k covers
+    # exactly 0..k and runs before message k+1 of that task is processed (sync commit blocks
+    # new dispatch), even though the pool may hold that task's later messages already
+    tasks: dict[str, Any] = {}
+    every = 7
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            self.count = 0
+            self.commits: list[tuple[int, int]] = []
+            tasks[context.task_name] = self
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            assert self.count == envelope.offset
+            self.count += 1
+            if envelope.offset % every == every - 1:
+                coordinator.commit(Scope.CURRENT_TASK)
+
+    class Store(MemoryCheckpointStore):
+        def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Any]) -> None:
+            task = tasks[task_name]
+            (offset,) = offsets.values()
+            task.commits.append((offset, task.count))
+            super().write(task_name, offsets)
+
+    n = 300
+    result, _ = run_job(
+        engine,
+        Task,
+        bounded([list(range(n)) for _ in range(3)]),
+        store=Store(),
+        job_container_thread_pool_size=2,
+        task_commit_ms=-1,
+    )
+    assert result.processed == 3 * n
+    requested = [k for k in range(n) if k % every == every - 1]
+    for t in tasks.values():
+        assert t.count == n
+        # each requested commit: exactly its offset, with nothing after it processed yet
+        assert t.commits[: len(requested)] == [(k, k + 1) for k in requested]
+        assert t.commits[len(requested) :] in ([], [(n - 1, n)])  # the final commit
 
 
 def test_callbacks_from_foreign_threads_and_an_asyncio_loop(engine: str) -> None:

@@ -10,6 +10,7 @@ import gc
 import pickle
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -156,6 +157,28 @@ def test_make_envelopes_owns_its_references():
     assert [sys.getrefcount(m) for m in msgs] == base_m
     with pytest.raises(ValueError):
         _core.make_envelopes("mem", "in", 0, 0, msgs, keys[:2])
+
+
+def test_envelopes_of_atomic_values_are_untracked_and_cycles_are_still_collected():
+    import weakref
+
+    envs = _core.make_envelopes("mem", "in", 0, 0, ["s", 1, 2.5, b"b", None, True, {}, [], (1,)])
+    assert [gc.is_tracked(e) for e in envs] == [False] * 6 + [True] * 3
+    assert not gc.is_tracked(Envelope("mem", "in", 0, "id-1", "k", "v"))
+    e = Envelope("mem", "in", 0, 1, None, "v")
+    e.__init__("mem", "in", 0, 1, None, [])  # re-initialised with a container: tracked again
+    assert gc.is_tracked(e)
+
+    class Message:
+        env: Any = None
+
+    m = Message()
+    e = Envelope("mem", "in", 0, 1, None, m)
+    m.env = e  # a cycle through the envelope
+    alive = weakref.ref(m)
+    del m, e
+    gc.collect()
+    assert alive() is None
 
 
 # rule 14

@@ -22,12 +22,39 @@
  * without parking), so a task completed inline by the binding gets its next
  * message in the same batch: one lock acquisition covers many messages.
  *
+ * Runs (TR_TASK_INLINE tasks): a task on the loop thread with nothing
+ * outstanding gets a RUN op, up to TR_RUN_MAX of its buffered messages (one
+ * partition's in order, or round robin message by message over its
+ * partitions), which the binding processes in a row and reports with one
+ * tr_loop_run_done call; the task then goes to the back of the round robin
+ * (rule 5: a bounded burst per turn). Per message this costs the loop nothing
+ * but a few counter updates: no op, no sequencer slot, no clock read.
+ *
  * Threads:
  *   - create / destroy / drain_items / take_error: the owning thread, loop not running.
- *   - run: the loop thread. next_op, push_input, partition_state, complete_local,
- *     control_done, watermark, mark_committed: the loop thread, inside run_batch.
+ *   - run: the loop thread. next_op, push_input(s), partition_state, complete_local,
+ *     run_done, control_done, watermark, mark_committed: the loop thread, inside
+ *     run_batch.
+ *   - pool_next, pool_done, pool_failed: worker `worker`, inside run_pool_batch.
  *   - complete, fail, post_error, wake_partition, set_user_timer, stop, stats:
  *     any thread, any time between create and destroy (also after run returned).
+ *
+ * Worker pool (rules 2, 3, 21): each TR_TASK_POOL task belongs to one worker
+ * (task % pool_size), so its process calls run on one thread at a time, in
+ * sequence order. The loop hands a worker runs of a task's buffered messages
+ * ahead of time (up to a window of sequence numbers per task, not only
+ * max_concurrency of them): queued-but-not-invoked messages are not
+ * outstanding in the rules' sense, and the worker completes message k before
+ * it invokes k+1. A worker takes the runtime lock once per run_pool_batch and
+ * pulls ops with tr_loop_pool_next until it returns 0 (it refills from its
+ * queue meanwhile); results go to tr_loop_pool_done / tr_loop_pool_failed and
+ * reach the loop as one bulk completion-queue push per batch. When a process
+ * call makes coordinator requests (or the loop is draining), the worker stops
+ * invoking that task: its remaining queued ops go back to the loop unrun and
+ * are handed out again, in order, once the loop has acted on the request
+ * (commit before the next message, rule 9; nothing more after a shutdown).
+ * With callback timeouts on, the window is max_concurrency (a message's clock
+ * starts at dispatch). Items must be nonzero.
  *
  * Completion path (rules 12, 17, 22): the completing thread resolves the
  * sequencer slot itself (one CAS, so exactly one of racing resolutions wins and
@@ -65,6 +92,9 @@ typedef struct tr_loop tr_loop;
 /* Task flags (tr_loop_task.flags). */
 #define TR_TASK_POOL 0x1u   /* process runs on the worker pool (sync tasks, pool size > 0) */
 #define TR_TASK_WINDOW 0x2u /* the task has a window hook (rule 8) */
+/* process runs on the loop thread (a sync task without a pool, or an async
+ * task): the loop may hand it RUN ops instead of PROCESS ops */
+#define TR_TASK_INLINE 0x4u
 
 /* Operation kinds handed to the binding. */
 typedef enum tr_op_kind {
@@ -74,10 +104,14 @@ typedef enum tr_op_kind {
     TR_OP_WINDOW = 3,  /* task: run window(); then tr_loop_control_done */
     TR_OP_COMMIT = 4,  /* task (flags TR_OPF_FINAL for the last one); then control_done */
     TR_OP_TIMER = 5,   /* task: run due user timers; then control_done */
-    TR_OP_END_OF_STREAM = 6 /* task: run end_of_stream(); then control_done */
+    TR_OP_END_OF_STREAM = 6, /* task: run end_of_stream(); then control_done */
+    TR_OP_RUN = 7            /* TR_TASK_INLINE task: `count` messages in dispatch order (one
+                              * partition's in order, several partitions' round robin), items
+                              * at `item`; partition: the first one's (see tr_loop_run_done) */
 } tr_op_kind;
 
-#define TR_OPF_FINAL 0x1u /* TR_OP_COMMIT: the final commit of a graceful stop */
+#define TR_OPF_FINAL 0x1u   /* TR_OP_COMMIT: the final commit of a graceful stop */
+#define TR_OPF_DISCARD 0x2u /* pool PROCESS op: the loop stopped; drop the item, run nothing */
 
 typedef struct tr_op {
     uint32_t kind;
@@ -85,9 +119,15 @@ typedef struct tr_op {
     uint32_t partition;
     uint32_t flags;
     uint64_t seq;
-    uint64_t item;   /* PROCESS: the item pushed with push_input */
+    uint64_t item;   /* PROCESS: the item pushed with push_input; RUN: the address of an
+                      * array of `count` items (valid until the next next_op call) */
     uint64_t handle; /* PROCESS: the offset handle; REFILL: free slots */
+    uint32_t count;  /* RUN: messages in the run (1..TR_RUN_MAX) */
+    uint32_t reserved;
 } tr_op;
+
+/* Longest RUN op. */
+#define TR_RUN_MAX 64u
 
 /* Why the loop stopped. */
 typedef enum tr_stop_reason {
@@ -125,11 +165,12 @@ typedef struct tr_loop_hooks {
     int (*run_batch)(void *ctx, tr_loop *loop);
     /* (run_batch is also called with no ops after an idle timeout, at least
      * every 100 ms, so the binding can check for signals.) */
-    /* Worker thread `worker`, runtime lock not held. Execute n PROCESS ops
-     * (or, when discard is set, only drop their items) and resolve each one
-     * with tr_loop_complete / tr_loop_fail. NULL when pool_size is 0. */
-    void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker, const tr_op *ops, size_t n,
-                           int discard);
+    /* Worker thread `worker`, runtime lock not held. Take it once, pull PROCESS
+     * ops with tr_loop_pool_next until it returns 0, release it. An op with
+     * TR_OPF_DISCARD: only drop its item. Any other op: run it, then resolve
+     * it with tr_loop_pool_done or tr_loop_pool_failed (before the next
+     * tr_loop_pool_next). NULL when pool_size is 0. */
+    void (*run_pool_batch)(void *ctx, tr_loop *loop, uint32_t worker);
     /* Optional (may be NULL): called on each worker thread when it starts and
      * before it exits, e.g. to keep a runtime thread state for its lifetime. */
     void (*worker_started)(void *ctx, uint32_t worker);
@@ -172,20 +213,62 @@ tr_status tr_loop_run(tr_loop *loop, const tr_loop_hooks *hooks);
 /* Loop thread, inside run_batch: the next op, 1; 0 when the batch is over. */
 int tr_loop_next_op(tr_loop *loop, tr_op *out);
 
+/* Loop thread, inside run_batch, right after executing a PROCESS op of `task`
+ * (not a TR_TASK_POOL task) whose callback completed inline
+ * with tr_loop_complete_local: the task's next PROCESS op, 1, when it may take
+ * one now (its completions released, no barrier or request pending, room
+ * under max concurrency), so an async task completing inline runs a bounded
+ * burst (at most TR_RUN_MAX per next_op) without a batch rebuild per message;
+ * 0 otherwise (go on with tr_loop_next_op). */
+int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out);
 /* Loop thread, inside run_batch (REFILL): append one item with its offset
  * handle. TR_EAGAIN when the ring is full (nothing stored). */
 tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, uint64_t item,
                              uint64_t handle);
+/* Loop thread, inside run_batch (REFILL): append n items with their handles;
+ * TR_EAGAIN when they do not all fit (nothing stored). */
+tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
+                              const uint64_t *items, const uint64_t *handles, size_t n);
 /* Loop thread, inside run_batch: TR_PART_IDLE or TR_PART_ENDED after a poll. */
 void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state);
 /* Loop thread, inside run_batch: the WINDOW/COMMIT/TIMER/END_OF_STREAM op of
  * `task` has finished; `requests` are its coordinator's TR_REQ_* bits. */
 void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests);
 
+/* Loop thread, inside run_batch, once after each RUN op of `task`, before the
+ * next next_op call: the binding took the first `consumed` items of the run
+ * (their pins are its own now) and invoked process on them in order; the first
+ * `completed` of those completed (consumed - completed is 0, or 1 for a message
+ * that failed: the binding posts the error, the task is never dispatched to
+ * again and the watermark stays before that message, rule 18). `requests`: the
+ * coordinator bits of the last completed message; the binding ends a run right
+ * after a message that made a request. Items past `consumed` stay buffered.
+ * Nothing of a run passes through the sequencer: the loop hands a run only to a
+ * task with nothing outstanding or held, so completing it in order is exactly
+ * releasing it (rules 2, 12, 15). TR_EINVAL when no run of `task` is open. */
+tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint32_t completed,
+                           uint32_t requests);
+/* Loop thread, inside run_batch, instead of run_done: the last of the
+ * `consumed` items taken did not complete during its call (an async task whose
+ * callback escaped): the others completed in order, without requests; that
+ * one is outstanding now, with sequence number *seq (complete / complete_local
+ * / fail resolve it, as for a PROCESS op). TR_EINVAL when no run is open. */
+tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq);
 /* Any thread: resolve callback `seq` of `task` as completed, with the
  * coordinator requests made for that message. TR_OK (this call won),
  * TR_EALREADY (resolved before: rule 17), TR_EUNKNOWN, TR_EINVAL. */
 tr_status tr_loop_complete(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests);
+/* Worker `worker`, inside run_pool_batch: the next op of the worker's batch, 1;
+ * 0 when the batch is over (the binding then releases its lock). */
+int tr_loop_pool_next(tr_loop *loop, uint32_t worker, tr_op *out);
+/* Worker `worker`, inside run_pool_batch: the op from tr_loop_pool_next ran;
+ * `requests` are its coordinator's TR_REQ_* bits. The completion reaches the
+ * loop with the worker's next bulk push (end of batch, or within ~1 ms).
+ * Same statuses as tr_loop_complete. */
+tr_status tr_loop_pool_done(tr_loop *loop, uint32_t worker, const tr_op *op, uint32_t requests);
+/* Worker `worker`, inside run_pool_batch: the op raised; resolve it as failed
+ * (the binding posts the error object with tr_loop_post_error). */
+tr_status tr_loop_pool_failed(tr_loop *loop, uint32_t worker, const tr_op *op);
 /* Loop thread inside run_batch: the same, without the completion queue. */
 tr_status tr_loop_complete_local(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests);
 /* Any thread: resolve as failed (never released, rule 18). Same statuses.

@@ -57,6 +57,15 @@ class _BoundedReader(PartitionReader):
     def at_end(self) -> bool:
         return self._pos >= len(self._messages)
 
+    def _tailrace_poll_range(self, max_messages: int) -> tuple[Sequence[Any], Sequence[Any] | None, int, int]:
+        """``poll`` without building a list: (messages, keys, start, end); the
+        messages of offsets start..end-1 are ``messages[start:end]``. The native
+        engine builds their envelopes straight into its input buffer."""
+        start = self._pos
+        end = min(start + max_messages, len(self._messages))
+        self._pos = max(start, end)
+        return self._messages, self._keys, start, end
+
 
 class _LiveReader(PartitionReader):
     def __init__(self, ssp: SystemStreamPartition, part: _LivePartition) -> None:
