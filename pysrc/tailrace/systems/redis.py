@@ -53,24 +53,136 @@ def _decoder(codec: str) -> Callable[[bytes], Any]:
     return lambda b: b
 
 
-class _RedisReader(PartitionReader):
-    """Reads one partition on its own thread into a bounded buffer."""
+def _as_str(raw: Any) -> str:
+    return raw.decode() if type(raw) is bytes else str(raw)
 
-    def __init__(self, system: RedisSystem, ssp: SystemStreamPartition) -> None:
+
+def _streams_of(reply: Any) -> Any:
+    """(stream key, entries) pairs of an XREAD reply: a list (RESP2) or a map (RESP3)."""
+    if not reply:
+        return ()
+    if isinstance(reply, dict):
+        return reply.items()
+    return reply
+
+
+class _Fetcher:
+    """Reads for a set of readers on one thread.
+
+    Every round is one ``XREAD COUNT batch BLOCK block_ms STREAMS ...`` over each
+    reader with room for a whole batch, so a container costs one reading thread per
+    system, not one per partition. On a standalone server the fetcher holds its own
+    connection and takes the raw reply (no per-entry dict building); on a cluster
+    each reader gets its own fetcher (keys of different slots cannot share an
+    XREAD). While some reader is left out because its buffer is full, the round
+    blocks for at most 5 ms, so a reader that makes room is read again promptly.
+    The readers share the fetcher's lock.
+    """
+
+    FULL_BLOCK_MS = 5
+
+    def __init__(self, system: RedisSystem) -> None:
+        self.system = system
+        self.cond = threading.Condition()
+        self.readers: dict[bytes, _RedisReader] = {}
+        self._thread: threading.Thread | None = None
+        self._raw = hasattr(system.client, "connection_pool")
+
+    def add(self, reader: _RedisReader) -> None:
+        with self.cond:
+            self.readers[reader.wire_key] = reader
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"tailrace-redis-read {self.system.name}", daemon=True
+                )
+                self._thread.start()
+            self.cond.notify_all()
+
+    def remove(self, reader: _RedisReader) -> None:
+        with self.cond:
+            if self.readers.get(reader.wire_key) is reader:
+                del self.readers[reader.wire_key]
+            t = self._thread
+            self.cond.notify_all()
+        if not self.readers and t is not None and t is not threading.current_thread():
+            t.join(timeout=self.system.block_ms / 1000 + 5)
+
+    def _xread(self, conns: list[Any], keys: list[bytes], ids: list[str], count: int, block_ms: int) -> Any:
+        if not self._raw:
+            return self.system.client.xread(dict(zip(keys, ids)), count=count, block=block_ms)
+        if not conns:
+            conns.append(self.system.client.connection_pool.make_connection())
+        conn = conns[0]
+        try:
+            conn.send_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", *keys, *ids)
+            return conn.read_response()
+        except BaseException:
+            conn.disconnect()  # a half-read reply must not be read as the next one
+            raise
+
+    def _run(self) -> None:
+        system = self.system
+        batch = system.batch
+        conns: list[Any] = []  # this thread's own connection, made on first use
+        try:
+            while True:
+                with self.cond:
+                    while True:
+                        if not self.readers:
+                            self._thread = None
+                            return
+                        ready = [r for r in self.readers.values() if r.wants_more()]
+                        if ready:
+                            break
+                        self.cond.wait()
+                    left_out = any(r.live() for r in self.readers.values() if r not in ready)
+                keys = [r.wire_key for r in ready]
+                ids = [r.last for r in ready]
+                block = min(system.block_ms, self.FULL_BLOCK_MS) if left_out else system.block_ms
+                reply = retrying(
+                    lambda: self._xread(conns, keys, ids, batch, block),  # noqa: B023
+                    f"reading {', '.join(str(r.ssp) for r in ready)}",
+                    deadline_s=system.retry_s,
+                    stop=lambda: not self.readers,
+                )
+                for key, entries in _streams_of(reply):
+                    reader = self.readers.get(key if type(key) is bytes else str(key).encode())
+                    if reader is not None and entries:
+                        reader.deliver(entries)
+        except BaseException as e:  # noqa: BLE001 - handed to each reader's poll()
+            with self.cond:
+                failed = list(self.readers.values())
+                self._thread = None
+            if failed:
+                log.error("reading %s failed: %r", system.name, e)
+            for r in failed:
+                r.fail(e)
+        finally:
+            for conn in conns:
+                conn.disconnect()
+
+
+class _RedisReader(PartitionReader):
+    """One partition's bounded buffer, filled by its system's fetcher thread."""
+
+    def __init__(self, system: RedisSystem, ssp: SystemStreamPartition, fetcher: _Fetcher) -> None:
         super().__init__(ssp)
         self._system = system
-        self._key = system.keys.stream(ssp.stream, ssp.partition)
+        self._fetcher = fetcher
+        self.key = system.keys.stream(ssp.stream, ssp.partition)
+        self.wire_key = self.key.encode()
         self._decode = _decoder(system.codec)
         self._capacity = system.buffer
-        self._buf: deque[Envelope] = deque()
-        self._cond = threading.Condition()
-        self._last = "0-0"
+        self._batch = system.batch
+        self._chunks: deque[list[Envelope]] = deque()
+        self._count = 0
+        self._cond = fetcher.cond
+        self.last = "0-0"
         self._eos = False
         self._closed = False
         self._starved = False
         self._error: BaseException | None = None
         self._wakeup: Callable[[], None] = lambda: None
-        self._thread: threading.Thread | None = None
 
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
         if after is not None:
@@ -80,96 +192,108 @@ class _RedisReader(PartitionReader):
                 raise InputError(
                     f"committed offset {after!r} is not a Redis entry id", source=str(self.ssp)
                 ) from e
-            self._last = str(after)
+            self.last = str(after)
         self._wakeup = wakeup
-        self._thread = threading.Thread(target=self._run, name=f"tailrace-redis-read {self.ssp}", daemon=True)
-        self._thread.start()
+        self._fetcher.add(self)
 
-    def _run(self) -> None:
-        client = self._system.client
+    # -- fetcher side (called with or without the lock as noted) -----------------
+    def live(self) -> bool:
+        """Still to be read (lock held)."""
+        return not (self._closed or self._eos or self._error is not None)
+
+    def wants_more(self) -> bool:
+        """Live with room for a whole batch (lock held)."""
+        return self.live() and self._capacity - self._count >= self._batch
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            wake = not self._closed
+        if wake:
+            self._wakeup()
+
+    def deliver(self, entries: list[Any]) -> None:
+        """Decode one XREAD batch of this partition into envelopes (fetcher thread)."""
         s = self.ssp
-        try:
-            while True:
-                with self._cond:
-                    while not self._closed and len(self._buf) >= self._capacity:
-                        self._cond.wait()
-                    if self._closed or self._eos:
-                        return
-                    room = self._capacity - len(self._buf)
-                count = min(room, self._system.batch)
-                streams = {self._key: self._last}
-                reply = retrying(
-                    lambda: client.xread(streams, count=count, block=self._system.block_ms),  # noqa: B023
-                    f"reading {s}",
-                    deadline_s=self._system.retry_s,
-                    stop=lambda: self._closed,
-                )
-                if not reply:
-                    continue
-                entries = reply[0][1]
-                batch: list[Envelope] = []
-                eos = False
-                for raw_id, fields in entries:
-                    eid = text(raw_id)
-                    if EOS_FIELD in fields:
+        system, stream, partition = s.system, s.stream, s.partition
+        decode = self._decode
+        batch: list[Envelope] = []
+        append = batch.append
+        eos = False
+        error: BaseException | None = None
+        last = self.last
+        for raw_id, fields in entries:
+            eid = _as_str(raw_id)
+            try:
+                if type(fields) is list and len(fields) == 2 and fields[0] == b"m":
+                    key = None
+                    message = decode(fields[1])
+                else:
+                    f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
+                    if EOS_FIELD in f:
                         eos = True
                         break
-                    raw_key = fields.get(b"k")
-                    try:
-                        key = None if raw_key is None else self._decode(raw_key)
-                        message = self._decode(fields[b"m"])
-                    except (KeyError, ValueError, UnicodeDecodeError) as e:
-                        raise InputError(
-                            f"entry {eid} cannot be decoded with codec {self._system.codec!r}: {e!r}",
-                            source=f"{s} ({self._key})",
-                        ) from e
-                    batch.append(Envelope(s.system, s.stream, s.partition, eid, key, message))
-                    self._last = eid
-                with self._cond:
-                    self._buf.extend(batch)
-                    self._eos = eos
-                    wake = self._starved and (batch or eos)
-                    if wake:
-                        self._starved = False
-                if wake:
-                    self._wakeup()
-        except BaseException as e:  # noqa: BLE001 - handed to the loop thread by poll()
-            if not self._closed:
-                log.error("reader of %s failed: %r", s, e)
-            with self._cond:
-                self._error = e
-                wake = not self._closed
+                    raw_key = f.get(b"k")
+                    key = None if raw_key is None else decode(raw_key)
+                    message = decode(f[b"m"])
+            except (KeyError, ValueError, UnicodeDecodeError) as e:
+                error = InputError(
+                    f"entry {eid} cannot be decoded with codec {self._system.codec!r}: {e!r}",
+                    source=f"{s} ({self.key})",
+                )
+                error.__cause__ = e
+                break
+            append(Envelope(system, stream, partition, eid, key, message))
+            last = eid
+        self.last = last
+        with self._cond:
+            if batch:
+                self._chunks.append(batch)
+                self._count += len(batch)
+            self._eos = eos
+            if error is not None:
+                self._error = error
+            wake = self._starved and (bool(batch) or eos or error is not None)
             if wake:
-                self._wakeup()
+                self._starved = False
+        if wake:
+            self._wakeup()
 
+    # -- loop thread side ---------------------------------------------------------
     def poll(self, max_messages: int) -> list[Any]:
         with self._cond:
-            if self._error is not None and not self._buf:
-                err = self._error
-                if isinstance(err, InputError):
-                    raise err
-                raise InputError(f"reading from Redis failed: {err!r}", source=str(self.ssp)) from err
-            n = min(max_messages, len(self._buf))
-            if n == 0:
+            if self._count == 0:
+                if self._error is not None:
+                    err = self._error
+                    if isinstance(err, InputError):
+                        raise err
+                    raise InputError(f"reading from Redis failed: {err!r}", source=str(self.ssp)) from err
                 self._starved = True
                 return []
-            full = len(self._buf) >= self._capacity
-            out = [self._buf.popleft() for _ in range(n)]
-            if full:
+            chunks = self._chunks
+            first = chunks[0]
+            if len(first) <= max_messages:
+                out = chunks.popleft()
+                while chunks and len(out) + len(chunks[0]) <= max_messages:
+                    out += chunks.popleft()
+            else:
+                out = first[:max_messages]
+                chunks[0] = first[max_messages:]
+            had_room = self._capacity - self._count >= self._batch
+            self._count -= len(out)
+            if not had_room and self._capacity - self._count >= self._batch:
                 self._cond.notify_all()
             return out
 
     def at_end(self) -> bool:
         with self._cond:
-            return self._eos and not self._buf
+            return self._eos and self._count == 0
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=self._system.block_ms / 1000 + 5)
+        self._fetcher.remove(self)
 
 
 class _RedisProducer(Producer):
@@ -285,6 +409,7 @@ class RedisSystem(System):
         self.retry_s = retry_s
         self._streams = dict(streams or {})
         self._default_output_partitions = output_partitions
+        self._fetcher: _Fetcher | None = None
         self._own_client = client is None
         self.client = client if client is not None else connect(url, cluster=cluster)
         check(self.client, url, lambda msg: InputError(msg, source=f"system {name!r}"))
@@ -373,7 +498,10 @@ class RedisSystem(System):
         n = self.partitions(ssp.stream)
         if not 0 <= ssp.partition < n:
             raise InputError(f"stream has {n} partitions, no partition {ssp.partition}", source=str(ssp))
-        return _RedisReader(self, ssp)
+        if self._fetcher is None or not self._fetcher._raw:
+            # standalone: one fetcher (thread, connection) for every reader of this system
+            self._fetcher = _Fetcher(self)
+        return _RedisReader(self, ssp, self._fetcher)
 
     def producer(self) -> Producer:
         return _RedisProducer(self)
