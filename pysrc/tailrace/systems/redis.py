@@ -39,7 +39,8 @@ CODECS = ("json", "str", "bytes")
 
 def _encoder(codec: str) -> Callable[[Any], bytes | str]:
     if codec == "json":
-        return lambda v: json.dumps(v, separators=(",", ":"))
+        # one encoder for good: json.dumps with options builds a new one per call
+        return json.JSONEncoder(separators=(",", ":")).encode
     if codec == "str":
         return lambda v: v if isinstance(v, (str, bytes)) else str(v)
     return lambda v: v if isinstance(v, bytes) else str(v).encode()
@@ -51,10 +52,6 @@ def _decoder(codec: str) -> Callable[[bytes], Any]:
     if codec == "str":
         return lambda b: b.decode()
     return lambda b: b
-
-
-def _as_str(raw: Any) -> str:
-    return raw.decode() if type(raw) is bytes else str(raw)
 
 
 def _streams_of(reply: Any) -> Any:
@@ -223,8 +220,9 @@ class _RedisReader(PartitionReader):
         eos = False
         error: BaseException | None = None
         last = self.last
+        as_text = bytes.decode if type(entries[0][0]) is bytes else str
         for raw_id, fields in entries:
-            eid = _as_str(raw_id)
+            eid = as_text(raw_id)
             try:
                 if type(fields) is list and len(fields) == 2 and fields[0] == b"m":
                     key = None
@@ -304,7 +302,8 @@ class _RedisProducer(Producer):
         self._system = system
         self._encode = _encoder(system.codec)
         self._lock = threading.Lock()
-        self._pending: dict[str, list[Any]] = {}
+        self._pending: dict[tuple[str, int], list[Any]] = {}
+        self._keys: dict[tuple[str, int], str] = {}
         self._count = 0
         self._partitions: dict[str, int] = {}
         self._script = Scripts(system.client).xadd_batch
@@ -319,14 +318,13 @@ class _RedisProducer(Producer):
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         m = self._encode(message)
-        k: Any = "-" if key is None else b"=" + _as_bytes(self._encode(key))
-        skey = self._system.keys.stream(stream, partition)
+        k: Any = b"-" if key is None else b"=" + _as_bytes(self._encode(key))
+        dest = (stream, partition)
         with self._lock:
-            args = self._pending.get(skey)
+            args = self._pending.get(dest)
             if args is None:
-                args = self._pending[skey] = []
-            args.append(m)
-            args.append(k)
+                args = self._pending[dest] = []
+            args += (m, k)
             self._count += 1
             if self._count >= self._system.batch:
                 self._flush_locked()
@@ -340,13 +338,16 @@ class _RedisProducer(Producer):
         # so a retry after a refused connection duplicates nothing; only a reply lost
         # after the write can duplicate a batch (output is at least once).
         while self._pending:
-            skey, args = next(iter(self._pending.items()))
+            dest, args = next(iter(self._pending.items()))
+            skey = self._keys.get(dest)
+            if skey is None:
+                skey = self._keys[dest] = self._system.keys.stream(*dest)
             retrying(
                 partial(self._script, keys=[skey], args=args),
                 f"writing {len(args) // 2} entries to {self._system.name}",
                 deadline_s=self._system.retry_s,
             )
-            del self._pending[skey]
+            del self._pending[dest]
             self._count -= len(args) // 2
             self.sent += len(args) // 2
 
