@@ -245,7 +245,8 @@ def job_run(server: Server, containers: int, engine: str, args: argparse.Namespa
     c.close()
     if got != n:
         raise RuntimeError(f"{containers} containers copied {got} of {n} messages")
-    return row(f"tailrace job, {containers} container{'s' if containers > 1 else ''}, {engine} engine", n, secs, server_cpu, client_cpu)
+    name = f"tailrace job, {containers} container{'s' if containers > 1 else ''}, {engine} engine"
+    return row(name, n, secs, server_cpu, client_cpu)
 
 
 def member(spec_json: str, stats_path: str | None = None) -> None:
@@ -336,7 +337,7 @@ def main() -> None:
     print()
     print("Where the bottleneck is (one container per core, one redis-server core):")
     for r in rows:
-        if not r["run"].startswith("tailrace job, 1 "):
+        if not r["run"].startswith("tailrace job, 1 container,"):
             continue
         redis_cap = 1e6 / r["redis_us_per_msg"]
         one = r["msg_per_s"]
