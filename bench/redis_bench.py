@@ -117,7 +117,8 @@ def raw_baselines(server: Server, partitions: int, per_partition: int, batch: in
         for p in range(partitions):
             key = f"raw:{{lua:{p}}}:s"
             for start in range(0, per_partition, batch):
-                script(keys=[key], args=["x" * 100, "-"] * min(batch, per_partition - start))
+                m = min(batch, per_partition - start)
+                script(keys=[key], args=[m, *["x" * 100, "-"] * m])
 
     def xread() -> None:
         for p in range(partitions):
@@ -136,7 +137,7 @@ def raw_baselines(server: Server, partitions: int, per_partition: int, batch: in
                 if not reply:
                     break
                 entries = reply[0][1]
-                args: list[Any] = []
+                args: list[Any] = [len(entries)]
                 for _, fields in entries:
                     args += [fields[b"m"], "-"]
                 script(keys=[dst], args=args)

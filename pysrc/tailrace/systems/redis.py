@@ -27,11 +27,18 @@ from typing import Any
 
 from .._core import Envelope
 from .._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
+from .._redisio import _redis as _redis_module
 from ..errors import ConfigError, InputError
 from ..types import Offset, SystemStreamPartition
 from .base import PartitionReader, Producer, System
 
 log = logging.getLogger("tailrace.redis")
+
+_hiredis: Any
+try:  # hiredis packs a whole command in C; redis-py works without it, slower
+    import hiredis as _hiredis
+except ImportError:  # pragma: no cover - depends on the environment
+    _hiredis = None
 
 EOS_FIELD = b"eos"
 CODECS = ("json", "str", "bytes")
@@ -295,8 +302,10 @@ class _RedisReader(PartitionReader):
 
 
 class _RedisProducer(Producer):
-    """Buffers entries per partition; sends them as one XADD_BATCH script call per
-    partition when ``batch`` entries wait, and on flush()."""
+    """Buffers entries per partition; when ``batch`` entries wait, and on flush(),
+    sends them with one XADD_BATCH script call: for every partition at once on a
+    standalone server (on its own connection, packed without per-argument Python
+    work when hiredis is installed), one call per partition on a cluster."""
 
     def __init__(self, system: RedisSystem) -> None:
         self._system = system
@@ -307,6 +316,8 @@ class _RedisProducer(Producer):
         self._count = 0
         self._partitions: dict[str, int] = {}
         self._script = Scripts(system.client).xadd_batch
+        self._raw = hasattr(system.client, "connection_pool")
+        self._conn: Any = None
         self.sent = 0
 
     def partitions(self, stream: str) -> int:
@@ -333,26 +344,75 @@ class _RedisProducer(Producer):
         with self._lock:
             self._flush_locked()
 
+    def _key(self, dest: tuple[str, int]) -> str:
+        skey = self._keys.get(dest)
+        if skey is None:
+            skey = self._keys[dest] = self._system.keys.stream(*dest)
+        return skey
+
     def _flush_locked(self) -> None:
-        # One script per partition: atomic (all of a partition's batch or none of it),
-        # so a retry after a refused connection duplicates nothing; only a reply lost
-        # after the write can duplicate a batch (output is at least once).
-        while self._pending:
-            dest, args = next(iter(self._pending.items()))
-            skey = self._keys.get(dest)
-            if skey is None:
-                skey = self._keys[dest] = self._system.keys.stream(*dest)
-            retrying(
-                partial(self._script, keys=[skey], args=args),
-                f"writing {len(args) // 2} entries to {self._system.name}",
-                deadline_s=self._system.retry_s,
-            )
-            del self._pending[dest]
-            self._count -= len(args) // 2
-            self.sent += len(args) // 2
+        # A script call is atomic: it ran entirely or not at all, so a retry after a
+        # refused connection duplicates nothing; only a reply lost after the write can
+        # duplicate a batch (output is at least once).
+        if not self._pending:
+            return
+        what = f"writing {self._count} entries to {self._system.name}"
+        if self._raw:
+            keys = [self._key(dest) for dest in self._pending]
+            argv: list[Any] = []
+            for args in self._pending.values():
+                argv.append(len(args) // 2)
+                argv += args
+            retrying(lambda: self._call_raw(keys, argv), what, deadline_s=self._system.retry_s)
+            self._pending.clear()
+        else:
+            while self._pending:
+                dest, args = next(iter(self._pending.items()))
+                retrying(
+                    partial(self._script, keys=[self._key(dest)], args=[len(args) // 2, *args]),
+                    what,
+                    deadline_s=self._system.retry_s,
+                )
+                del self._pending[dest]
+                self._count -= len(args) // 2
+                self.sent += len(args) // 2
+        self.sent += self._count
+        self._count = 0
+
+    def _call_raw(self, keys: list[str], argv: list[Any]) -> Any:
+        """EVALSHA of XADD_BATCH on this producer's own connection (SCRIPT LOAD on NOSCRIPT)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._system.client.connection_pool.make_connection()
+        cmd = ("EVALSHA", self._script.sha, len(keys), *keys, *argv)
+        try:
+            conn.send_packed_command(_pack(conn, cmd))
+            try:
+                return conn.read_response()
+            except _redis_module().exceptions.NoScriptError:
+                conn.send_command("SCRIPT", "LOAD", self._script.script)
+                conn.read_response()
+                conn.send_packed_command(_pack(conn, cmd))
+                return conn.read_response()
+        except _redis_module().exceptions.ResponseError:
+            raise
+        except BaseException:
+            conn.disconnect()  # a half-read reply must not be read as the next one
+            raise
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            if self._conn is not None:
+                self._conn.disconnect()
+                self._conn = None
+
+
+def _pack(conn: Any, cmd: tuple[Any, ...]) -> Any:
+    if _hiredis is not None:
+        return [_hiredis.pack_command(cmd)]
+    return conn.pack_command(*cmd)
 
 
 def _as_bytes(v: bytes | str) -> bytes:
