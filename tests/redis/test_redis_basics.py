@@ -70,6 +70,62 @@ def test_producer_flush_makes_entries_readable_and_keys_round_trip(redis_server:
     system.close()
 
 
+def test_readers_of_one_system_share_one_fetcher_and_a_full_buffer_holds_back_only_its_partition(
+    redis_server: RedisServer,
+) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=5, buffer=10)
+    ids = fill(system, "in", 4, 40)
+    woken = threading.Event()
+    readers = [system.reader(SystemStreamPartition("redis", "in", p)) for p in range(4)]
+    for r in readers:
+        r.start(None, woken.set)
+    threads = [t for t in threading.enumerate() if t.name.startswith("tailrace-redis-read")]
+    assert len(threads) == 1  # one XREAD loop for all four partitions
+    got: dict[int, list[Any]] = {p: [] for p in range(4)}
+    deadline = time.monotonic() + 20
+    # drain the partitions one after another: the others sit with full buffers meanwhile
+    for p, r in enumerate(readers):
+        while not r.at_end() and time.monotonic() < deadline:
+            batch = r.poll(3)
+            if not batch:
+                woken.wait(0.2)
+                woken.clear()
+            got[p].extend(batch)
+        for q in range(p + 1, 4):
+            assert readers[q]._count <= 10  # bounded while nobody polls it
+    for r in readers:
+        r.close()
+    assert not any(t.is_alive() for t in threads)
+    for p in range(4):
+        assert [e.offset for e in got[p]] == ids[p]  # in order, nothing lost or repeated
+        assert [e.message for e in got[p]] == [{"p": p, "i": i} for i in range(40)]
+    system.close()
+
+
+def test_producer_writes_every_partition_in_one_call_and_survives_a_script_flush(
+    redis_server: RedisServer,
+) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=1000, output_partitions=4)
+    producer = system.producer()
+    producer.partitions("out")
+    producer.send("warm", 0, None, "loads the script")
+    producer.flush()
+    for i in range(40):
+        producer.send("out", i % 4, None if i % 2 else f"k{i}", {"n": i})
+    before = system.client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    producer.flush()
+    after = system.client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert after - before == 1  # one script call for all four partitions
+    system.client.script_flush()  # as after a restart: the script must be loaded again
+    for i in range(40, 48):
+        producer.send("out", i % 4, None, {"n": i})
+    producer.close()
+    for p in range(4):
+        expected = [(None if i % 2 or i >= 40 else f"k{i}", {"n": i}) for i in range(p, 48, 4)]
+        assert [(k, m) for _, k, m in system.read_all("out", p)] == expected
+    system.close()
+
+
 def test_unknown_stream_and_unreachable_redis_name_what_is_wrong(tmp_path: Any) -> None:
     url = f"unix://{tmp_path}/nothing.sock?db=0"
     with pytest.raises(InputError, match=r"nothing\.sock"):
