@@ -295,6 +295,7 @@ def main() -> None:
     ap.add_argument("--engine", default="c,python", help="engines to run the job with, comma-separated")
     ap.add_argument("--fsync", action="store_true", help="run redis-server with appendfsync always")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--jobs-only", action="store_true", help="skip the ceilings without tailrace")
     args = ap.parse_args()
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     bad = [e for e in engines if e not in ("c", "python")]
@@ -306,10 +307,11 @@ def main() -> None:
         server = Server(Path(tmp), args.fsync)
         try:
             rows = []
-            rb = redis_benchmark(server, n)
-            if rb is not None:
-                rows.append(rb)
-            rows += raw_baselines(server, args.partitions, args.messages_per_partition, args.batch)
+            if not args.jobs_only:
+                rb = redis_benchmark(server, n)
+                if rb is not None:
+                    rows.append(rb)
+                rows += raw_baselines(server, args.partitions, args.messages_per_partition, args.batch)
             for engine in engines:
                 for containers in (1, 2):
                     rows.append(job_run(server, containers, engine, args))
