@@ -126,6 +126,34 @@ def test_producer_writes_every_partition_in_one_call_and_survives_a_script_flush
     system.close()
 
 
+def test_a_batch_in_flight_when_its_connection_dies_is_sent_again_before_flush_returns(
+    redis_server: RedisServer,
+) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=10, output_partitions=2, retry_s=10)
+    producer = system.producer()
+    producer.partitions("out")
+    producer.send("warm", 0, None, "loads the script")
+    producer.flush()
+    system.client.client_pause(5000, all=False)  # write commands wait, ours included
+    for i in range(10):  # a full batch: written, its reply not awaited
+        producer.send("out", i % 2, None, {"n": i})
+    time.sleep(0.2)
+    killed = 0
+    for c in system.client.client_list():
+        if c["cmd"] == "evalsha":  # the producer's connection, its batch not yet applied
+            killed += system.client.client_kill_filter(_id=c["id"])
+    assert killed == 1
+    system.client.client_unpause()
+    assert system.read_all("out", 0) == []  # the batch died with its connection
+    producer.send("out", 0, None, {"n": 10})
+    producer.flush()  # rule 9: returns only once Redis acknowledged everything
+    assert [m for _, _, m in system.read_all("out", 0)] == [{"n": i} for i in (0, 2, 4, 6, 8, 10)]
+    assert [m for _, _, m in system.read_all("out", 1)] == [{"n": i} for i in (1, 3, 5, 7, 9)]
+    assert producer.sent == 12
+    producer.close()
+    system.close()
+
+
 def test_unknown_stream_and_unreachable_redis_name_what_is_wrong(tmp_path: Any) -> None:
     url = f"unix://{tmp_path}/nothing.sock?db=0"
     with pytest.raises(InputError, match=r"nothing\.sock"):

@@ -302,10 +302,18 @@ class _RedisReader(PartitionReader):
 
 
 class _RedisProducer(Producer):
-    """Buffers entries per partition; when ``batch`` entries wait, and on flush(),
-    sends them with one XADD_BATCH script call: for every partition at once on a
-    standalone server (on its own connection, packed without per-argument Python
-    work when hiredis is installed), one call per partition on a cluster."""
+    """Buffers entries per partition and sends them with one XADD_BATCH script call
+    when ``batch`` entries wait, and on flush().
+
+    Standalone server: one call covers every partition, on the producer's own
+    connection (packed in C when hiredis is installed), and a full batch is written
+    without waiting for its reply: the reply is read before the next call is written
+    (at most one call in flight, so Redis appends batch k while the task produces
+    batch k+1), and ``flush()`` returns only once every call was acknowledged.
+    A call whose reply was lost is sent again (output is at least once); an error
+    Redis returns for a call in flight is raised by the next ``send`` or ``flush``,
+    so it never passes a checkpoint. Cluster: one call per partition, each awaited.
+    """
 
     def __init__(self, system: RedisSystem) -> None:
         self._system = system
@@ -318,7 +326,9 @@ class _RedisProducer(Producer):
         self._script = Scripts(system.client).xadd_batch
         self._raw = hasattr(system.client, "connection_pool")
         self._conn: Any = None
-        self.sent = 0
+        self._inflight: tuple[tuple[Any, ...], int] | None = None  # (command, entries) not yet acknowledged
+        self._resend = False  # the call in flight must be written again (its connection failed)
+        self.sent = 0  # entries acknowledged by Redis
 
     def partitions(self, stream: str) -> int:
         n = self._partitions.get(stream)
@@ -338,11 +348,11 @@ class _RedisProducer(Producer):
             args += (m, k)
             self._count += 1
             if self._count >= self._system.batch:
-                self._flush_locked()
+                self._flush_locked(wait=False)
 
     def flush(self) -> None:
         with self._lock:
-            self._flush_locked()
+            self._flush_locked(wait=True)
 
     def _key(self, dest: tuple[str, int]) -> str:
         skey = self._keys.get(dest)
@@ -350,55 +360,87 @@ class _RedisProducer(Producer):
             skey = self._keys[dest] = self._system.keys.stream(*dest)
         return skey
 
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, *, wait: bool) -> None:
         # A script call is atomic: it ran entirely or not at all, so a retry after a
         # refused connection duplicates nothing; only a reply lost after the write can
         # duplicate a batch (output is at least once).
-        if not self._pending:
-            return
-        what = f"writing {self._count} entries to {self._system.name}"
-        if self._raw:
-            keys = [self._key(dest) for dest in self._pending]
-            argv: list[Any] = []
-            for args in self._pending.values():
-                argv.append(len(args) // 2)
-                argv += args
-            retrying(lambda: self._call_raw(keys, argv), what, deadline_s=self._system.retry_s)
-            self._pending.clear()
-        else:
+        if not self._raw:
             while self._pending:
                 dest, args = next(iter(self._pending.items()))
                 retrying(
                     partial(self._script, keys=[self._key(dest)], args=[len(args) // 2, *args]),
-                    what,
+                    f"writing {len(args) // 2} entries to {self._system.name}",
                     deadline_s=self._system.retry_s,
                 )
                 del self._pending[dest]
                 self._count -= len(args) // 2
                 self.sent += len(args) // 2
-        self.sent += self._count
-        self._count = 0
-
-    def _call_raw(self, keys: list[str], argv: list[Any]) -> Any:
-        """EVALSHA of XADD_BATCH on this producer's own connection (SCRIPT LOAD on NOSCRIPT)."""
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._system.client.connection_pool.make_connection()
-        cmd = ("EVALSHA", self._script.sha, len(keys), *keys, *argv)
-        try:
-            conn.send_packed_command(_pack(conn, cmd))
+            return
+        self._settle()
+        if self._pending:
+            keys = [self._key(dest) for dest in self._pending]
+            argv: list[Any] = []
+            for args in self._pending.values():
+                argv.append(len(args) // 2)
+                argv += args
+            cmd = ("EVALSHA", self._script.sha, len(keys), *keys, *argv)
+            conn = self._connection()
+            packed = _pack(conn, cmd)  # before anything moves: bad data raises here, nothing lost
+            self._inflight = (cmd, self._count)
+            self._pending = {}
+            self._count = 0
             try:
-                return conn.read_response()
-            except _redis_module().exceptions.NoScriptError:
+                conn.send_packed_command(packed)
+            except connection_errors():
+                conn.disconnect()
+                self._resend = True  # _settle writes it again, with retries
+            except BaseException:
+                conn.disconnect()  # the server drops a half-written command
+                self._resend = True
+                raise
+            if wait:
+                self._settle()
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = self._system.client.connection_pool.make_connection()
+        return self._conn
+
+    def _settle(self) -> None:
+        """Wait for the call in flight to be acknowledged (retrying while Redis is unreachable)."""
+        if self._inflight is None:
+            return
+        retrying(
+            self._settle_once,
+            f"writing {self._inflight[1]} entries to {self._system.name}",
+            deadline_s=self._system.retry_s,
+        )
+
+    def _settle_once(self) -> None:
+        assert self._inflight is not None
+        cmd, entries = self._inflight
+        conn = self._connection()
+        errors = _redis_module().exceptions
+        try:
+            if self._resend:
+                conn.send_packed_command(_pack(conn, cmd))
+                self._resend = False
+            try:
+                conn.read_response()
+            except errors.NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH)
                 conn.send_command("SCRIPT", "LOAD", self._script.script)
                 conn.read_response()
                 conn.send_packed_command(_pack(conn, cmd))
-                return conn.read_response()
-        except _redis_module().exceptions.ResponseError:
+                conn.read_response()
+        except errors.ResponseError:
+            self._inflight = None  # refused by Redis: raised to the sender, not retried
             raise
         except BaseException:
             conn.disconnect()  # a half-read reply must not be read as the next one
+            self._resend = True
             raise
+        self._inflight = None
+        self.sent += entries
 
     def close(self) -> None:
         try:
