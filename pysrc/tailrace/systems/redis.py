@@ -178,7 +178,10 @@ class _RedisReader(PartitionReader):
         self._decode = _decoder(system.codec)
         self._capacity = system.buffer
         self._batch = system.batch
-        self._chunks: deque[list[Envelope]] = deque()
+        # Buffered entries as chunks of parallel lists (ids, keys, messages): a few
+        # containers per XREAD instead of one envelope per entry, so what waits here
+        # is not traversed by every garbage collection; envelopes are made in poll().
+        self._chunks: deque[tuple[list[str], list[Any], list[Any]]] = deque()
         self._count = 0
         self._cond = fetcher.cond
         self.last = "0-0"
@@ -220,10 +223,11 @@ class _RedisReader(PartitionReader):
     def deliver(self, entries: list[Any]) -> None:
         """Decode one XREAD batch of this partition into envelopes (fetcher thread)."""
         s = self.ssp
-        system, stream, partition = s.system, s.stream, s.partition
         decode = self._decode
-        batch: list[Envelope] = []
-        append = batch.append
+        ids: list[str] = []
+        keys: list[Any] = []
+        messages: list[Any] = []
+        add_id, add_key, add_message = ids.append, keys.append, messages.append
         eos = False
         error: BaseException | None = None
         last = self.last
@@ -249,17 +253,19 @@ class _RedisReader(PartitionReader):
                 )
                 error.__cause__ = e
                 break
-            append(Envelope(system, stream, partition, eid, key, message))
+            add_id(eid)
+            add_key(key)
+            add_message(message)
             last = eid
         self.last = last
         with self._cond:
-            if batch:
-                self._chunks.append(batch)
-                self._count += len(batch)
+            if ids:
+                self._chunks.append((ids, keys, messages))
+                self._count += len(ids)
             self._eos = eos
             if error is not None:
                 self._error = error
-            wake = self._starved and (bool(batch) or eos or error is not None)
+            wake = self._starved and (bool(ids) or eos or error is not None)
             if wake:
                 self._starved = False
         if wake:
@@ -277,19 +283,28 @@ class _RedisReader(PartitionReader):
                 self._starved = True
                 return []
             chunks = self._chunks
-            first = chunks[0]
-            if len(first) <= max_messages:
-                out = chunks.popleft()
-                while chunks and len(out) + len(chunks[0]) <= max_messages:
-                    out += chunks.popleft()
-            else:
-                out = first[:max_messages]
-                chunks[0] = first[max_messages:]
+            taken = []
+            n = 0
+            while chunks and n < max_messages:
+                ids, keys, messages = chunks[0]
+                room = max_messages - n
+                if len(ids) <= room:
+                    taken.append(chunks.popleft())
+                    n += len(ids)
+                else:
+                    taken.append((ids[:room], keys[:room], messages[:room]))
+                    chunks[0] = (ids[room:], keys[room:], messages[room:])
+                    n = max_messages
             had_room = self._capacity - self._count >= self._batch
-            self._count -= len(out)
+            self._count -= n
             if not had_room and self._capacity - self._count >= self._batch:
                 self._cond.notify_all()
-            return out
+        s = self.ssp
+        system, stream, partition = s.system, s.stream, s.partition
+        out = []
+        for ids, keys, messages in taken:
+            out += [Envelope(system, stream, partition, i, k, m) for i, k, m in zip(ids, keys, messages)]
+        return out
 
     def at_end(self) -> bool:
         with self._cond:
