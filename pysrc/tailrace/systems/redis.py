@@ -7,12 +7,14 @@ field ``m`` and the key, when there is one, in field ``k``, both encoded by the
 system's codec (``json``, ``str`` or ``bytes``). An entry with field ``eos``
 marks the end of a partition: readers stop there and it is never processed.
 
-Readers read ahead on their own thread (``XREAD COUNT batch BLOCK``) into a
-bounded buffer; producers buffer entries and append each partition's share with
-one Lua script call (a loop of ``XADD``) per ``batch`` messages or on ``flush()``,
-which returns only once Redis acknowledged every entry (durable on disk when the
-server runs with ``appendfsync always``).
-While Redis is unreachable both retry with backoff; nothing is lost or skipped.
+Readers read ahead into bounded per-partition buffers: one thread per system
+reads every partition with room for a batch in one ``XREAD COUNT batch BLOCK``
+(on a cluster, one thread per partition). Producers buffer entries and append
+them with one Lua script call (a loop of ``XADD``) per ``batch`` messages or on
+``flush()``, covering every partition on a standalone server; ``flush()`` returns
+only once Redis acknowledged every entry (durable on disk when the server runs
+with ``appendfsync always``). While Redis is unreachable both retry with
+backoff; nothing is lost or skipped.
 """
 
 from __future__ import annotations
@@ -483,8 +485,8 @@ class RedisSystem(System):
     ``redis.cluster.RedisCluster``. ``streams``: partition counts of input streams
     (otherwise read from Redis, as recorded by :meth:`create_stream`);
     ``output_partitions``: count for an output stream Redis does not know yet.
-    ``batch``: entries per XREAD / XADD pipeline; ``buffer``: entries read ahead
-    per partition; ``codec``: ``json`` (default), ``str`` or ``bytes``.
+    ``batch``: entries per XREAD (per partition) and per producer script call;
+    ``buffer``: entries read ahead per partition; ``codec``: ``json`` (default), ``str`` or ``bytes``.
 
     The keyword arguments are also the options of a job file's ``[systems.NAME]``
     table with ``type = "redis"``. Raises InputError naming the URL when Redis does not answer at start.
