@@ -102,6 +102,43 @@ def test_readers_of_one_system_share_one_fetcher_and_a_full_buffer_holds_back_on
     system.close()
 
 
+def test_reader_decodes_keys_and_names_an_undecodable_entry_while_other_partitions_go_on(
+    redis_server: RedisServer,
+) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=100)
+    system.create_stream("in", 2)
+    good = [system.append("in", 0, {"i": i}, key=f"k{i}") for i in range(3)]
+    bad = system.client.xadd(system.keys.stream("in", 0), {"m": b"{not json"}).decode()
+    system.append("in", 0, {"i": 4})
+    for i in range(5):
+        system.append("in", 1, {"i": i}, key=i)
+    system.end_stream("in")
+    woken = threading.Event()
+    readers = [system.reader(SystemStreamPartition("redis", "in", p)) for p in range(2)]
+    for r in readers:
+        r.start(None, woken.set)
+    got: dict[int, list[Any]] = {0: [], 1: []}
+    error: InputError | None = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (error is None or not readers[1].at_end()):
+        for p, r in enumerate(readers):
+            try:
+                got[p] += r.poll(10)
+            except InputError as e:
+                error = e
+        woken.wait(0.1)
+        woken.clear()
+    for r in readers:
+        r.close()
+    assert [(e.offset, e.key, e.message) for e in got[0]] == [
+        (good[i], f"k{i}", {"i": i}) for i in range(3)
+    ]  # everything before the bad entry, keys decoded
+    assert error is not None and bad in str(error) and "in[0]" in str(error) and "json" in str(error)
+    assert [(e.key, e.message) for e in got[1]] == [(i, {"i": i}) for i in range(5)]
+    assert readers[1].at_end()
+    system.close()
+
+
 def test_producer_writes_every_partition_in_one_call_and_survives_a_script_flush(
     redis_server: RedisServer,
 ) -> None:
