@@ -191,6 +191,25 @@ def test_a_batch_in_flight_when_its_connection_dies_is_sent_again_before_flush_r
     system.close()
 
 
+def test_a_batch_redis_refuses_fails_every_flush_until_it_is_written(redis_server: RedisServer) -> None:
+    import redis
+
+    system = RedisSystem("redis", redis_server.url, batch=2, output_partitions=1)
+    producer = system.producer()
+    producer.partitions("out")
+    system.client.set(system.keys.stream("out", 0), "not a stream")
+    producer.send("out", 0, None, {"n": 0})
+    producer.send("out", 0, None, {"n": 1})  # a full batch: written, its reply not awaited
+    for _ in range(2):  # rule 9: a flush (before a checkpoint) never passes a refused batch
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            producer.flush()
+    system.client.delete(system.keys.stream("out", 0))
+    producer.flush()  # the kept batch goes out once the cause is gone
+    assert [m for _, _, m in system.read_all("out", 0)] == [{"n": 0}, {"n": 1}]
+    producer.close()
+    system.close()
+
+
 def test_unknown_stream_and_unreachable_redis_name_what_is_wrong(tmp_path: Any) -> None:
     url = f"unix://{tmp_path}/nothing.sock?db=0"
     with pytest.raises(InputError, match=r"nothing\.sock"):

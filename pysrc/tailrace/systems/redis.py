@@ -329,7 +329,8 @@ class _RedisProducer(Producer):
     batch k+1), and ``flush()`` returns only once every call was acknowledged.
     A call whose reply was lost is sent again (output is at least once); an error
     Redis returns for a call in flight is raised by the next ``send`` or ``flush``,
-    so it never passes a checkpoint. Cluster: one call per partition, each awaited.
+    and again by every later one (the call is kept), so no checkpoint passes it.
+    Cluster: one call per partition, each awaited.
     """
 
     def __init__(self, system: RedisSystem) -> None:
@@ -450,7 +451,9 @@ class _RedisProducer(Producer):
                 conn.send_packed_command(_pack(conn, cmd))
                 conn.read_response()
         except errors.ResponseError:
-            self._inflight = None  # refused by Redis: raised to the sender, not retried
+            # Refused by Redis (say WRONGTYPE): raised now, not retried in a loop, and
+            # kept, so every later flush raises too and no checkpoint passes these entries.
+            self._resend = True
             raise
         except BaseException:
             conn.disconnect()  # a half-read reply must not be read as the next one
