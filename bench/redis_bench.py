@@ -1,6 +1,6 @@
 """Throughput of a sync no-op job from and to a local Redis, with 1 and 2 containers.
 
-    python bench/redis_bench.py [--messages 200000] [--partitions 8] [--engine python]
+    python bench/redis_bench.py [--messages 200000] [--partitions 8] [--engine c,python]
 
 Starts its own redis-server (unix socket, no persistence unless --fsync), then:
 
@@ -10,8 +10,13 @@ Starts its own redis-server (unix socket, no persistence unless --fsync), then:
 2. the job: every message of stream ``in`` copied to ``out`` by a sync task, as one
    member (container) and as two member processes sharing the partitions.
 
-For each run it reports messages/s and the CPU seconds used by redis-server and by
-the client processes, which shows which side is the bottleneck.
+For each run it reports messages/s, the CPU used by redis-server and by the client
+processes (seconds and microseconds per message), and from the per-message figures
+the number of containers, each on its own core, at which Redis (one core) would be
+saturated: ``redis capacity / one container's rate``. A job's seconds and client CPU
+are measured inside the member processes from the start of ``run_member`` to its
+end (interpreter start-up and imports excluded; membership, leases, rebalancing and
+the final commit included).
 """
 
 from __future__ import annotations
@@ -112,7 +117,8 @@ def raw_baselines(server: Server, partitions: int, per_partition: int, batch: in
         for p in range(partitions):
             key = f"raw:{{lua:{p}}}:s"
             for start in range(0, per_partition, batch):
-                script(keys=[key], args=["x" * 100, "-"] * min(batch, per_partition - start))
+                m = min(batch, per_partition - start)
+                script(keys=[key], args=[m, *["x" * 100, "-"] * m])
 
     def xread() -> None:
         for p in range(partitions):
@@ -131,7 +137,7 @@ def raw_baselines(server: Server, partitions: int, per_partition: int, batch: in
                 if not reply:
                     break
                 entries = reply[0][1]
-                args: list[Any] = []
+                args: list[Any] = [len(entries)]
                 for _, fields in entries:
                     args += [fields[b"m"], "-"]
                 script(keys=[dst], args=args)
@@ -203,25 +209,36 @@ def row(name: str, n: int, secs: float, server_cpu: float, client_cpu: float) ->
         "redis_cpu_s": round(server_cpu, 2),
         "client_cpu_s": round(client_cpu, 2),
         "redis_cpu_share": round(server_cpu / secs, 2),
+        "redis_us_per_msg": round(server_cpu / n * 1e6, 2),
+        "client_us_per_msg": round(client_cpu / n * 1e6, 2),
     }
 
 
-def job_run(server: Server, containers: int, args: argparse.Namespace) -> dict[str, Any]:
+def job_run(server: Server, containers: int, engine: str, args: argparse.Namespace) -> dict[str, Any]:
     n = args.partitions * args.messages_per_partition
     fill(server.url, args.partitions, args.messages_per_partition)
-    spec = {"url": server.url, "engine": args.engine, "batch": args.batch, "job": f"bench{containers}"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "member", json.dumps(spec)]
-    s0, t0 = server.cpu(), time.perf_counter()
-    procs = [subprocess.Popen(cmd) for _ in range(containers)]
-    client_cpu = 0.0
+    job = f"bench{containers}{engine}"
+    stats = Path(tempfile.mkdtemp(prefix="tailrace-redis-bench-stats-"))
+    cmds = [
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "member",
+            json.dumps({"url": server.url, "engine": engine, "batch": args.batch, "job": job}),
+            str(stats / f"{i}.json"),
+        ]
+        for i in range(containers)
+    ]
+    s0 = server.cpu()
+    procs = [subprocess.Popen(cmd) for cmd in cmds]
     for p in procs:
-        # resource usage of each child, collected as it is reaped
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        client_cpu += usage.ru_utime + usage.ru_stime
-        if p.returncode != 0:
+        if p.wait() != 0:
             raise RuntimeError(f"member exited {p.returncode}")
-    secs, server_cpu = time.perf_counter() - t0, server.cpu() - s0
+    server_cpu = server.cpu() - s0
+    members = [json.loads((stats / f"{i}.json").read_text()) for i in range(containers)]
+    shutil.rmtree(stats)
+    secs = max(m["end"] for m in members) - min(m["start"] for m in members)
+    client_cpu = sum(m["cpu"] for m in members)
     import redis
 
     c = redis.Redis.from_url(server.url)
@@ -229,12 +246,11 @@ def job_run(server: Server, containers: int, args: argparse.Namespace) -> dict[s
     c.close()
     if got != n:
         raise RuntimeError(f"{containers} containers copied {got} of {n} messages")
-    return row(
-        f"tailrace job, {containers} container(s), {args.engine} engine", n, secs, server_cpu, client_cpu
-    )
+    name = f"tailrace job, {containers} container{'s' if containers > 1 else ''}, {engine} engine"
+    return row(name, n, secs, server_cpu, client_cpu)
 
 
-def member(spec_json: str) -> None:
+def member(spec_json: str, stats_path: str | None = None) -> None:
     import logging
 
     from tailrace import StreamTask
@@ -251,6 +267,7 @@ def member(spec_json: str) -> None:
     def systems() -> list[RedisSystem]:
         return [RedisSystem("redis", spec["url"], codec="str", batch=spec["batch"], buffer=4 * spec["batch"])]
 
+    cpu0, start = time.process_time(), time.time()
     run_member(
         MemberSpec(
             task=Copy,
@@ -262,47 +279,77 @@ def member(spec_json: str) -> None:
             lease_ms=5000,
         )
     )
+    if stats_path is not None:
+        stats = {"start": start, "end": time.time(), "cpu": time.process_time() - cpu0}
+        Path(stats_path).write_text(json.dumps(stats))
 
 
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "member":
-        member(sys.argv[2])
+        member(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=200_000, help="total input messages (default 200000)")
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=1000, help="XREAD count and XADD pipeline length")
-    ap.add_argument("--engine", default="python", choices=["python", "c"])
+    ap.add_argument("--engine", default="c,python", help="engines to run the job with, comma-separated")
     ap.add_argument("--fsync", action="store_true", help="run redis-server with appendfsync always")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--jobs-only", action="store_true", help="skip the ceilings without tailrace")
     args = ap.parse_args()
+    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    bad = [e for e in engines if e not in ("c", "python")]
+    if bad or not engines:
+        ap.error(f"--engine: expected c and/or python, got {args.engine!r}")
     args.messages_per_partition = args.messages // args.partitions
     n = args.partitions * args.messages_per_partition
     with tempfile.TemporaryDirectory(prefix="tailrace-redis-bench-") as tmp:
         server = Server(Path(tmp), args.fsync)
         try:
             rows = []
-            rb = redis_benchmark(server, n)
-            if rb is not None:
-                rows.append(rb)
-            rows += raw_baselines(server, args.partitions, args.messages_per_partition, args.batch)
-            for containers in (1, 2):
-                rows.append(job_run(server, containers, args))
+            if not args.jobs_only:
+                rb = redis_benchmark(server, n)
+                if rb is not None:
+                    rows.append(rb)
+                rows += raw_baselines(server, args.partitions, args.messages_per_partition, args.batch)
+            for engine in engines:
+                for containers in (1, 2):
+                    rows.append(job_run(server, containers, engine, args))
         finally:
             server.stop()
     if args.json:
         print(json.dumps(rows, indent=2))
         return
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"{n:,} messages of 100 bytes, {args.partitions} partitions, batch {args.batch}, "
-        f"fsync {'always' if args.fsync else 'off'}, {os.cpu_count()} CPUs"
+        f"fsync {'always' if args.fsync else 'off'}, {os.cpu_count()} CPUs, load average {load}"
     )
-    head = ("run", "msg/s", "seconds", "redis CPU s", "client CPU s", "redis busy")
-    print(f"{head[0]:<44} {head[1]:>10} {head[2]:>8} {head[3]:>12} {head[4]:>13} {head[5]:>10}")
+    head = ("run", "msg/s", "seconds", "redis CPU s", "client CPU s", "redis busy", "redis µs/msg")
+    print(
+        f"{head[0]:<44} {head[1]:>9} {head[2]:>7} {head[3]:>11} {head[4]:>12} {head[5]:>10} {head[6]:>12} "
+        "client µs/msg"
+    )
     for r in rows:
+        client = f"{r['client_us_per_msg']:.2f}" if r["client_cpu_s"] else "-"
         print(
-            f"{r['run']:<44} {r['msg_per_s']:>10,} {r['seconds']:>8.2f} {r['redis_cpu_s']:>12.2f} "
-            f"{r['client_cpu_s']:>13.2f} {r['redis_cpu_share']:>10.0%}"
+            f"{r['run']:<44} {r['msg_per_s']:>9,} {r['seconds']:>7.2f} {r['redis_cpu_s']:>11.2f} "
+            f"{r['client_cpu_s']:>12.2f} {r['redis_cpu_share']:>10.0%} {r['redis_us_per_msg']:>12.2f} "
+            f"{client:>13}"
+        )
+    print()
+    print("Where the bottleneck is (one container per core, one redis-server core):")
+    for r in rows:
+        if not r["run"].startswith("tailrace job, 1 container,"):
+            continue
+        redis_cap = 1e6 / r["redis_us_per_msg"]
+        one = r["msg_per_s"]
+        print(
+            f"  {r['run'].split(', ')[-1]}: Redis saturates at ~{redis_cap:,.0f} msg/s "
+            f"({r['redis_us_per_msg']:.2f} µs/msg); one container moves {one:,} msg/s using "
+            f"{r['client_us_per_msg']:.2f} µs/msg of client CPU "
+            f"({r['client_us_per_msg'] / r['redis_us_per_msg']:.1f}x Redis's cost): "
+            f"Redis becomes the bottleneck at ~{redis_cap / one:.1f} containers"
         )
 
 

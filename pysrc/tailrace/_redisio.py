@@ -233,19 +233,27 @@ return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
 
 
-# KEYS: one stream.  ARGV: message_1, key_1, message_2, key_2, ...; a key is "-" (none)
-# or "=" followed by the encoded key. Appends every entry in order, in one command:
-# the producer's batch costs one round trip and one command parse per partition.
+# KEYS: stream_1, stream_2, ...  ARGV: n_1, message, key, ... (n_1 pairs), n_2, ...;
+# a key is "-" (none) or "=" followed by the encoded key. Appends every entry in
+# order, in one command: a producer's flush costs one round trip and one command
+# parse for all its partitions (on a cluster, one per partition: one slot per call).
 XADD_BATCH = """
-for i = 1, #ARGV, 2 do
-  local k = ARGV[i + 1]
-  if k == '-' then
-    redis.call('XADD', KEYS[1], '*', 'm', ARGV[i])
-  else
-    redis.call('XADD', KEYS[1], '*', 'm', ARGV[i], 'k', string.sub(k, 2))
+local a = 1
+for s = 1, #KEYS do
+  local stream = KEYS[s]
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  for i = 1, n do
+    local k = ARGV[a + 1]
+    if k == '-' then
+      redis.call('XADD', stream, '*', 'm', ARGV[a])
+    else
+      redis.call('XADD', stream, '*', 'm', ARGV[a], 'k', string.sub(k, 2))
+    end
+    a = a + 2
   end
 end
-return #ARGV / 2
+return (#ARGV - #KEYS) / 2
 """
 
 

@@ -70,6 +70,146 @@ def test_producer_flush_makes_entries_readable_and_keys_round_trip(redis_server:
     system.close()
 
 
+def test_readers_of_one_system_share_one_fetcher_and_a_full_buffer_holds_back_only_its_partition(
+    redis_server: RedisServer,
+) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=5, buffer=10)
+    ids = fill(system, "in", 4, 40)
+    woken = threading.Event()
+    readers = [system.reader(SystemStreamPartition("redis", "in", p)) for p in range(4)]
+    for r in readers:
+        r.start(None, woken.set)
+    threads = [t for t in threading.enumerate() if t.name.startswith("tailrace-redis-read")]
+    assert len(threads) == 1  # one XREAD loop for all four partitions
+    got: dict[int, list[Any]] = {p: [] for p in range(4)}
+    deadline = time.monotonic() + 20
+    # drain the partitions one after another: the others sit with full buffers meanwhile
+    for p, r in enumerate(readers):
+        while not r.at_end() and time.monotonic() < deadline:
+            batch = r.poll(3)
+            if not batch:
+                woken.wait(0.2)
+                woken.clear()
+            got[p].extend(batch)
+        for q in range(p + 1, 4):
+            assert readers[q]._count <= 10  # bounded while nobody polls it
+    for r in readers:
+        r.close()
+    assert not any(t.is_alive() for t in threads)
+    for p in range(4):
+        assert [e.offset for e in got[p]] == ids[p]  # in order, nothing lost or repeated
+        assert [e.message for e in got[p]] == [{"p": p, "i": i} for i in range(40)]
+    system.close()
+
+
+def test_reader_decodes_keys_and_names_an_undecodable_entry_while_other_partitions_go_on(
+    redis_server: RedisServer,
+) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=100)
+    system.create_stream("in", 2)
+    good = [system.append("in", 0, {"i": i}, key=f"k{i}") for i in range(3)]
+    bad = system.client.xadd(system.keys.stream("in", 0), {"m": b"{not json"}).decode()
+    system.append("in", 0, {"i": 4})
+    for i in range(5):
+        system.append("in", 1, {"i": i}, key=i)
+    system.end_stream("in")
+    woken = threading.Event()
+    readers = [system.reader(SystemStreamPartition("redis", "in", p)) for p in range(2)]
+    for r in readers:
+        r.start(None, woken.set)
+    got: dict[int, list[Any]] = {0: [], 1: []}
+    error: InputError | None = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (error is None or not readers[1].at_end()):
+        for p, r in enumerate(readers):
+            try:
+                got[p] += r.poll(10)
+            except InputError as e:
+                error = e
+        woken.wait(0.1)
+        woken.clear()
+    for r in readers:
+        r.close()
+    assert [(e.offset, e.key, e.message) for e in got[0]] == [
+        (good[i], f"k{i}", {"i": i}) for i in range(3)
+    ]  # everything before the bad entry, keys decoded
+    assert error is not None and bad in str(error) and "in[0]" in str(error) and "json" in str(error)
+    assert [(e.key, e.message) for e in got[1]] == [(i, {"i": i}) for i in range(5)]
+    assert readers[1].at_end()
+    system.close()
+
+
+def test_producer_writes_every_partition_in_one_call_and_survives_a_script_flush(
+    redis_server: RedisServer,
+) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=1000, output_partitions=4)
+    producer = system.producer()
+    producer.partitions("out")
+    producer.send("warm", 0, None, "loads the script")
+    producer.flush()
+    for i in range(40):
+        producer.send("out", i % 4, None if i % 2 else f"k{i}", {"n": i})
+    before = system.client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    producer.flush()
+    after = system.client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert after - before == 1  # one script call for all four partitions
+    system.client.script_flush()  # as after a restart: the script must be loaded again
+    for i in range(40, 48):
+        producer.send("out", i % 4, None, {"n": i})
+    producer.close()
+    for p in range(4):
+        expected = [(None if i % 2 or i >= 40 else f"k{i}", {"n": i}) for i in range(p, 48, 4)]
+        assert [(k, m) for _, k, m in system.read_all("out", p)] == expected
+    system.close()
+
+
+def test_a_batch_in_flight_when_its_connection_dies_is_sent_again_before_flush_returns(
+    redis_server: RedisServer,
+) -> None:
+    system = RedisSystem("redis", redis_server.url, batch=10, output_partitions=2, retry_s=10)
+    producer = system.producer()
+    producer.partitions("out")
+    producer.send("warm", 0, None, "loads the script")
+    producer.flush()
+    system.client.client_pause(5000, all=False)  # write commands wait, ours included
+    for i in range(10):  # a full batch: written, its reply not awaited
+        producer.send("out", i % 2, None, {"n": i})
+    time.sleep(0.2)
+    killed = 0
+    for c in system.client.client_list():
+        if c["cmd"] == "evalsha":  # the producer's connection, its batch not yet applied
+            killed += system.client.client_kill_filter(_id=c["id"])
+    assert killed == 1
+    system.client.client_unpause()
+    assert system.read_all("out", 0) == []  # the batch died with its connection
+    producer.send("out", 0, None, {"n": 10})
+    producer.flush()  # rule 9: returns only once Redis acknowledged everything
+    assert [m for _, _, m in system.read_all("out", 0)] == [{"n": i} for i in (0, 2, 4, 6, 8, 10)]
+    assert [m for _, _, m in system.read_all("out", 1)] == [{"n": i} for i in (1, 3, 5, 7, 9)]
+    assert producer.sent == 12
+    producer.close()
+    system.close()
+
+
+def test_a_batch_redis_refuses_fails_every_flush_until_it_is_written(redis_server: RedisServer) -> None:
+    import redis
+
+    system = RedisSystem("redis", redis_server.url, batch=2, output_partitions=1)
+    producer = system.producer()
+    producer.partitions("out")
+    system.client.set(system.keys.stream("out", 0), "not a stream")
+    producer.send("out", 0, None, {"n": 0})
+    producer.send("out", 0, None, {"n": 1})  # a full batch: written, its reply not awaited
+    for _ in range(2):  # rule 9: a flush (before a checkpoint) never passes a refused batch
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            producer.flush()
+    system.client.delete(system.keys.stream("out", 0))
+    producer.flush()  # the kept batch goes out once the cause is gone
+    assert [m for _, _, m in system.read_all("out", 0)] == [{"n": 0}, {"n": 1}]
+    producer.close()
+    system.close()
+
+
 def test_unknown_stream_and_unreachable_redis_name_what_is_wrong(tmp_path: Any) -> None:
     url = f"unix://{tmp_path}/nothing.sock?db=0"
     with pytest.raises(InputError, match=r"nothing\.sock"):

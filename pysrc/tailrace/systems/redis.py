@@ -7,12 +7,14 @@ field ``m`` and the key, when there is one, in field ``k``, both encoded by the
 system's codec (``json``, ``str`` or ``bytes``). An entry with field ``eos``
 marks the end of a partition: readers stop there and it is never processed.
 
-Readers read ahead on their own thread (``XREAD COUNT batch BLOCK``) into a
-bounded buffer; producers buffer entries and append each partition's share with
-one Lua script call (a loop of ``XADD``) per ``batch`` messages or on ``flush()``,
-which returns only once Redis acknowledged every entry (durable on disk when the
-server runs with ``appendfsync always``).
-While Redis is unreachable both retry with backoff; nothing is lost or skipped.
+Readers read ahead into bounded per-partition buffers: one thread per system
+reads every partition with room for a batch in one ``XREAD COUNT batch BLOCK``
+(on a cluster, one thread per partition). Producers buffer entries and append
+them with one Lua script call (a loop of ``XADD``) per ``batch`` messages or on
+``flush()``, covering every partition on a standalone server; ``flush()`` returns
+only once Redis acknowledged every entry (durable on disk when the server runs
+with ``appendfsync always``). While Redis is unreachable both retry with
+backoff; nothing is lost or skipped.
 """
 
 from __future__ import annotations
@@ -27,11 +29,18 @@ from typing import Any
 
 from .._core import Envelope
 from .._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
+from .._redisio import _redis as _redis_module
 from ..errors import ConfigError, InputError
 from ..types import Offset, SystemStreamPartition
 from .base import PartitionReader, Producer, System
 
 log = logging.getLogger("tailrace.redis")
+
+_hiredis: Any
+try:  # hiredis packs a whole command in C; redis-py works without it, slower
+    import hiredis as _hiredis
+except ImportError:  # pragma: no cover - depends on the environment
+    _hiredis = None
 
 EOS_FIELD = b"eos"
 CODECS = ("json", "str", "bytes")
@@ -39,7 +48,8 @@ CODECS = ("json", "str", "bytes")
 
 def _encoder(codec: str) -> Callable[[Any], bytes | str]:
     if codec == "json":
-        return lambda v: json.dumps(v, separators=(",", ":"))
+        # one encoder for good: json.dumps with options builds a new one per call
+        return json.JSONEncoder(separators=(",", ":")).encode
     if codec == "str":
         return lambda v: v if isinstance(v, (str, bytes)) else str(v)
     return lambda v: v if isinstance(v, bytes) else str(v).encode()
@@ -53,24 +63,135 @@ def _decoder(codec: str) -> Callable[[bytes], Any]:
     return lambda b: b
 
 
-class _RedisReader(PartitionReader):
-    """Reads one partition on its own thread into a bounded buffer."""
+def _streams_of(reply: Any) -> Any:
+    """(stream key, entries) pairs of an XREAD reply: a list (RESP2) or a map (RESP3)."""
+    if not reply:
+        return ()
+    if isinstance(reply, dict):
+        return reply.items()
+    return reply
 
-    def __init__(self, system: RedisSystem, ssp: SystemStreamPartition) -> None:
+
+class _Fetcher:
+    """Reads for a set of readers on one thread.
+
+    Every round is one ``XREAD COUNT batch BLOCK block_ms STREAMS ...`` over each
+    reader with room for a whole batch, so a container costs one reading thread per
+    system, not one per partition. On a standalone server the fetcher holds its own
+    connection and takes the raw reply (no per-entry dict building); on a cluster
+    each reader gets its own fetcher (keys of different slots cannot share an
+    XREAD). While some reader is left out because its buffer is full, the round
+    blocks for at most 5 ms, so a reader that makes room is read again promptly.
+    The readers share the fetcher's lock.
+    """
+
+    FULL_BLOCK_MS = 5
+
+    def __init__(self, system: RedisSystem) -> None:
+        self.system = system
+        self.cond = threading.Condition()
+        self.readers: dict[bytes, _RedisReader] = {}
+        self._thread: threading.Thread | None = None
+        self._raw = hasattr(system.client, "connection_pool")
+
+    def add(self, reader: _RedisReader) -> None:
+        with self.cond:
+            self.readers[reader.wire_key] = reader
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"tailrace-redis-read {self.system.name}", daemon=True
+                )
+                self._thread.start()
+            self.cond.notify_all()
+
+    def remove(self, reader: _RedisReader) -> None:
+        with self.cond:
+            if self.readers.get(reader.wire_key) is reader:
+                del self.readers[reader.wire_key]
+            t = self._thread
+            self.cond.notify_all()
+        if not self.readers and t is not None and t is not threading.current_thread():
+            t.join(timeout=self.system.block_ms / 1000 + 5)
+
+    def _xread(self, conns: list[Any], keys: list[bytes], ids: list[str], count: int, block_ms: int) -> Any:
+        if not self._raw:
+            return self.system.client.xread(dict(zip(keys, ids)), count=count, block=block_ms)
+        if not conns:
+            conns.append(self.system.client.connection_pool.make_connection())
+        conn = conns[0]
+        try:
+            conn.send_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", *keys, *ids)
+            return conn.read_response()
+        except BaseException:
+            conn.disconnect()  # a half-read reply must not be read as the next one
+            raise
+
+    def _run(self) -> None:
+        system = self.system
+        batch = system.batch
+        conns: list[Any] = []  # this thread's own connection, made on first use
+        try:
+            while True:
+                with self.cond:
+                    while True:
+                        if not self.readers:
+                            self._thread = None
+                            return
+                        ready = [r for r in self.readers.values() if r.wants_more()]
+                        if ready:
+                            break
+                        self.cond.wait()
+                    left_out = any(r.live() for r in self.readers.values() if r not in ready)
+                keys = [r.wire_key for r in ready]
+                ids = [r.last for r in ready]
+                block = min(system.block_ms, self.FULL_BLOCK_MS) if left_out else system.block_ms
+                reply = retrying(
+                    lambda: self._xread(conns, keys, ids, batch, block),  # noqa: B023
+                    f"reading {', '.join(str(r.ssp) for r in ready)}",
+                    deadline_s=system.retry_s,
+                    stop=lambda: not self.readers,
+                )
+                for key, entries in _streams_of(reply):
+                    reader = self.readers.get(key if type(key) is bytes else str(key).encode())
+                    if reader is not None and entries:
+                        reader.deliver(entries)
+        except BaseException as e:  # noqa: BLE001 - handed to each reader's poll()
+            with self.cond:
+                failed = list(self.readers.values())
+                self._thread = None
+            if failed:
+                log.error("reading %s failed: %r", system.name, e)
+            for r in failed:
+                r.fail(e)
+        finally:
+            for conn in conns:
+                conn.disconnect()
+
+
+class _RedisReader(PartitionReader):
+    """One partition's bounded buffer, filled by its system's fetcher thread."""
+
+    def __init__(self, system: RedisSystem, ssp: SystemStreamPartition, fetcher: _Fetcher) -> None:
         super().__init__(ssp)
         self._system = system
-        self._key = system.keys.stream(ssp.stream, ssp.partition)
+        self._fetcher = fetcher
+        self.key = system.keys.stream(ssp.stream, ssp.partition)
+        self.wire_key = self.key.encode()
         self._decode = _decoder(system.codec)
         self._capacity = system.buffer
-        self._buf: deque[Envelope] = deque()
-        self._cond = threading.Condition()
-        self._last = "0-0"
+        self._batch = system.batch
+        # Buffered entries as chunks of parallel lists (ids, keys, messages): a few
+        # containers per XREAD instead of one envelope per entry, so what waits here
+        # is not traversed by every garbage collection; envelopes are made in poll().
+        self._chunks: deque[tuple[list[str], list[Any], list[Any]]] = deque()
+        self._count = 0
+        self._cond = fetcher.cond
+        self.last = "0-0"
         self._eos = False
         self._closed = False
         self._starved = False
         self._error: BaseException | None = None
         self._wakeup: Callable[[], None] = lambda: None
-        self._thread: threading.Thread | None = None
 
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
         if after is not None:
@@ -80,111 +201,152 @@ class _RedisReader(PartitionReader):
                 raise InputError(
                     f"committed offset {after!r} is not a Redis entry id", source=str(self.ssp)
                 ) from e
-            self._last = str(after)
+            self.last = str(after)
         self._wakeup = wakeup
-        self._thread = threading.Thread(target=self._run, name=f"tailrace-redis-read {self.ssp}", daemon=True)
-        self._thread.start()
+        self._fetcher.add(self)
 
-    def _run(self) -> None:
-        client = self._system.client
+    # -- fetcher side (called with or without the lock as noted) -----------------
+    def live(self) -> bool:
+        """Still to be read (lock held)."""
+        return not (self._closed or self._eos or self._error is not None)
+
+    def wants_more(self) -> bool:
+        """Live with room for a whole batch (lock held)."""
+        return self.live() and self._capacity - self._count >= self._batch
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            wake = not self._closed
+        if wake:
+            self._wakeup()
+
+    def deliver(self, entries: list[Any]) -> None:
+        """Decode one XREAD batch of this partition into envelopes (fetcher thread)."""
         s = self.ssp
-        try:
-            while True:
-                with self._cond:
-                    while not self._closed and len(self._buf) >= self._capacity:
-                        self._cond.wait()
-                    if self._closed or self._eos:
-                        return
-                    room = self._capacity - len(self._buf)
-                count = min(room, self._system.batch)
-                streams = {self._key: self._last}
-                reply = retrying(
-                    lambda: client.xread(streams, count=count, block=self._system.block_ms),  # noqa: B023
-                    f"reading {s}",
-                    deadline_s=self._system.retry_s,
-                    stop=lambda: self._closed,
-                )
-                if not reply:
-                    continue
-                entries = reply[0][1]
-                batch: list[Envelope] = []
-                eos = False
-                for raw_id, fields in entries:
-                    eid = text(raw_id)
-                    if EOS_FIELD in fields:
+        decode = self._decode
+        ids: list[str] = []
+        keys: list[Any] = []
+        messages: list[Any] = []
+        add_id, add_key, add_message = ids.append, keys.append, messages.append
+        eos = False
+        error: BaseException | None = None
+        last = self.last
+        as_text = bytes.decode if type(entries[0][0]) is bytes else str
+        for raw_id, fields in entries:
+            eid = as_text(raw_id)
+            try:
+                if type(fields) is list and len(fields) == 2 and fields[0] == b"m":
+                    key = None
+                    message = decode(fields[1])
+                else:
+                    f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
+                    if EOS_FIELD in f:
                         eos = True
                         break
-                    raw_key = fields.get(b"k")
-                    try:
-                        key = None if raw_key is None else self._decode(raw_key)
-                        message = self._decode(fields[b"m"])
-                    except (KeyError, ValueError, UnicodeDecodeError) as e:
-                        raise InputError(
-                            f"entry {eid} cannot be decoded with codec {self._system.codec!r}: {e!r}",
-                            source=f"{s} ({self._key})",
-                        ) from e
-                    batch.append(Envelope(s.system, s.stream, s.partition, eid, key, message))
-                    self._last = eid
-                with self._cond:
-                    self._buf.extend(batch)
-                    self._eos = eos
-                    wake = self._starved and (batch or eos)
-                    if wake:
-                        self._starved = False
-                if wake:
-                    self._wakeup()
-        except BaseException as e:  # noqa: BLE001 - handed to the loop thread by poll()
-            if not self._closed:
-                log.error("reader of %s failed: %r", s, e)
-            with self._cond:
-                self._error = e
-                wake = not self._closed
+                    raw_key = f.get(b"k")
+                    key = None if raw_key is None else decode(raw_key)
+                    message = decode(f[b"m"])
+            except (KeyError, ValueError, UnicodeDecodeError) as e:
+                error = InputError(
+                    f"entry {eid} cannot be decoded with codec {self._system.codec!r}: {e!r}",
+                    source=f"{s} ({self.key})",
+                )
+                error.__cause__ = e
+                break
+            add_id(eid)
+            add_key(key)
+            add_message(message)
+            last = eid
+        self.last = last
+        with self._cond:
+            if ids:
+                self._chunks.append((ids, keys, messages))
+                self._count += len(ids)
+            self._eos = eos
+            if error is not None:
+                self._error = error
+            wake = self._starved and (bool(ids) or eos or error is not None)
             if wake:
-                self._wakeup()
+                self._starved = False
+        if wake:
+            self._wakeup()
 
+    # -- loop thread side ---------------------------------------------------------
     def poll(self, max_messages: int) -> list[Any]:
         with self._cond:
-            if self._error is not None and not self._buf:
-                err = self._error
-                if isinstance(err, InputError):
-                    raise err
-                raise InputError(f"reading from Redis failed: {err!r}", source=str(self.ssp)) from err
-            n = min(max_messages, len(self._buf))
-            if n == 0:
+            if self._count == 0:
+                if self._error is not None:
+                    err = self._error
+                    if isinstance(err, InputError):
+                        raise err
+                    raise InputError(f"reading from Redis failed: {err!r}", source=str(self.ssp)) from err
                 self._starved = True
                 return []
-            full = len(self._buf) >= self._capacity
-            out = [self._buf.popleft() for _ in range(n)]
-            if full:
+            chunks = self._chunks
+            taken = []
+            n = 0
+            while chunks and n < max_messages:
+                ids, keys, messages = chunks[0]
+                room = max_messages - n
+                if len(ids) <= room:
+                    taken.append(chunks.popleft())
+                    n += len(ids)
+                else:
+                    taken.append((ids[:room], keys[:room], messages[:room]))
+                    chunks[0] = (ids[room:], keys[room:], messages[room:])
+                    n = max_messages
+            had_room = self._capacity - self._count >= self._batch
+            self._count -= n
+            if not had_room and self._capacity - self._count >= self._batch:
                 self._cond.notify_all()
-            return out
+        s = self.ssp
+        system, stream, partition = s.system, s.stream, s.partition
+        out = []
+        for ids, keys, messages in taken:
+            out += [Envelope(system, stream, partition, i, k, m) for i, k, m in zip(ids, keys, messages)]
+        return out
 
     def at_end(self) -> bool:
         with self._cond:
-            return self._eos and not self._buf
+            return self._eos and self._count == 0
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=self._system.block_ms / 1000 + 5)
+        self._fetcher.remove(self)
 
 
 class _RedisProducer(Producer):
-    """Buffers entries per partition; sends them as one XADD_BATCH script call per
-    partition when ``batch`` entries wait, and on flush()."""
+    """Buffers entries per partition and sends them with one XADD_BATCH script call
+    when ``batch`` entries wait, and on flush().
+
+    Standalone server: one call covers every partition, on the producer's own
+    connection (packed in C when hiredis is installed), and a full batch is written
+    without waiting for its reply: the reply is read before the next call is written
+    (at most one call in flight, so Redis appends batch k while the task produces
+    batch k+1), and ``flush()`` returns only once every call was acknowledged.
+    A call whose reply was lost is sent again (output is at least once); an error
+    Redis returns for a call in flight is raised by the next ``send`` or ``flush``,
+    and again by every later one (the call is kept), so no checkpoint passes it.
+    Cluster: one call per partition, each awaited.
+    """
 
     def __init__(self, system: RedisSystem) -> None:
         self._system = system
         self._encode = _encoder(system.codec)
         self._lock = threading.Lock()
-        self._pending: dict[str, list[Any]] = {}
+        self._pending: dict[tuple[str, int], list[Any]] = {}
+        self._keys: dict[tuple[str, int], str] = {}
         self._count = 0
         self._partitions: dict[str, int] = {}
         self._script = Scripts(system.client).xadd_batch
-        self.sent = 0
+        self._raw = hasattr(system.client, "connection_pool")
+        self._conn: Any = None
+        self._inflight: tuple[tuple[Any, ...], int] | None = None  # (command, entries) not yet acknowledged
+        self._resend = False  # the call in flight must be written again (its connection failed)
+        self.sent = 0  # entries acknowledged by Redis
 
     def partitions(self, stream: str) -> int:
         n = self._partitions.get(stream)
@@ -195,39 +357,124 @@ class _RedisProducer(Producer):
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         m = self._encode(message)
-        k: Any = "-" if key is None else b"=" + _as_bytes(self._encode(key))
-        skey = self._system.keys.stream(stream, partition)
+        k: Any = b"-" if key is None else b"=" + _as_bytes(self._encode(key))
+        dest = (stream, partition)
         with self._lock:
-            args = self._pending.get(skey)
+            args = self._pending.get(dest)
             if args is None:
-                args = self._pending[skey] = []
-            args.append(m)
-            args.append(k)
+                args = self._pending[dest] = []
+            args += (m, k)
             self._count += 1
             if self._count >= self._system.batch:
-                self._flush_locked()
+                self._flush_locked(wait=False)
 
     def flush(self) -> None:
         with self._lock:
-            self._flush_locked()
+            self._flush_locked(wait=True)
 
-    def _flush_locked(self) -> None:
-        # One script per partition: atomic (all of a partition's batch or none of it),
-        # so a retry after a refused connection duplicates nothing; only a reply lost
-        # after the write can duplicate a batch (output is at least once).
-        while self._pending:
-            skey, args = next(iter(self._pending.items()))
-            retrying(
-                partial(self._script, keys=[skey], args=args),
-                f"writing {len(args) // 2} entries to {self._system.name}",
-                deadline_s=self._system.retry_s,
-            )
-            del self._pending[skey]
-            self._count -= len(args) // 2
-            self.sent += len(args) // 2
+    def _key(self, dest: tuple[str, int]) -> str:
+        skey = self._keys.get(dest)
+        if skey is None:
+            skey = self._keys[dest] = self._system.keys.stream(*dest)
+        return skey
+
+    def _flush_locked(self, *, wait: bool) -> None:
+        # A script call is atomic: it ran entirely or not at all, so a retry after a
+        # refused connection duplicates nothing; only a reply lost after the write can
+        # duplicate a batch (output is at least once).
+        if not self._raw:
+            while self._pending:
+                dest, args = next(iter(self._pending.items()))
+                retrying(
+                    partial(self._script, keys=[self._key(dest)], args=[len(args) // 2, *args]),
+                    f"writing {len(args) // 2} entries to {self._system.name}",
+                    deadline_s=self._system.retry_s,
+                )
+                del self._pending[dest]
+                self._count -= len(args) // 2
+                self.sent += len(args) // 2
+            return
+        self._settle()
+        if self._pending:
+            keys = [self._key(dest) for dest in self._pending]
+            argv: list[Any] = []
+            for args in self._pending.values():
+                argv.append(len(args) // 2)
+                argv += args
+            cmd = ("EVALSHA", self._script.sha, len(keys), *keys, *argv)
+            conn = self._connection()
+            packed = _pack(conn, cmd)  # before anything moves: bad data raises here, nothing lost
+            self._inflight = (cmd, self._count)
+            self._pending = {}
+            self._count = 0
+            try:
+                conn.send_packed_command(packed)
+            except connection_errors():
+                conn.disconnect()
+                self._resend = True  # _settle writes it again, with retries
+            except BaseException:
+                conn.disconnect()  # the server drops a half-written command
+                self._resend = True
+                raise
+            if wait:
+                self._settle()
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = self._system.client.connection_pool.make_connection()
+        return self._conn
+
+    def _settle(self) -> None:
+        """Wait for the call in flight to be acknowledged (retrying while Redis is unreachable)."""
+        if self._inflight is None:
+            return
+        retrying(
+            self._settle_once,
+            f"writing {self._inflight[1]} entries to {self._system.name}",
+            deadline_s=self._system.retry_s,
+        )
+
+    def _settle_once(self) -> None:
+        assert self._inflight is not None
+        cmd, entries = self._inflight
+        conn = self._connection()
+        errors = _redis_module().exceptions
+        try:
+            if self._resend:
+                conn.send_packed_command(_pack(conn, cmd))
+                self._resend = False
+            try:
+                conn.read_response()
+            except errors.NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH)
+                conn.send_command("SCRIPT", "LOAD", self._script.script)
+                conn.read_response()
+                conn.send_packed_command(_pack(conn, cmd))
+                conn.read_response()
+        except errors.ResponseError:
+            # Refused by Redis (say WRONGTYPE): raised now, not retried in a loop, and
+            # kept, so every later flush raises too and no checkpoint passes these entries.
+            self._resend = True
+            raise
+        except BaseException:
+            conn.disconnect()  # a half-read reply must not be read as the next one
+            self._resend = True
+            raise
+        self._inflight = None
+        self.sent += entries
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            if self._conn is not None:
+                self._conn.disconnect()
+                self._conn = None
+
+
+def _pack(conn: Any, cmd: tuple[Any, ...]) -> Any:
+    if _hiredis is not None:
+        return [_hiredis.pack_command(cmd)]
+    return conn.pack_command(*cmd)
 
 
 def _as_bytes(v: bytes | str) -> bytes:
@@ -241,8 +488,8 @@ class RedisSystem(System):
     ``redis.cluster.RedisCluster``. ``streams``: partition counts of input streams
     (otherwise read from Redis, as recorded by :meth:`create_stream`);
     ``output_partitions``: count for an output stream Redis does not know yet.
-    ``batch``: entries per XREAD / XADD pipeline; ``buffer``: entries read ahead
-    per partition; ``codec``: ``json`` (default), ``str`` or ``bytes``.
+    ``batch``: entries per XREAD (per partition) and per producer script call;
+    ``buffer``: entries read ahead per partition; ``codec``: ``json`` (default), ``str`` or ``bytes``.
 
     The keyword arguments are also the options of a job file's ``[systems.NAME]``
     table with ``type = "redis"``. Raises InputError naming the URL when Redis does not answer at start.
@@ -285,6 +532,7 @@ class RedisSystem(System):
         self.retry_s = retry_s
         self._streams = dict(streams or {})
         self._default_output_partitions = output_partitions
+        self._fetcher: _Fetcher | None = None
         self._own_client = client is None
         self.client = client if client is not None else connect(url, cluster=cluster)
         check(self.client, url, lambda msg: InputError(msg, source=f"system {name!r}"))
@@ -373,7 +621,10 @@ class RedisSystem(System):
         n = self.partitions(ssp.stream)
         if not 0 <= ssp.partition < n:
             raise InputError(f"stream has {n} partitions, no partition {ssp.partition}", source=str(ssp))
-        return _RedisReader(self, ssp)
+        if self._fetcher is None or not self._fetcher._raw:
+            # standalone: one fetcher (thread, connection) for every reader of this system
+            self._fetcher = _Fetcher(self)
+        return _RedisReader(self, ssp, self._fetcher)
 
     def producer(self) -> Producer:
         return _RedisProducer(self)
