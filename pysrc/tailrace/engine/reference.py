@@ -681,8 +681,8 @@ class ReferenceEngine:
             for t in tasks:
                 self._release(t)
             self._check_stop()  # a released shutdown request ends dispatch at once (rule 14)
-            if self._draining:
-                break
+            if self._draining or any(t.commit_requested for t in tasks):
+                break  # control work before normal work: the loop runs the commit first
         self._metrics.envelopes_chosen += sent
         return sent > 0
 
