@@ -37,7 +37,12 @@
  * partitions each one is refilled in smaller polls (at least a run's worth,
  * never more than the input buffer, rule 6), so the messages waiting stay few
  * enough to be recycled warm instead of a cold buffer per partition. */
+#ifndef FILL_BUDGET
 #define FILL_BUDGET 65536u
+#endif
+#ifndef FILL_MIN
+#define FILL_MIN TR_RUN_MAX
+#endif
 #define BATCH_BUDGET 4096u  /* ops per run_batch call before the loop looks at parking/ticks */
 #define SPIN_ROUNDS 256     /* polls of the completion queue before parking */
 #define TICK_NS 100000000LL /* run_batch at least this often while idle (signals) */
@@ -978,8 +983,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         goto fail;
     uint32_t infl_size = cfg->callback_timeout_ns > 0 ? pow2_at_least(cfg->max_concurrency) : 0;
     uint64_t fill = total_parts ? FILL_BUDGET / total_parts : cfg->input_buffer;
-    if (fill < TR_RUN_MAX)
-        fill = TR_RUN_MAX;
+    if (fill < FILL_MIN)
+        fill = FILL_MIN;
     if (fill > cfg->input_buffer)
         fill = cfg->input_buffer;
     /* (with callback timeouts, every task's window is max_concurrency) */
@@ -1021,7 +1026,10 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         }
         for (uint32_t p = 0; p < T->nparts; p++) {
             part *P = &T->parts[p];
-            uint32_t size = pow2_at_least(cfg->input_buffer);
+            /* sized for the fill, grown up to the limit if a push needs it (see
+             * ring_room): the part of a big ring in use moves on every refill, so
+             * with many partitions a ring the size of the limit is cold memory */
+            uint32_t size = pow2_at_least(fill);
             P->items = malloc((size_t)size * sizeof *P->items);
             P->handles = malloc((size_t)size * sizeof *P->handles);
             if (!P->items || !P->handles)
@@ -1416,6 +1424,31 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
     return 1;
 }
 
+/* Make room in P's ring for n more items (the caller checked the limit). */
+static tr_status ring_room(part *P, uint64_t n) {
+    uint64_t used = P->tail - P->head;
+    if (used + n <= (uint64_t)P->mask + 1)
+        return TR_OK;
+    uint32_t size = pow2_at_least(used + n);
+    uint64_t *items = malloc((size_t)size * sizeof *items);
+    uint64_t *handles = malloc((size_t)size * sizeof *handles);
+    if (!items || !handles) {
+        free(items);
+        free(handles);
+        return TR_ENOMEM;
+    }
+    for (uint64_t pos = P->head; pos != P->tail; pos++) {
+        items[pos & (size - 1)] = P->items[pos & P->mask];
+        handles[pos & (size - 1)] = P->handles[pos & P->mask];
+    }
+    free(P->items);
+    free(P->handles);
+    P->items = items;
+    P->handles = handles;
+    P->mask = size - 1;
+    return TR_OK;
+}
+
 tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, uint64_t handle) {
     if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
         return TR_EINVAL;
@@ -1423,6 +1456,8 @@ tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, 
     part *P = &T->parts[p];
     if (P->tail - P->head + P->lent >= P->limit)
         return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
+    if (ring_room(P, 1) != TR_OK)
+        return TR_ENOMEM;
     P->items[P->tail & P->mask] = item;
     P->handles[P->tail & P->mask] = handle;
     P->tail++;
@@ -1440,6 +1475,8 @@ tr_status tr_loop_push_inputs(tr_loop *L, uint32_t t, uint32_t p, const uint64_t
     part *P = &T->parts[p];
     if (n > P->limit - (P->tail - P->head + P->lent))
         return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
+    if (ring_room(P, n) != TR_OK)
+        return TR_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         P->items[(P->tail + i) & P->mask] = items[i];
         P->handles[(P->tail + i) & P->mask] = handles[i];

@@ -222,11 +222,12 @@ int tr_loop_next_op(tr_loop *loop, tr_op *out);
  * 0 otherwise (go on with tr_loop_next_op). */
 int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out);
 /* Loop thread, inside run_batch (REFILL): append one item with its offset
- * handle. TR_EAGAIN when the ring is full (nothing stored). */
+ * handle. TR_EAGAIN when the ring is full (nothing stored); TR_ENOMEM when
+ * growing the ring failed (rings start at the refill size, grow to the limit). */
 tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, uint64_t item,
                              uint64_t handle);
 /* Loop thread, inside run_batch (REFILL): append n items with their handles;
- * TR_EAGAIN when they do not all fit (nothing stored). */
+ * TR_EAGAIN when they do not all fit (nothing stored); TR_ENOMEM as above. */
 tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
                               const uint64_t *items, const uint64_t *handles, size_t n);
 /* Loop thread, inside run_batch: TR_PART_IDLE or TR_PART_ENDED after a poll. */
