@@ -6,13 +6,15 @@ early (shutdown ALL, a failed callback, an exception from process). Completion
 order is driven by the test, deterministically: for an async task a driver
 thread waits until the task's next batch (max concurrency messages, or what is
 left) has been invoked, then completes the batch in an order permuted by a
-seeded RNG. When the job ends early (shutdown or a failed callback), the last
-invocation of each batch waits inside ``process_async`` until the driver has
-resolved the whole batch: rule 14 lets an engine invoke further messages until
-the request's message is released, so a batch completed while the loop is free
-would make how far invocation goes depend on thread timing; completed while the
-loop is inside the call, every engine sees the whole batch before it can
-dispatch again. Each run is also checked against a model of what SEMANTICS.md
+seeded RNG. When the job ends early (shutdown or a failed callback), or
+requests commits without ``task.async.commit``, the last invocation of each
+batch waits inside ``process_async`` until the driver has resolved the whole
+batch. Completed while the loop is free, part of a batch could let an engine
+invoke the next message before the rest arrives: rule 14 then makes how far
+invocation goes depend on thread timing, and a commit barrier (rule 9) would
+wait for that message while the driver waits for its batch to fill. Completed
+while the loop is inside the call, every engine sees the whole batch before it
+can dispatch again. Each run is also checked against a model of what SEMANTICS.md
 prescribes, and against invariants: outstanding <= max concurrency (rule 2),
 committed offsets never past an incomplete message (rules 12, 13, 18) and
 never going backwards (rule 13).
@@ -211,7 +213,7 @@ def run_once(job: Job, engine: str) -> Outcome:
             act(self.index, envelope.offset, coordinator)
             collector.send("mem.out", envelope.offset, partition=self.index)
             driver.invoked(self.index, envelope.offset, callback)
-            if job.end in ("shutdown", "fail"):
+            if job.end in ("shutdown", "fail") or (job.commits and not job.async_commit):
                 driver.wait_batch_resolved(self.index, envelope.offset)
 
     class SyncTask(Hooks, StreamTask):

@@ -555,11 +555,13 @@ class ReferenceEngine:
                 t.next_commit = now + self.config.commit_ms / 1000
             if t.commit_requested:
                 if self.config.async_commit or not t.unresolved:  # rules 9, 10
-                    self._commit(t)
-                    t.commit_requested = False
-                    if t.release_stopped:
-                        t.release_stopped = False
-                        self._release(t)  # the held tail (rule 15)
+                    # the held tail may carry the next commit request: run it too
+                    while t.commit_requested and self._failure is None:
+                        self._commit(t)
+                        t.commit_requested = False
+                        if t.release_stopped:
+                            t.release_stopped = False
+                            self._release(t)  # the held tail (rule 15)
                     ran = True
                 continue  # commit has priority over window and timers
             if commit_only or t.done or t.outstanding:
