@@ -393,10 +393,15 @@ static void begin_drain(tr_loop *L, tr_stop_reason reason) {
     if (L->phase != PH_RUNNING)
         return;
     uint32_t none = TR_STOP_NONE;
+    /* relaxed: the first reason wins; readers (stop_reason) need only the value,
+     * and the binding reads it after tr_loop_run returned */
     atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED,
                                             TR_RELAXED);
     L->phase = PH_DRAINING;
-    /* workers stop invoking queued ops: dispatch has stopped (rule 19) */
+    /* workers stop invoking queued ops: dispatch has stopped (rule 19). relaxed:
+     * a worker that reads 0 late invokes one more op it already held, which is
+     * still a correct outstanding callback the drain waits for; nothing else is
+     * published through this flag */
     atomic_store_explicit(&L->draining, 1, TR_RELAXED);
     L->drain_deadline = L->now + (L->cfg.shutdown_ns > 0 ? L->cfg.shutdown_ns : 0);
     for (uint32_t t = 0; t < L->cfg.ntasks; t++)
@@ -1204,6 +1209,7 @@ int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
             out->flags = TR_OPF_DISCARD; /* the loop has stopped: only drop the item */
             return 1;
         }
+        /* relaxed: see begin_drain (a late read only runs an op already handed out) */
         if (W->stopped[t / L->cfg.pool_size] || atomic_load_explicit(&L->draining, TR_RELAXED)) {
             /* not invoked: back to the loop, which hands it out again in order */
             W->stopped[t / L->cfg.pool_size] = 1;
@@ -1615,6 +1621,7 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
         break;
     case CTL_EOS:
         T->done = 1;
+        /* relaxed: a metrics flag for other threads (tr_loop_task_stats), orders nothing */
         atomic_store_explicit(&T->done_pub, 1, TR_RELAXED);
         L->done_count++;
         if (!T->voted)
