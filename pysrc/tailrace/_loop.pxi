@@ -335,15 +335,10 @@ cdef class LoopRunner:
                         # completed inline: go on with this task's next message
                         # without a batch rebuild (a bounded burst, see next_of_task)
                         while True:
-                            cb = Callback.__new__(Callback)
-                            cb._runner = self
-                            cb._env = env
+                            cb = self._new_callback(env, op.task)
                             cb._seq = op.seq
-                            cb._task = op.task
-                            coord = Coordinator.__new__(Coordinator)
-                            cb._coordinator = coord
                             try:
-                                slot.process(env, slot.collector, coord, cb)
+                                slot.process(env, slot.collector, cb._coordinator, cb)
                             except Exception as e:
                                 slot.failed += 1
                                 self._post(_TaskError(slot.name, env.ssp, env.offset, e))
@@ -358,6 +353,15 @@ cdef class LoopRunner:
         finally:
             self._in_batch = False
         return 0
+
+    cdef inline Callback _new_callback(self, Envelope env, uint32_t t):
+        """The callback (and its own coordinator) handed to one process_async call."""
+        cdef Callback cb = Callback.__new__(Callback)
+        cb._runner = self
+        cb._env = env
+        cb._task = t
+        cb._coordinator = Coordinator.__new__(Coordinator)
+        return cb
 
     cdef int _run_sync(self, _TaskSlot slot, uint32_t t, const uint64_t *items,
                        uint32_t n) except -1:
@@ -414,22 +418,16 @@ cdef class LoopRunner:
         cdef uint64_t seq = 0
         cdef Envelope env
         cdef Callback cb
-        cdef Coordinator coord
         process = slot.process
         collector = slot.collector
         try:
             while consumed < n:
                 env = _take_item(items[consumed])
                 consumed += 1
-                cb = Callback.__new__(Callback)
-                cb._runner = self
-                cb._env = env
-                cb._task = t
+                cb = self._new_callback(env, t)
                 cb._rstate = RUN_PENDING
-                coord = Coordinator.__new__(Coordinator)
-                cb._coordinator = coord
                 try:
-                    process(env, collector, coord, cb)
+                    process(env, collector, cb._coordinator, cb)
                 except Exception as e:
                     if cb._rstate == RUN_PENDING:
                         cb._rstate = RUN_FAILED  # a later complete() is a second resolution
