@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -268,6 +269,166 @@ class Scripts:
         self.mark_done = client.register_script(MARK_DONE)
         self.heartbeat = client.register_script(HEARTBEAT)
         self.xadd_batch = client.register_script(XADD_BATCH)
+
+
+def _error_reply(message: str) -> BaseException:
+    """The redis-py exception for an error reply (NOSCRIPT -> NoScriptError, ...)."""
+    try:
+        from redis._parsers import BaseParser
+    except ImportError:  # pragma: no cover - redis-py moved it
+        return _redis().exceptions.ResponseError(message)
+    return BaseParser.parse_error(message)
+
+
+class RespConnection:
+    """One plain socket (TCP or unix) to a standalone Redis, replies decoded by ``tailrace._resp``.
+
+    The fast path of the Redis system's fetcher and producer: the bytes of an
+    ``XREAD`` reply go straight into the reader's lists and a producer's batch is
+    encoded as it is sent. It speaks RESP2 (it never sends ``HELLO``) and sends
+    ``AUTH`` and ``SELECT`` from the client's URL on connecting. The interface is
+    the part of redis-py's ``Connection`` the system uses, with redis-py's
+    exceptions: ``ConnectionError`` / ``TimeoutError`` when Redis is unreachable
+    (the connection is then dropped and made again on the next use), an error
+    reply as ``ResponseError`` (``NoScriptError``, ...).
+    """
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        from . import _resp
+
+        self._resp = _resp
+        self.path: str | None = params.get("path")
+        self.host: str = params.get("host", "localhost")
+        self.port: int = int(params.get("port", 6379))
+        self.db = int(params.get("db") or 0)
+        self.username: str | None = params.get("username")
+        self.password: str | None = params.get("password")
+        self.timeout: float | None = params.get("socket_timeout")
+        self.connect_timeout: float | None = params.get("socket_connect_timeout") or self.timeout
+        self._sock: socket.socket | None = None
+        self._replies = _resp.Replies()
+
+    @classmethod
+    def usable_for(cls, client: Any) -> dict[str, Any] | None:
+        """Connection parameters of a standalone redis-py client whose connections this
+        class can replace (plain TCP or unix socket, password auth), else None."""
+        r = _redis()
+        pool = getattr(client, "connection_pool", None)
+        plain = (r.connection.Connection, r.UnixDomainSocketConnection)
+        if pool is None or pool.connection_class not in plain:
+            return None
+        params = dict(pool.connection_kwargs)
+        if params.get("credential_provider") is not None:
+            return None
+        return params
+
+    def where(self) -> str:
+        return self.path if self.path is not None else f"{self.host}:{self.port}"
+
+    def connect(self) -> None:
+        if self._sock is not None:
+            return
+        r = _redis()
+        try:
+            if self.path is not None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                address: Any = self.path
+            else:
+                info = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)[0]
+                sock = socket.socket(info[0], socket.SOCK_STREAM)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                address = info[4]
+            try:
+                sock.settimeout(self.connect_timeout)
+                sock.connect(address)
+                sock.settimeout(self.timeout)
+            except BaseException:
+                sock.close()
+                raise
+        except TimeoutError as e:
+            raise r.exceptions.TimeoutError(f"Timeout connecting to {self.where()}") from e
+        except OSError as e:
+            raise r.exceptions.ConnectionError(f"Error connecting to {self.where()}: {e}") from e
+        self._sock = sock
+        self._replies.clear()
+        try:
+            if self.password is not None:
+                auth = (self.username, self.password) if self.username else (self.password,)
+                self.send_command("AUTH", *auth)
+                self.read_response()
+            if self.db:
+                self.send_command("SELECT", self.db)
+                self.read_response()
+        except BaseException:
+            self.disconnect()
+            raise
+
+    def disconnect(self) -> None:
+        sock, self._sock = self._sock, None
+        self._replies.clear()
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:  # pragma: no cover - closing never matters here
+                pass
+
+    def send_packed_command(self, data: bytes) -> None:
+        """Write one or more encoded commands (connecting first if needed)."""
+        self.connect()
+        assert self._sock is not None
+        try:
+            self._sock.sendall(data)
+        except TimeoutError as e:
+            self.disconnect()
+            raise _redis().exceptions.TimeoutError(f"Timeout writing to {self.where()}") from e
+        except OSError as e:
+            self.disconnect()
+            raise _redis().exceptions.ConnectionError(f"Error writing to {self.where()}: {e}") from e
+
+    def send_command(self, *args: Any) -> None:
+        self.send_packed_command(self._resp.pack(args))
+
+    def _wait(self) -> None:
+        """Read until a whole reply is buffered."""
+        replies = self._replies
+        r = _redis()
+        if self._sock is None:
+            raise r.exceptions.ConnectionError(f"no connection to {self.where()} (reading a reply)")
+        try:
+            while not replies.ready():
+                if replies.feed(self._sock) == 0:
+                    raise r.exceptions.ConnectionError(f"Connection closed by server {self.where()}")
+        except TimeoutError as e:
+            self.disconnect()
+            raise r.exceptions.TimeoutError(f"Timeout reading from {self.where()}") from e
+        except OSError as e:
+            self.disconnect()
+            raise r.exceptions.ConnectionError(f"Error reading from {self.where()}: {e}") from e
+        except self._resp.ProtocolError as e:
+            self.disconnect()
+            raise r.exceptions.InvalidResponse(f"{self.where()}: {e}") from e
+        except BaseException:
+            self.disconnect()
+            raise
+
+    def read_response(self) -> Any:
+        """The next reply: bytes, int, None or a list; an error reply raises."""
+        self._wait()
+        try:
+            return self._replies.reply()
+        except self._resp.ReplyError as e:
+            raise _error_reply(e.args[0]) from None
+
+    def read_xread(self, kind: int, decode: Callable[[bytes], Any] | None) -> Any:
+        """The next reply, an XREAD one, decoded by ``_resp.Replies.xread``."""
+        self._wait()
+        try:
+            return self._replies.xread(kind, decode)
+        except self._resp.ReplyError as e:
+            raise _error_reply(e.args[0]) from None
+        except self._resp.ProtocolError as e:
+            self.disconnect()
+            raise _redis().exceptions.InvalidResponse(f"{self.where()}: {e}") from e
 
 
 def text(value: Any) -> str:

@@ -27,8 +27,20 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from .. import _resp
 from .._core import Envelope
-from .._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
+from .._redisio import (
+    DEFAULT_URL,
+    Keys,
+    RespConnection,
+    Scripts,
+    check,
+    connect,
+    connection_errors,
+    entry_id,
+    retrying,
+    text,
+)
 from .._redisio import _redis as _redis_module
 from ..errors import ConfigError, InputError
 from ..types import Offset, SystemStreamPartition
@@ -36,14 +48,13 @@ from .base import PartitionReader, Producer, System
 
 log = logging.getLogger("tailrace.redis")
 
-_hiredis: Any
-try:  # hiredis packs a whole command in C; redis-py works without it, slower
-    import hiredis as _hiredis
-except ImportError:  # pragma: no cover - depends on the environment
-    _hiredis = None
-
 EOS_FIELD = b"eos"
 CODECS = ("json", "str", "bytes")
+_KINDS = {"json": _resp.CALL, "str": _resp.STR, "bytes": _resp.BYTES}  # codec -> _resp kind
+
+# One XREAD batch of one partition: (stream key, ids, keys, messages, end marker
+# reached, (entry id, error) of the first entry that cannot be decoded or None).
+_Decoded = tuple[bytes, list[str], list[Any], list[Any], bool, "tuple[str, BaseException] | None"]
 
 
 def _encoder(codec: str) -> Callable[[Any], bytes | str]:
@@ -63,13 +74,37 @@ def _decoder(codec: str) -> Callable[[bytes], Any]:
     return lambda b: b
 
 
-def _streams_of(reply: Any) -> Any:
-    """(stream key, entries) pairs of an XREAD reply: a list (RESP2) or a map (RESP3)."""
+def _decode_reply(reply: Any, decode: Callable[[bytes], Any]) -> list[_Decoded]:
+    """An XREAD reply parsed by redis-py (a list in RESP2, a map in RESP3) decoded as
+    ``_resp.Replies.xread`` decodes raw replies (the path without RespConnection)."""
     if not reply:
-        return ()
-    if isinstance(reply, dict):
-        return reply.items()
-    return reply
+        return []
+    out: list[_Decoded] = []
+    for raw_key, entries in reply.items() if isinstance(reply, dict) else reply:
+        key = raw_key if type(raw_key) is bytes else str(raw_key).encode()
+        ids: list[str] = []
+        keys: list[Any] = []
+        messages: list[Any] = []
+        eos = False
+        error: tuple[str, BaseException] | None = None
+        for raw_id, fields in entries:
+            eid = text(raw_id)
+            try:
+                f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
+                if EOS_FIELD in f:
+                    eos = True
+                    break
+                raw_key = f.get(b"k")
+                k = None if raw_key is None else decode(raw_key)
+                message = decode(f[b"m"])
+            except (KeyError, ValueError, TypeError) as e:
+                error = (eid, e)
+                break
+            ids.append(eid)
+            keys.append(k)
+            messages.append(message)
+        out.append((key, ids, keys, messages, eos, error))
+    return out
 
 
 class _Fetcher:
@@ -78,11 +113,13 @@ class _Fetcher:
     Every round is one ``XREAD COUNT batch BLOCK block_ms STREAMS ...`` over each
     reader with room for a whole batch, so a container costs one reading thread per
     system, not one per partition. On a standalone server the fetcher holds its own
-    connection and takes the raw reply (no per-entry dict building); on a cluster
-    each reader gets its own fetcher (keys of different slots cannot share an
-    XREAD). While some reader is left out because its buffer is full, the round
-    blocks for at most 5 ms, so a reader that makes room is read again promptly.
-    The readers share the fetcher's lock.
+    connection (a ``RespConnection`` unless TLS or a credential provider needs
+    redis-py's) and decodes the reply from the socket's bytes straight into the
+    readers' lists (``tailrace._resp``); on a cluster each reader gets its own
+    fetcher (keys of different slots cannot share an XREAD). While some reader
+    is left out because its buffer is full, the round blocks for at most 5 ms,
+    so a reader that makes room is read again promptly. The readers share the
+    fetcher's lock.
     """
 
     FULL_BLOCK_MS = 5
@@ -93,6 +130,9 @@ class _Fetcher:
         self.readers: dict[bytes, _RedisReader] = {}
         self._thread: threading.Thread | None = None
         self._raw = hasattr(system.client, "connection_pool")
+        self._params = RespConnection.usable_for(system.client) if self._raw else None
+        self._kind = _KINDS[system.codec]
+        self._decode = _decoder(system.codec)
 
     def add(self, reader: _RedisReader) -> None:
         with self.cond:
@@ -113,15 +153,26 @@ class _Fetcher:
         if not self.readers and t is not None and t is not threading.current_thread():
             t.join(timeout=self.system.block_ms / 1000 + 5)
 
-    def _xread(self, conns: list[Any], keys: list[bytes], ids: list[str], count: int, block_ms: int) -> Any:
+    def _xread(
+        self, conns: list[Any], keys: list[bytes], ids: list[str], count: int, block_ms: int
+    ) -> list[_Decoded]:
         if not self._raw:
-            return self.system.client.xread(dict(zip(keys, ids)), count=count, block=block_ms)
+            reply = self.system.client.xread(dict(zip(keys, ids)), count=count, block=block_ms)
+            return _decode_reply(reply, self._decode)
         if not conns:
-            conns.append(self.system.client.connection_pool.make_connection())
+            if self._params is not None:
+                conns.append(RespConnection(self._params))
+            else:
+                conns.append(self.system.client.connection_pool.make_connection())
         conn = conns[0]
         try:
+            if self._params is not None:
+                conn.send_packed_command(
+                    _resp.pack(("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", *keys, *ids))
+                )
+                return conn.read_xread(self._kind, self._decode) or []
             conn.send_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", *keys, *ids)
-            return conn.read_response()
+            return _decode_reply(conn.read_response(), self._decode)
         except BaseException:
             conn.disconnect()  # a half-read reply must not be read as the next one
             raise
@@ -151,10 +202,10 @@ class _Fetcher:
                     deadline_s=system.retry_s,
                     stop=lambda: not self.readers,
                 )
-                for key, entries in _streams_of(reply):
-                    reader = self.readers.get(key if type(key) is bytes else str(key).encode())
-                    if reader is not None and entries:
-                        reader.deliver(entries)
+                for key, got, got_keys, messages, eos, error in reply:
+                    reader = self.readers.get(key)
+                    if reader is not None:
+                        reader.deliver(got, got_keys, messages, eos, error)
         except BaseException as e:  # noqa: BLE001 - handed to each reader's poll()
             with self.cond:
                 failed = list(self.readers.values())
@@ -177,7 +228,6 @@ class _RedisReader(PartitionReader):
         self._fetcher = fetcher
         self.key = system.keys.stream(ssp.stream, ssp.partition)
         self.wire_key = self.key.encode()
-        self._decode = _decoder(system.codec)
         self._capacity = system.buffer
         self._batch = system.batch
         # Buffered entries as chunks of parallel lists (ids, keys, messages): a few
@@ -222,52 +272,34 @@ class _RedisReader(PartitionReader):
         if wake:
             self._wakeup()
 
-    def deliver(self, entries: list[Any]) -> None:
-        """Decode one XREAD batch of this partition into envelopes (fetcher thread)."""
-        s = self.ssp
-        decode = self._decode
-        ids: list[str] = []
-        keys: list[Any] = []
-        messages: list[Any] = []
-        add_id, add_key, add_message = ids.append, keys.append, messages.append
-        eos = False
-        error: BaseException | None = None
-        last = self.last
-        as_text = bytes.decode if type(entries[0][0]) is bytes else str
-        for raw_id, fields in entries:
-            eid = as_text(raw_id)
-            try:
-                if type(fields) is list and len(fields) == 2 and fields[0] == b"m":
-                    key = None
-                    message = decode(fields[1])
-                else:
-                    f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
-                    if EOS_FIELD in f:
-                        eos = True
-                        break
-                    raw_key = f.get(b"k")
-                    key = None if raw_key is None else decode(raw_key)
-                    message = decode(f[b"m"])
-            except (KeyError, ValueError, UnicodeDecodeError) as e:
-                error = InputError(
-                    f"entry {eid} cannot be decoded with codec {self._system.codec!r}: {e!r}",
-                    source=f"{s} ({self.key})",
-                )
-                error.__cause__ = e
-                break
-            add_id(eid)
-            add_key(key)
-            add_message(message)
-            last = eid
-        self.last = last
+    def deliver(
+        self,
+        ids: list[str],
+        keys: list[Any],
+        messages: list[Any],
+        eos: bool,
+        error: tuple[str, BaseException] | None,
+    ) -> None:
+        """Buffer one decoded XREAD batch of this partition (fetcher thread): the entries
+        before the end marker or the first entry that cannot be decoded (then failed)."""
+        err: InputError | None = None
+        if error is not None:
+            eid, cause = error
+            err = InputError(
+                f"entry {eid} cannot be decoded with codec {self._system.codec!r}: {cause!r}",
+                source=f"{self.ssp} ({self.key})",
+            )
+            err.__cause__ = cause
+        if ids:
+            self.last = ids[-1]
         with self._cond:
             if ids:
                 self._chunks.append((ids, keys, messages))
                 self._count += len(ids)
             self._eos = eos
-            if error is not None:
-                self._error = error
-            wake = self._starved and (bool(ids) or eos or error is not None)
+            if err is not None:
+                self._error = err
+            wake = self._starved and (bool(ids) or eos or err is not None)
             if wake:
                 self._starved = False
         if wake:
@@ -323,7 +355,8 @@ class _RedisProducer(Producer):
     when ``batch`` entries wait, and on flush().
 
     Standalone server: one call covers every partition, on the producer's own
-    connection (packed in C when hiredis is installed), and a full batch is written
+    connection; entries are encoded into the call's bytes as they are sent
+    (``tailrace._resp.Batch``), and a full batch is written
     without waiting for its reply: the reply is read before the next call is written
     (at most one call in flight, so Redis appends batch k while the task produces
     batch k+1), and ``flush()`` returns only once every call was acknowledged.
@@ -343,8 +376,15 @@ class _RedisProducer(Producer):
         self._partitions: dict[str, int] = {}
         self._script = Scripts(system.client).xadd_batch
         self._raw = hasattr(system.client, "connection_pool")
+        self._params = RespConnection.usable_for(system.client) if self._raw else None
+        self._limit = system.batch
+        self._sha = self._script.sha.encode()
+        self._batch: _resp.Batch | None = None
+        if self._raw:
+            encode = self._encode if system.codec == "json" else None
+            self._batch = _resp.Batch(_KINDS[system.codec], encode, system.keys.stream)
         self._conn: Any = None
-        self._inflight: tuple[tuple[Any, ...], int] | None = None  # (command, entries) not yet acknowledged
+        self._inflight: tuple[bytes, int] | None = None  # (command, entries) not yet acknowledged
         self._resend = False  # the call in flight must be written again (its connection failed)
         self.sent = 0  # entries acknowledged by Redis
 
@@ -356,6 +396,12 @@ class _RedisProducer(Producer):
         return n
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        batch = self._batch
+        if batch is not None:  # standalone: encoded into the next call's bytes now
+            with self._lock:
+                if batch.add(stream, partition, key, message) >= self._limit:
+                    self._flush_locked(wait=False)
+            return
         m = self._encode(message)
         k: Any = b"-" if key is None else b"=" + _as_bytes(self._encode(key))
         dest = (stream, partition)
@@ -395,20 +441,14 @@ class _RedisProducer(Producer):
                 self.sent += len(args) // 2
             return
         self._settle()
-        if self._pending:
-            keys = [self._key(dest) for dest in self._pending]
-            argv: list[Any] = []
-            for args in self._pending.values():
-                argv.append(len(args) // 2)
-                argv += args
-            cmd = ("EVALSHA", self._script.sha, len(keys), *keys, *argv)
+        assert self._batch is not None
+        entries = self._batch.count
+        cmd = self._batch.take(self._sha)
+        if cmd is not None:
             conn = self._connection()
-            packed = _pack(conn, cmd)  # before anything moves: bad data raises here, nothing lost
-            self._inflight = (cmd, self._count)
-            self._pending = {}
-            self._count = 0
+            self._inflight = (cmd, entries)
             try:
-                conn.send_packed_command(packed)
+                conn.send_packed_command(cmd)
             except connection_errors():
                 conn.disconnect()
                 self._resend = True  # _settle writes it again, with retries
@@ -421,7 +461,10 @@ class _RedisProducer(Producer):
 
     def _connection(self) -> Any:
         if self._conn is None:
-            self._conn = self._system.client.connection_pool.make_connection()
+            if self._params is not None:
+                self._conn = RespConnection(self._params)
+            else:
+                self._conn = self._system.client.connection_pool.make_connection()
         return self._conn
 
     def _settle(self) -> None:
@@ -441,14 +484,14 @@ class _RedisProducer(Producer):
         errors = _redis_module().exceptions
         try:
             if self._resend:
-                conn.send_packed_command(_pack(conn, cmd))
+                conn.send_packed_command(cmd)
                 self._resend = False
             try:
                 conn.read_response()
             except errors.NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH)
                 conn.send_command("SCRIPT", "LOAD", self._script.script)
                 conn.read_response()
-                conn.send_packed_command(_pack(conn, cmd))
+                conn.send_packed_command(cmd)
                 conn.read_response()
         except errors.ResponseError:
             # Refused by Redis (say WRONGTYPE): raised now, not retried in a loop, and
@@ -469,12 +512,6 @@ class _RedisProducer(Producer):
             if self._conn is not None:
                 self._conn.disconnect()
                 self._conn = None
-
-
-def _pack(conn: Any, cmd: tuple[Any, ...]) -> Any:
-    if _hiredis is not None:
-        return [_hiredis.pack_command(cmd)]
-    return conn.pack_command(*cmd)
 
 
 def _as_bytes(v: bytes | str) -> bytes:
