@@ -18,6 +18,16 @@ stream, as RESP arguments in growing C buffers; ``take()`` joins them into one
 """
 
 cimport cython
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport (
+    PY_LOCK_ACQUIRED,
+    PyLockStatus,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
 from libc.stdlib cimport free, realloc
@@ -30,6 +40,9 @@ cdef extern from "Python.h":
     char* PyByteArray_AS_STRING(object o)
     Py_ssize_t PyByteArray_GET_SIZE(object o)
     int PyByteArray_Resize(object o, Py_ssize_t size) except -1
+
+cdef extern from "pythread.h":
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock, long long microseconds, int intr_flag) nogil
 
 cdef enum:
     MAX_DEPTH = 32
@@ -463,7 +476,7 @@ cdef class _Dest:
 
 @cython.final
 cdef class Batch:
-    """A producer's entries waiting to be written, encoded as they come.
+    """A producer's entries waiting to be written, encoded as they come, and its lock.
 
     ``add(stream, partition, key, message)`` encodes the message and key with the
     codec (``kind`` STR: str as UTF-8, bytes as is, anything else as ``str()``;
@@ -472,6 +485,11 @@ cdef class Batch:
     returns the number of entries waiting. ``key_of(stream, partition)`` names a
     partition's Redis stream key (called once per partition). A value that cannot
     be encoded raises before anything is appended.
+
+    ``send(stream, partition, key, message)`` is a whole ``Producer.send``: it adds
+    the entry holding the batch's lock and, once ``limit`` entries wait, calls
+    ``on_full()`` with the lock still held. The batch is that lock as a context
+    manager too (``with batch: ...``; not reentrant), for the producer's flush.
     """
 
     cdef int _kind
@@ -480,14 +498,57 @@ cdef class Batch:
     cdef dict _streams  # stream name -> list of _Dest (None until used), by partition
     cdef list _active  # the _Dest with entries, in the order of their first entry
     cdef readonly Py_ssize_t count
+    cdef Py_ssize_t _limit
+    cdef object _on_full
+    cdef PyThread_type_lock _lock
 
-    def __init__(self, int kind, encode, key_of):
+    def __cinit__(self):
+        self._lock = PyThread_allocate_lock()
+        if self._lock == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self._lock != NULL:
+            PyThread_free_lock(self._lock)
+
+    def __init__(self, int kind, encode, key_of, Py_ssize_t limit=0, on_full=None):
         self._kind = kind
         self._encode = encode
         self._key_of = key_of
         self._streams = {}
         self._active = []
         self.count = 0
+        self._limit = limit if limit > 0 else (1 << 62)
+        self._on_full = on_full
+
+    cdef int _acquire(self) except -1:
+        """Take the lock; waiting (GIL released) stays interruptible by signals."""
+        cdef PyLockStatus got
+        if PyThread_acquire_lock(self._lock, 0):
+            return 0
+        while True:
+            with nogil:
+                got = PyThread_acquire_lock_timed(self._lock, 20000, 0)
+            if got == PY_LOCK_ACQUIRED:
+                return 0
+            PyErr_CheckSignals()
+
+    def __enter__(self):
+        self._acquire()
+        return self
+
+    def __exit__(self, *exc):
+        PyThread_release_lock(self._lock)
+        return False
+
+    def send(self, str stream, Py_ssize_t partition, key, message):
+        """Add one entry under the lock; on_full() (lock held) once ``limit`` entries wait."""
+        self._acquire()
+        try:
+            if self._add(stream, partition, key, message) >= self._limit and self._on_full is not None:
+                self._on_full()
+        finally:
+            PyThread_release_lock(self._lock)
 
     cdef object _bytes_of(self, object v):
         """v encoded by the codec, as an exact str or bytes."""
@@ -519,7 +580,10 @@ cdef class Batch:
         return d
 
     def add(self, str stream, Py_ssize_t partition, key, message):
-        """Encode and append one entry; the number of entries waiting."""
+        """Encode and append one entry (the caller holds the lock); the number waiting."""
+        return self._add(stream, partition, key, message)
+
+    cdef Py_ssize_t _add(self, str stream, Py_ssize_t partition, key, message) except -1:
         cdef object m = self._bytes_of(message)
         cdef object k = None if key is None else self._bytes_of(key)
         cdef const char* mp

@@ -369,7 +369,7 @@ class _RedisProducer(Producer):
     def __init__(self, system: RedisSystem) -> None:
         self._system = system
         self._encode = _encoder(system.codec)
-        self._lock = threading.Lock()
+        self._lock: Any = threading.Lock()
         self._pending: dict[tuple[str, int], list[Any]] = {}
         self._keys: dict[tuple[str, int], str] = {}
         self._count = 0
@@ -377,12 +377,17 @@ class _RedisProducer(Producer):
         self._script = Scripts(system.client).xadd_batch
         self._raw = hasattr(system.client, "connection_pool")
         self._params = RespConnection.usable_for(system.client) if self._raw else None
-        self._limit = system.batch
         self._sha = self._script.sha.encode()
         self._batch: _resp.Batch | None = None
         if self._raw:
             encode = self._encode if system.codec == "json" else None
-            self._batch = _resp.Batch(_KINDS[system.codec], encode, system.keys.stream)
+            full = partial(self._flush_locked, wait=False)
+            batch = _resp.Batch(_KINDS[system.codec], encode, system.keys.stream, system.batch, full)
+            self._batch = batch
+            # send() as one compiled call: encode, append, and write a full batch,
+            # under the batch's own lock (which is also the producer's lock)
+            self._lock = batch
+            self.send = batch.send  # type: ignore[method-assign]
         self._conn: Any = None
         self._inflight: tuple[bytes, int] | None = None  # (command, entries) not yet acknowledged
         self._resend = False  # the call in flight must be written again (its connection failed)
@@ -396,13 +401,7 @@ class _RedisProducer(Producer):
         return n
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
-        batch = self._batch
-        if batch is not None:  # standalone: encoded into the next call's bytes now
-            with self._lock:
-                if batch.add(stream, partition, key, message) >= self._limit:
-                    self._flush_locked(wait=False)
-            return
-        m = self._encode(message)
+        m = self._encode(message)  # (a standalone server's producer sends with Batch.send)
         k: Any = b"-" if key is None else b"=" + _as_bytes(self._encode(key))
         dest = (stream, partition)
         with self._lock:
