@@ -22,6 +22,18 @@ class Replies:
     def reply(self) -> Any: ...
     def xread(self, kind: int, decode: Callable[[bytes], Any] | None = None) -> list[XreadStream] | None: ...
 
+def envelopes(
+    out: list[Any],
+    make: Callable[..., Any],
+    system: str,
+    stream: str,
+    partition: int,
+    ids: list[str],
+    keys: list[Any],
+    messages: list[Any],
+    first: int,
+    end: int,
+) -> None: ...
 def pack(args: Sequence[bytes | str | int | float]) -> bytes: ...
 
 class Batch:

@@ -370,6 +370,17 @@ cdef inline object _decode(const char* p, Py_ssize_t n, int kind, object decode)
     return decode(PyBytes_FromStringAndSize(p, n))
 
 
+def envelopes(list out, make, str system, str stream, Py_ssize_t partition,
+              list ids, list keys, list messages, Py_ssize_t first, Py_ssize_t end):
+    """Append ``make(system, stream, partition, ids[i], keys[i], messages[i])`` to out
+    for i in first..end-1 (a reader's poll() making Envelopes from its buffer)."""
+    cdef Py_ssize_t i
+    if not (0 <= first <= end <= len(ids) and len(keys) >= end and len(messages) >= end):
+        raise IndexError(f"entries {first}..{end} of {len(ids)}")
+    for i in range(first, end):
+        out.append(make(system, stream, partition, ids[i], keys[i], messages[i]))
+
+
 # -- encoding ----------------------------------------------------------------------
 
 cdef inline void _put(bytearray out, const char* data, Py_ssize_t n) except *:

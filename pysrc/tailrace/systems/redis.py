@@ -234,6 +234,7 @@ class _RedisReader(PartitionReader):
         # containers per XREAD instead of one envelope per entry, so what waits here
         # is not traversed by every garbage collection; envelopes are made in poll().
         self._chunks: deque[tuple[list[str], list[Any], list[Any]]] = deque()
+        self._head = 0  # entries of chunks[0] already taken
         self._count = 0
         self._cond = fetcher.cond
         self.last = "0-0"
@@ -317,27 +318,28 @@ class _RedisReader(PartitionReader):
                 self._starved = True
                 return []
             chunks = self._chunks
-            taken = []
+            taken = []  # (chunk, first, end): chunks are never changed once buffered
             n = 0
+            head = self._head
             while chunks and n < max_messages:
-                ids, keys, messages = chunks[0]
-                room = max_messages - n
-                if len(ids) <= room:
-                    taken.append(chunks.popleft())
-                    n += len(ids)
+                chunk = chunks[0]
+                end = min(len(chunk[0]), head + max_messages - n)
+                taken.append((chunk, head, end))
+                n += end - head
+                if end == len(chunk[0]):
+                    chunks.popleft()
+                    head = 0
                 else:
-                    taken.append((ids[:room], keys[:room], messages[:room]))
-                    chunks[0] = (ids[room:], keys[room:], messages[room:])
-                    n = max_messages
+                    head = end
+            self._head = head
             had_room = self._capacity - self._count >= self._batch
             self._count -= n
             if not had_room and self._capacity - self._count >= self._batch:
                 self._cond.notify_all()
         s = self.ssp
-        system, stream, partition = s.system, s.stream, s.partition
-        out = []
-        for ids, keys, messages in taken:
-            out += [Envelope(system, stream, partition, i, k, m) for i, k, m in zip(ids, keys, messages)]
+        out: list[Any] = []
+        for (ids, keys, messages), first, end in taken:
+            _resp.envelopes(out, Envelope, s.system, s.stream, s.partition, ids, keys, messages, first, end)
         return out
 
     def at_end(self) -> bool:
