@@ -332,19 +332,16 @@ class RespConnection:
         try:
             if self.path is not None:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                address: Any = self.path
-            else:
-                info = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)[0]
-                sock = socket.socket(info[0], socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(self.connect_timeout)
+                    sock.connect(self.path)
+                except BaseException:
+                    sock.close()
+                    raise
+            else:  # every address of the host in turn, as redis-py does
+                sock = socket.create_connection((self.host, self.port), self.connect_timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                address = info[4]
-            try:
-                sock.settimeout(self.connect_timeout)
-                sock.connect(address)
-                sock.settimeout(self.timeout)
-            except BaseException:
-                sock.close()
-                raise
+            sock.settimeout(self.timeout)
         except TimeoutError as e:
             raise r.exceptions.TimeoutError(f"Timeout connecting to {self.where()}") from e
         except OSError as e:

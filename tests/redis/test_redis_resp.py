@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_support import RedisServer
+from redis_support import RedisServer, free_port
 
 from tailrace import _resp
 from tailrace._redisio import RespConnection
@@ -324,3 +324,25 @@ def test_tls_and_cluster_clients_keep_the_redis_py_path(redis_server: RedisServe
     assert RespConnection.usable_for(redis.Redis.from_url("rediss://127.0.0.1:1/0")) is None
     assert RespConnection.usable_for(redis.Redis.from_url("redis://127.0.0.1:1/0")) is not None
     assert RespConnection.usable_for(object()) is None  # no connection pool (a cluster client)
+
+
+def test_the_fast_path_over_tcp_writes_and_reads_what_redis_py_sees(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "tcp", port=free_port()).start()
+    try:
+        system = RedisSystem("redis", server.url, codec="str", output_partitions=3, batch=7)
+        params = RespConnection.usable_for(system.client)
+        assert params is not None and params["port"] == server.port
+        producer = system.producer()
+        producer.partitions("out")
+        for i in range(50):
+            producer.send("out", i % 3, None, f"m{i}")
+        producer.close()
+        keys = {system.keys.stream("out", p): "0-0" for p in range(3)}
+        fast, slow = _xread_both(system, keys, 100)
+        assert fast is not None and _comparable(fast) == _comparable(slow)
+        assert [messages for _, _, _, messages, _, _ in fast] == [
+            [f"m{i}" for i in range(p, 50, 3)] for p in range(3)
+        ]
+        system.close()
+    finally:
+        server.kill()
