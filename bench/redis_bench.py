@@ -96,7 +96,7 @@ def measure(server: Server, fn: Any) -> tuple[float, float, float]:
 def raw_baselines(server: Server, partitions: int, per_partition: int, batch: int) -> list[dict[str, Any]]:
     import redis
 
-    client = redis.Redis.from_url(server.url)
+    client: Any = redis.Redis.from_url(server.url)  # replies typed loosely: raw RESP2 (bytes, lists)
     n = partitions * per_partition
     rows = []
 
