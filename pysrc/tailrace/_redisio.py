@@ -233,6 +233,13 @@ end
 return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
 
+# KEYS: members.  -> live members (read only: expired entries are left to HEARTBEAT).
+MEMBERS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+"""
+
 
 # KEYS: stream_1, stream_2, ...  ARGV: n_1, message, key, ... (n_1 pairs), n_2, ...;
 # a key is "-" (none) or "=" followed by the encoded key. Appends every entry in
@@ -268,6 +275,7 @@ class Scripts:
         self.commit = client.register_script(COMMIT)
         self.mark_done = client.register_script(MARK_DONE)
         self.heartbeat = client.register_script(HEARTBEAT)
+        self.members = client.register_script(MEMBERS)
         self.xadd_batch = client.register_script(XADD_BATCH)
 
 

@@ -59,8 +59,11 @@ class MemberSpec:
     its systems when it ends). ``url``/``cluster``/``prefix`` locate the Redis that
     holds checkpoints, leases and membership (it need not hold the input streams).
     ``lease_ms`` bounds how long a crashed member's partitions wait for a new owner;
-    every ``heartbeat_ms`` a member renews its leases and looks at the membership
-    (so a join or a graceful leave is acted on within about one heartbeat).
+    every ``heartbeat_ms`` a member renews its leases and its membership entry, and
+    in between, every 100 ms (``Member.WATCH_S``), it looks at the membership and at
+    partitions assigned to it that another member still held: a join or a graceful
+    leave is acted on within about 100 ms, and a released partition taken over as
+    promptly.
     """
 
     task: Any
@@ -99,6 +102,8 @@ class Member:
     naming the URL when Redis does not answer at start, and the container's error
     (TaskError, ...) when user code fails; leases are released either way.
     """
+
+    WATCH_S = 0.1  # between heartbeats, how often membership and wanted partitions are looked at
 
     def __init__(self, spec: MemberSpec) -> None:
         if spec.lease_ms < 100:
@@ -157,6 +162,10 @@ class Member:
     def _heartbeat(self, ttl_ms: int) -> list[str]:
         reply = self._scripts.heartbeat(keys=[self.keys.members(self.job)], args=[self.id, ttl_ms])
         return sorted(text(m) for m in reply)
+
+    def _live_members(self) -> list[str]:
+        """The live members, read only (between heartbeats)."""
+        return sorted(text(m) for m in self._scripts.members(keys=[self.keys.members(self.job)]))
 
     def assigned(self, members: Sequence[str] | None = None) -> set[int]:
         """Partitions assigned to this member by the current membership (done ones excluded)."""
@@ -224,12 +233,20 @@ class Member:
             c.stop()
 
     def _heartbeat_loop(self) -> None:
-        while not self._hb_stop.wait(self.heartbeat_s):
+        next_beat = time.monotonic() + self.heartbeat_s
+        while not self._hb_stop.wait(min(self.WATCH_S, max(next_beat - time.monotonic(), 0.0))):
+            beat = time.monotonic() >= next_beat
             try:
-                members = self._heartbeat(self.spec.lease_ms)
-                lost = self.leases.renew()
+                if beat:  # renew leases and membership
+                    next_beat = time.monotonic() + self.heartbeat_s
+                    members = self._heartbeat(self.spec.lease_ms)
+                    lost = self.leases.renew()
+                else:  # only look: has membership changed, or is a wanted partition free now?
+                    members = self._live_members()
+                    lost = set()
             except connection_errors() as e:
-                log.warning("member %s: heartbeat failed (%r)", self.id, e)
+                if beat:  # (a failed look in between is retried quietly at the next tick)
+                    log.warning("member %s: heartbeat failed (%r)", self.id, e)
                 continue
             except Exception:  # keep heartbeating; a dead heartbeat thread would lose leases
                 log.exception("member %s: heartbeat failed", self.id)
@@ -247,7 +264,15 @@ class Member:
             if running - wanted:
                 self._restart(f"members now {members}")
                 continue
-            gained = [p for p in sorted(wanted - running) if self._owned(p) or self._try_acquire(p)]
+            if beat:
+                gained = [p for p in sorted(wanted - running) if self._owned(p) or self._try_acquire(p)]
+            elif changed or wanted - running:
+                # between heartbeats, only partitions that just became free: one this
+                # member already holds is the run loop's to start (it may be between
+                # two containers right now)
+                gained = [p for p in sorted(wanted - running) if not self._owned(p) and self._try_acquire(p)]
+            else:
+                continue
             if gained or (changed and not running):
                 self._restart(f"acquired partitions {gained}" if gained else f"members now {members}")
 
@@ -270,8 +295,8 @@ class Member:
                 for p in sorted(set(self.groups) - wanted):
                     self._release(p)
                 owned = sorted(p for p in wanted if self._owned(p) or self._try_acquire(p))
-                if not owned:
-                    self._wake.wait(self.heartbeat_s)
+                if not owned:  # wait for partitions others hold, or for the job's end
+                    self._wake.wait(min(self.heartbeat_s, self.WATCH_S))
                     continue
                 self._run_container(owned)
         except connection_errors() as e:
