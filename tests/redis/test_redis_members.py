@@ -308,3 +308,67 @@ def test_a_graceful_leave_hands_partitions_over_without_replay(
     copies = check_complete(outputs(system), 150)
     assert max(copies.values()) == 1
     system.close()
+
+
+def test_a_join_and_a_graceful_leave_are_acted_on_between_heartbeats(redis_server: RedisServer) -> None:
+    # heartbeats every 60 s: none falls inside this test, so every hand-over below
+    # comes from the membership watch between heartbeats (Member.WATCH_S)
+    from tailrace import StreamTask
+    from tailrace.distributed import Member, MemberSpec
+
+    system = setup_streams(redis_server.url)
+
+    class Forward(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            collector.send("redis.out", envelope.message)
+
+    def member(name: str) -> Member:
+        return Member(
+            MemberSpec(
+                task=Forward,
+                inputs=["redis.in"],
+                systems=lambda: [RedisSystem("redis", redis_server.url, streams={"in": P})],
+                url=redis_server.url,
+                config={"job.name": "watch", "task.commit.ms": 100},
+                lease_ms=180_000,
+                heartbeat_ms=60_000,
+                member_id=name,
+                exit_when_done=False,
+            )
+        )
+
+    def owners() -> list[str | None]:
+        values = [system.client.get(system.keys.lease("in", p, "watch")) for p in range(P)]
+        return [None if v is None else v.decode().split("|")[0] for v in values]
+
+    a, b = member("a"), member("b")
+    errors: list[BaseException] = []
+
+    def run(m: Member) -> None:
+        try:
+            m.run()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in (a, b)]
+    threads[0].start()
+    try:
+        assert wait_for(lambda: owners() == ["a"] * P, 20), owners()
+        threads[1].start()  # joins: "a" hands over the odd partitions
+        assert wait_for(lambda: owners() == ["a", "b"] * (P // 2), 20), owners()
+        fill(system, 0, 20, end=False)
+        assert wait_for(lambda: len(outputs(system)) == P * 20, 20)
+        b.stop()  # leaves gracefully: "a" takes everything back
+        threads[1].join(20)
+        assert wait_for(lambda: owners() == ["a"] * P, 20), owners()
+        fill(system, 20, 20, end=False)
+        assert wait_for(lambda: len(outputs(system)) == P * 40, 20)
+    finally:
+        for m in (a, b):
+            m.stop()
+        for t in threads:
+            if t.is_alive():
+                t.join(30)
+    assert not errors
+    assert sorted((m["p"], m["i"]) for m in outputs(system)) == [(p, i) for p in range(P) for i in range(40)]
+    system.close()
