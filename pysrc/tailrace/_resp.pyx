@@ -77,6 +77,35 @@ cdef inline Py_ssize_t _find_crlf(const char* buf, Py_ssize_t pos, Py_ssize_t en
     return -1
 
 
+cdef inline Py_ssize_t _int_line(const char* buf, Py_ssize_t pos, Py_ssize_t end, long long* out) except -2:
+    """Parse the integer at buf[pos] up to its CRLF into out; the index after the CRLF,
+    or -1 when the line is not all there yet. (Headers are short: one pass, no memchr.)"""
+    cdef Py_ssize_t i = pos
+    cdef long long v = 0
+    cdef bint neg = False
+    cdef char ch
+    if i < end and buf[i] == c'-':
+        neg = True
+        i += 1
+    while i < end:
+        ch = buf[i]
+        if c'0' <= ch <= c'9':
+            v = v * 10 + (ch - c'0')
+            i += 1
+            if i - pos > 19:
+                raise ProtocolError("an integer too long in a reply")
+            continue
+        if ch != c'\r' or i == pos + neg:
+            raise ProtocolError(f"bad integer {buf[pos:i + 1]!r} in a reply")
+        if i + 1 >= end:
+            return -1
+        if buf[i + 1] != c'\n':
+            raise ProtocolError("a header line does not end with CRLF")
+        out[0] = -v if neg else v
+        return i + 2
+    return -1
+
+
 cdef long long _parse_int(const char* buf, Py_ssize_t start, Py_ssize_t stop) except? -9:
     """The decimal integer buf[start:stop] (an optional '-', then digits)."""
     cdef bint neg = False
@@ -159,25 +188,28 @@ cdef class Replies:
             if self._left[self._depth - 1] == 0:
                 self._depth -= 1
                 continue
-            eol = _find_crlf(buf, pos, end)
-            if eol < 0:
+            if pos >= end:
                 break
             t = buf[pos]
             if t == c'$':
-                n = _parse_int(buf, pos + 1, eol)
+                eol = _int_line(buf, pos + 1, end, &n)
+                if eol < 0:
+                    break
                 if n >= 0:
-                    need = eol + 2 + n + 2
+                    need = eol + n + 2
                     if need > end:
                         break
                     if buf[need - 2] != c'\r' or buf[need - 1] != c'\n':
                         raise ProtocolError("a bulk string does not end with CRLF")
                     pos = need
                 else:
-                    pos = eol + 2
+                    pos = eol
                 self._left[self._depth - 1] -= 1
             elif t == c'*':
-                n = _parse_int(buf, pos + 1, eol)
-                pos = eol + 2
+                eol = _int_line(buf, pos + 1, end, &n)
+                if eol < 0:
+                    break
+                pos = eol
                 self._left[self._depth - 1] -= 1
                 if n > 0:
                     if self._depth == MAX_DEPTH:
@@ -185,6 +217,9 @@ cdef class Replies:
                     self._left[self._depth] = n
                     self._depth += 1
             elif t == c'+' or t == c'-' or t == c':':
+                eol = _find_crlf(buf, pos, end)
+                if eol < 0:
+                    break
                 pos = eol + 2
                 self._left[self._depth - 1] -= 1
             else:
@@ -335,25 +370,29 @@ cdef class Replies:
         return out
 
     cdef long long _array(self, const char* buf, Py_ssize_t* at) except? -9:
-        cdef Py_ssize_t pos = at[0]
-        cdef Py_ssize_t eol = _find_crlf(buf, pos, self._done)
+        cdef Py_ssize_t pos = at[0], nxt
+        cdef long long n
         if buf[pos] != c'*':
             raise ProtocolError(f"expected an array in an XREAD reply, got type {bytes([buf[pos]])!r}")
-        at[0] = eol + 2
-        return _parse_int(buf, pos + 1, eol)
+        nxt = _int_line(buf, pos + 1, self._done, &n)
+        if nxt < 0:
+            raise ProtocolError("a reply cut short")
+        at[0] = nxt
+        return n
 
     cdef int _bulk(self, const char* buf, Py_ssize_t* at, Py_ssize_t* start, Py_ssize_t* size) except -1:
-        cdef Py_ssize_t pos = at[0]
-        cdef Py_ssize_t eol = _find_crlf(buf, pos, self._done)
+        cdef Py_ssize_t pos = at[0], nxt
         cdef long long n
         if buf[pos] != c'$':
             raise ProtocolError(f"expected a bulk string in an XREAD reply, got type {bytes([buf[pos]])!r}")
-        n = _parse_int(buf, pos + 1, eol)
+        nxt = _int_line(buf, pos + 1, self._done, &n)
+        if nxt < 0:
+            raise ProtocolError("a reply cut short")
         if n < 0:
             raise ProtocolError("a nil bulk string in an XREAD entry")
-        start[0] = eol + 2
+        start[0] = nxt
         size[0] = n
-        at[0] = eol + 2 + n + 2
+        at[0] = nxt + n + 2
         return 0
 
     cdef object _bulk_bytes(self, const char* buf, Py_ssize_t* at):
