@@ -31,7 +31,7 @@ from cpython.pythread cimport (
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
 from libc.stdlib cimport free, realloc
-from libc.string cimport memchr, memcpy, memmove
+from libc.string cimport memchr, memcmp, memcpy, memmove
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
@@ -245,7 +245,7 @@ cdef class Replies:
     cdef object _item(self, const char* buf, Py_ssize_t* at):
         cdef Py_ssize_t pos = at[0]
         cdef Py_ssize_t eol = _find_crlf(buf, pos, self._done)
-        cdef long long n, i
+        cdef long long n, _i
         cdef char t = buf[pos]
         cdef list out
         if t == c'$':
@@ -266,7 +266,7 @@ cdef class Replies:
         if n < 0:
             return None
         out = []
-        for i in range(n):
+        for _i in range(n):
             out.append(self._item(buf, at))
         return out
 
@@ -307,7 +307,7 @@ cdef class Replies:
     cdef object _xread(self, const char* buf, Py_ssize_t* at, int kind, object decode):
         cdef Py_ssize_t pos = at[0], eol, id_pos, id_len, m_pos, m_len, k_pos, k_len, f_pos, f_len
         cdef Py_ssize_t v_pos, v_len
-        cdef long long nstreams, nentries, nfields, s, e, f
+        cdef long long nstreams, nentries, nfields, _s, _e, _f
         cdef list out, ids, keys, messages
         cdef bint eos, bad
         cdef object error, key, message, stream_key, eid
@@ -319,7 +319,7 @@ cdef class Replies:
         if nstreams < 0:
             return None
         out = []
-        for s in range(nstreams):
+        for _s in range(nstreams):
             if self._array(buf, &pos) != 2:
                 raise ProtocolError("an XREAD stream is not a [key, entries] pair")
             stream_key = self._bulk_bytes(buf, &pos)
@@ -329,27 +329,29 @@ cdef class Replies:
             messages = []
             eos = False
             error = None
-            for e in range(nentries):
+            for _e in range(nentries):
                 if self._array(buf, &pos) != 2:
                     raise ProtocolError("an XREAD entry is not an [id, fields] pair")
                 self._bulk(buf, &pos, &id_pos, &id_len)
                 nfields = self._array(buf, &pos)
                 if eos or error is not None:  # past the end or a bad entry: skip it
-                    for f in range(max(nfields, 0)):
+                    for _f in range(max(nfields, 0)):
                         self._bulk(buf, &pos, &f_pos, &f_len)
                     continue
                 m_pos = k_pos = -1
                 m_len = k_len = 0
                 bad = nfields < 0 or nfields % 2 != 0
-                for f in range(0, max(nfields, 0), 2):
+                for _f in range(max(nfields, 0) // 2):
                     self._bulk(buf, &pos, &f_pos, &f_len)
                     self._bulk(buf, &pos, &v_pos, &v_len)
                     if f_len == 1 and buf[f_pos] == c'm':
                         m_pos, m_len = v_pos, v_len
                     elif f_len == 1 and buf[f_pos] == c'k':
                         k_pos, k_len = v_pos, v_len
-                    elif f_len == 3 and buf[f_pos] == c'e' and buf[f_pos + 1] == c'o' and buf[f_pos + 2] == c's':
+                    elif f_len == 3 and memcmp(buf + f_pos, b"eos", 3) == 0:
                         eos = True
+                if bad and nfields > 0:  # an odd field count: skip the unpaired one
+                    self._bulk(buf, &pos, &f_pos, &f_len)
                 if eos:
                     continue
                 eid = PyUnicode_DecodeASCII(buf + id_pos, id_len, "replace")
@@ -467,7 +469,8 @@ cdef void _put_arg(bytearray out, object arg) except *:
         p = PyBytes_AS_STRING(arg)
         n = PyBytes_GET_SIZE(arg)
     else:
-        raise TypeError(f"a Redis command argument must be bytes, str, int or float, not {type(arg).__name__}")
+        raise TypeError(
+            f"a Redis command argument must be bytes, str, int or float, not {type(arg).__name__}")
     _put_header(out, c'$', n)
     _put(out, p, n)
     _put(out, b"\r\n", 2)

@@ -312,6 +312,15 @@ def test_replies_reject_bytes_that_are_not_resp() -> None:
     replies.feed(source)
     assert replies.ready() and replies.reply() == [1, b"hi"]
     assert replies.ready() and replies.reply() == b"OK" and replies.buffered == 0
+    # an entry with an odd field count (no real server sends one) is a bad entry, and
+    # the rest of the reply still decodes in step
+    odd = b"*2\r\n$3\r\n1-1\r\n*3\r\n$1\r\nm\r\n$1\r\nx\r\n$1\r\nk\r\n"
+    ok = b"*2\r\n$3\r\n2-1\r\n*2\r\n$1\r\nm\r\n$1\r\ny\r\n"
+    replies.feed(Bytes(b"*2\r\n*2\r\n$1\r\na\r\n*1\r\n" + odd + b"*2\r\n$1\r\nb\r\n*1\r\n" + ok))
+    assert replies.ready()
+    (a, *_, a_error), (b, b_ids, _, b_messages, _, b_error) = replies.xread(_resp.STR) or []
+    assert a == b"a" and a_error is not None and a_error[0] == "1-1" and isinstance(a_error[1], KeyError)
+    assert (b, b_ids, b_messages, b_error) == (b"b", ["2-1"], ["y"], None)
     with pytest.raises(TypeError):
         _resp.pack(["SET", object()])
     packed = b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n$3\r\n1.5\r\n"
