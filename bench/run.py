@@ -223,7 +223,7 @@ def table(results: Sequence[Result]) -> str:
 
 
 def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """The issues' targets (sync_noop_1task, asyncio_inline, asyncio_io), as measured in this run."""
+    """The issues' targets (engine vs python and floor, the run loop's ratios, asyncio), in this run."""
     w = "sync_noop_1task"
     c, py, floor = (_rate(results, w, e) for e in ("c", "python", "floor"))
     checks: list[dict[str, Any]] = []
@@ -243,6 +243,38 @@ def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
             "pass": None if c is None or floor is None else floor / c <= 3.0,
         }
     )
+    # the run loop (issue 3), all on the C engine: ratios of per-message costs in this run
+    one = _rate(results, w, "c")
+    many = _rate(results, "sync_noop_1024tasks", "c")
+    checks.append(
+        {
+            "target": "c on sync_noop_1024tasks within 1.3x per message of sync_noop_1task",
+            "ratio": None if one is None or many is None else one / many,
+            "limit": 1.3,
+            "pass": None if one is None or many is None else one / many <= 1.3,
+        }
+    )
+    inline_cb = _rate(results, "async_inline", "c")
+    checks.append(
+        {
+            "target": "c on async_inline within 2x per message of sync_noop_1task",
+            "ratio": None if one is None or inline_cb is None else one / inline_cb,
+            "limit": 2.0,
+            "pass": None if one is None or inline_cb is None else one / inline_cb <= 2.0,
+        }
+    )
+    for workload, limit in (("async_thread_c64", 1.0), ("pool4_sync", 3.0)):
+        rate = _rate(results, workload, "c")
+        per = None if rate is None else 1e6 / rate
+        checks.append(
+            {
+                "target": f"{workload} on c at most {limit:g} us/msg",
+                "ratio": per,
+                "unit": "us/msg",
+                "limit": limit,
+                "pass": None if per is None else per <= limit,
+            }
+        )
     # async def tasks (issue 6): the inline cost on the C engine, and asyncio_io against
     # Little's law: 4 tasks x 32 in flight / 10 ms = 12,800 msgs/s is the ceiling.
     inline = _rate(results, "asyncio_inline", "c")
@@ -251,6 +283,7 @@ def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
         {
             "target": "asyncio_inline on c at most 1.5 us/msg",
             "ratio": us,
+            "unit": "us/msg",
             "limit": 1.5,
             "pass": None if us is None else us <= 1.5,
         }
@@ -408,7 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if chk["pass"] is None:
             print(f"  n/a   {chk['target']} (not measured in this run)")
         else:
-            print(f"  {'PASS' if chk['pass'] else 'MISS'}  {chk['target']}: {chk['ratio']:.2f}x")
+            unit = f" {chk['unit']}" if "unit" in chk else "x"
+            print(f"  {'PASS' if chk['pass'] else 'MISS'}  {chk['target']}: {chk['ratio']:.2f}{unit}")
     for s in skips:
         if s.workload != "*":
             print(f"note: {s.workload} on {s.engine} skipped: {s.reason}")
