@@ -187,6 +187,7 @@ cdef class Callback:
         return f"<callback task={self._task} seq={self._seq} offset={self._env.offset!r}>"
 
 
+@cython.boundscheck(True)  # the reader's lists are checked at refill; a later shrink raises
 cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
     """The envelope of a ring item, as a new reference.
 
