@@ -222,48 +222,73 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def _check(
+    target: str, value: float | None, limit: float, *, at_least: bool, unit: str = "x"
+) -> dict[str, Any]:
+    """One target: ``value`` (None when not measured) against ``limit``."""
+    chk: dict[str, Any] = {
+        "target": target,
+        "ratio": value,
+        "limit": limit,
+        "pass": None if value is None else (value >= limit if at_least else value <= limit),
+    }
+    if unit != "x":
+        chk["unit"] = unit
+    return chk
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
+def _us(rate: float | None) -> float | None:
+    return None if rate is None else 1e6 / rate
+
+
 def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """The issues' targets (sync_noop_1task, asyncio_inline, asyncio_io), as measured in this run."""
+    """The issues' targets (engine vs python and floor, the run loop's ratios, asyncio), in this run."""
     w = "sync_noop_1task"
     c, py, floor = (_rate(results, w, e) for e in ("c", "python", "floor"))
-    checks: list[dict[str, Any]] = []
-    checks.append(
-        {
-            "target": "c >= 10x python on sync_noop_1task",
-            "ratio": None if c is None or py is None else c / py,
-            "limit": 10.0,
-            "pass": None if c is None or py is None else c / py >= 10.0,
-        }
-    )
-    checks.append(
-        {
-            "target": "c within 3x of floor on sync_noop_1task (floor msgs/s / c msgs/s <= 3)",
-            "ratio": None if c is None or floor is None else floor / c,
-            "limit": 3.0,
-            "pass": None if c is None or floor is None else floor / c <= 3.0,
-        }
-    )
+    checks = [
+        _check("c >= 10x python on sync_noop_1task", _ratio(c, py), 10.0, at_least=True),
+        _check(
+            "c within 3x of floor on sync_noop_1task (floor msgs/s / c msgs/s <= 3)",
+            _ratio(floor, c),
+            3.0,
+            at_least=False,
+        ),
+        # the run loop (issue 3), all on the C engine: ratios of per-message costs in this run
+        _check(
+            "c on sync_noop_1024tasks within 1.3x per message of sync_noop_1task",
+            _ratio(c, _rate(results, "sync_noop_1024tasks", "c")),
+            1.3,
+            at_least=False,
+        ),
+        _check(
+            "c on async_inline within 2x per message of sync_noop_1task",
+            _ratio(c, _rate(results, "async_inline", "c")),
+            2.0,
+            at_least=False,
+        ),
+    ]
+    for workload, limit in (("async_thread_c64", 1.0), ("pool4_sync", 3.0)):
+        per = _us(_rate(results, workload, "c"))
+        checks.append(
+            _check(f"{workload} on c at most {limit:g} us/msg", per, limit, at_least=False, unit="us/msg")
+        )
     # async def tasks (issue 6): the inline cost on the C engine, and asyncio_io against
     # Little's law: 4 tasks x 32 in flight / 10 ms = 12,800 msgs/s is the ceiling.
-    inline = _rate(results, "asyncio_inline", "c")
-    us = None if inline is None else 1e6 / inline
-    checks.append(
-        {
-            "target": "asyncio_inline on c at most 1.5 us/msg",
-            "ratio": us,
-            "limit": 1.5,
-            "pass": None if us is None else us <= 1.5,
-        }
-    )
+    us = _us(_rate(results, "asyncio_inline", "c"))
+    checks.append(_check("asyncio_inline on c at most 1.5 us/msg", us, 1.5, at_least=False, unit="us/msg"))
     for engine in ("c", "python"):
         io = _rate(results, "asyncio_io", engine)
         checks.append(
-            {
-                "target": f"asyncio_io on {engine} >= 90% of 12,800 msgs/s (fraction of the bound)",
-                "ratio": None if io is None else io / 12_800,
-                "limit": 0.9,
-                "pass": None if io is None else io / 12_800 >= 0.9,
-            }
+            _check(
+                f"asyncio_io on {engine} >= 90% of 12,800 msgs/s (fraction of the bound)",
+                None if io is None else io / 12_800,
+                0.9,
+                at_least=True,
+            )
         )
     return checks
 
@@ -408,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if chk["pass"] is None:
             print(f"  n/a   {chk['target']} (not measured in this run)")
         else:
-            print(f"  {'PASS' if chk['pass'] else 'MISS'}  {chk['target']}: {chk['ratio']:.2f}x")
+            unit = f" {chk['unit']}" if "unit" in chk else "x"
+            print(f"  {'PASS' if chk['pass'] else 'MISS'}  {chk['target']}: {chk['ratio']:.2f}{unit}")
     for s in skips:
         if s.workload != "*":
             print(f"note: {s.workload} on {s.engine} skipped: {s.reason}")

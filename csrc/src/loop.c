@@ -1596,6 +1596,17 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
     }
 }
 
+tr_status tr_loop_partition_fill(tr_loop *L, uint32_t t, uint32_t p, uint32_t fill) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return TR_EINVAL;
+    part *P = &L->tasks[t].parts[p];
+    P->fill = fill < 1 ? 1 : fill > P->limit ? P->limit : fill;
+    /* the ring grows to the new fill on the next push (ring_room) */
+    if (P->state == TR_PART_ACTIVE && P->tail - P->head + P->lent <= P->fill / 2)
+        queue_refill(L, t, p);
+    return TR_OK;
+}
+
 void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     if (t >= L->cfg.ntasks)
         return;

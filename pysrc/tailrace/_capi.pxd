@@ -184,6 +184,7 @@ cdef extern from "tailrace/loop.h" nogil:
     tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint32_t completed,
                                uint32_t requests)
     void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state)
+    tr_status tr_loop_partition_fill(tr_loop *loop, uint32_t task, uint32_t partition, uint32_t fill)
     void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests)
     tr_status tr_loop_complete(tr_loop *loop, uint32_t task, uint64_t seq, uint32_t requests)
     int tr_loop_pool_next(tr_loop *loop, uint32_t worker, tr_op *out)

@@ -10,6 +10,9 @@
 # held for it:
 #   - envelope in an input ring: INCREF in _refill; the PROCESS op hands that
 #     reference back (_take_item steals it); leftovers are released in _drain.
+#   - a lazy item in an input ring (odd: offset and partition index, see
+#     _refill_range) is no pointer: its message lives in the reader's list,
+#     which _PartState.range_messages holds for the whole run.
 #   - error object posted to the loop: INCREF in _post; released by take_error
 #     (handed to the caller) or __dealloc__.
 #   - string offsets: not pointers in C; C holds integer ids, the objects live
@@ -31,6 +34,10 @@ cdef extern from "Python.h":
     unsigned long PyThread_get_thread_ident()
 
 DEF _INT_HANDLE_LIMIT = 4611686018427387904  # 2**62
+# A lazy ring item is offset << 21 | partition index << 1 | 1 (see _refill_range).
+DEF _LAZY_PART_BITS = 20
+DEF _LAZY_OFFSET_SHIFT = 21
+DEF _LAZY_OFFSET_LIMIT = 4398046511104  # 2**42
 DEF RUN_PENDING = 1
 DEF RUN_DONE = 2
 DEF RUN_FAILED = 3
@@ -64,6 +71,11 @@ cdef class _PartState:
     cdef public long long committed_n
     cdef dict pinned  # id -> offset object, for offsets that are not small ints
     cdef object poll_range  # the reader's _tailrace_poll_range (MemorySystem bounded), or None
+    # The lists poll_range returned the first time, when they are lists: lazy ring
+    # items index them (a later call returning other objects gets eager envelopes).
+    cdef list range_messages
+    cdef list range_keys
+    cdef bint range_keyed
     cdef str system
     cdef str stream
     cdef Py_ssize_t partition
@@ -175,9 +187,23 @@ cdef class Callback:
         return f"<callback task={self._task} seq={self._seq} offset={self._env.offset!r}>"
 
 
-cdef inline Envelope _take_item(uint64_t item):
-    """Steals the ring's pin of an envelope: returns it as a new reference."""
-    cdef Envelope env = <Envelope><PyObject *>item  # new reference ...
+@cython.boundscheck(True)  # the reader's lists are checked at refill; a later shrink raises
+cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
+    """The envelope of a ring item, as a new reference.
+
+    An even item is an envelope: this steals the ring's pin. An odd one is lazy
+    (_refill_range): the envelope is built now, from the reader's lists, so it
+    is made and freed while warm instead of waiting cold in the ring.
+    """
+    cdef Envelope env
+    cdef _PartState ps
+    cdef Py_ssize_t off
+    if item & 1:
+        ps = <_PartState>slot.parts[(item >> 1) & ((1 << _LAZY_PART_BITS) - 1)]
+        off = <Py_ssize_t>(item >> _LAZY_OFFSET_SHIFT)
+        return new_envelope(ps.system, ps.stream, ps.partition, off,
+                            ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
+    env = <Envelope><PyObject *>item  # new reference ...
     Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
     return env
 
@@ -222,6 +248,7 @@ cdef class LoopRunner:
     cdef bint _in_batch
     cdef object _fatal_error
     cdef bint _running
+    cdef uint32_t _input_buffer
 
     def __cinit__(self):
         self._loop = NULL
@@ -240,6 +267,7 @@ cdef class LoopRunner:
         cfg.ntasks = self._ntasks
         cfg.max_concurrency = config.max_concurrency
         cfg.input_buffer = config.input_buffer_size
+        self._input_buffer = cfg.input_buffer
         cfg.pool_size = config.thread_pool_size
         cfg.async_commit = 1 if config.async_commit else 0
         cfg.window_ns = <int64_t>config.window_ms * 1000000
@@ -320,7 +348,7 @@ cdef class LoopRunner:
                     else:
                         self._run_sync(slot, op.task, <const uint64_t *><uintptr_t>op.item, op.count)
                 elif op.kind == capi.TR_OP_PROCESS:
-                    env = _take_item(op.item)
+                    env = _take_item(op.item, slot)
                     if not slot.is_async:
                         coord = slot.coordinator
                         try:
@@ -345,7 +373,7 @@ cdef class LoopRunner:
                                 break
                             if not cb._inline or not capi.tr_loop_next_of_task(loop, op.task, &op):
                                 break
-                            env = _take_item(op.item)
+                            env = _take_item(op.item, slot)
                 elif op.kind == capi.TR_OP_REFILL:
                     self._refill(slot, op.task, op.partition, <Py_ssize_t>op.handle)
                 else:
@@ -379,7 +407,7 @@ cdef class LoopRunner:
         collector = slot.collector
         try:
             while consumed < n:
-                env = _take_item(items[consumed])
+                env = _take_item(items[consumed], slot)
                 consumed += 1
                 try:
                     process(env, collector, coord)
@@ -422,7 +450,7 @@ cdef class LoopRunner:
         collector = slot.collector
         try:
             while consumed < n:
-                env = _take_item(items[consumed])
+                env = _take_item(items[consumed], slot)
                 consumed += 1
                 cb = self._new_callback(env, t)
                 cb._rstate = RUN_PENDING
@@ -475,10 +503,12 @@ cdef class LoopRunner:
         cdef Coordinator coord
         cdef int req
         while capi.tr_loop_pool_next(loop, worker, &op):
-            env = _take_item(op.item)
-            if op.flags & capi.TR_OPF_DISCARD:
-                continue  # the loop stopped: only the pin is dropped (with env)
             slot = <_TaskSlot>self._slotv[op.task]
+            if op.flags & capi.TR_OPF_DISCARD:
+                if not op.item & 1:  # the loop stopped: only the pin is dropped
+                    Py_DECREF(<object><PyObject *>op.item)
+                continue
+            env = _take_item(op.item, slot)
             coord = Coordinator.__new__(Coordinator) if slot.pooled_concurrent else slot.coordinator
             try:
                 slot.process(env, slot.collector, coord)
@@ -536,7 +566,13 @@ cdef class LoopRunner:
 
     cdef int _refill_range(self, _PartState ps, uint32_t t, uint32_t p,
                            Py_ssize_t free_slots) except -1:
-        """_refill for a reader with _tailrace_poll_range: envelopes straight into the ring."""
+        """_refill for a reader with _tailrace_poll_range (docs/native-fast-paths.md).
+
+        While the reader keeps returning the lists it returned first, the ring
+        gets lazy items (offset << 21 | partition index << 1 | 1) and no
+        envelope: _take_item builds it at dispatch. Otherwise envelopes are
+        built straight into the ring.
+        """
         cdef uint64_t items[256]
         cdef uint64_t handles[256]
         cdef Py_ssize_t start, end, i, j, m
@@ -550,6 +586,28 @@ cdef class LoopRunner:
         if end - start > free_slots or start < 0 or end >= _INT_HANDLE_LIMIT:
             raise RuntimeError(f"reader of {ps.ssp} returned offsets {start}..{end - 1}, "
                                f"asked for at most {free_slots}")
+        if ps.range_messages is None and type(messages) is list and (keys is None or type(keys) is list):
+            ps.range_messages = messages
+            ps.range_keys = keys
+            ps.range_keyed = keys is not None
+            # a lazy item is 16 bytes in the ring and no object: buffer a whole input buffer
+            check(capi.tr_loop_partition_fill(self._loop, t, p, self._input_buffer), "partition fill")
+        if (messages is ps.range_messages and (keys is ps.range_keys)
+                and end <= _LAZY_OFFSET_LIMIT and p < (1 << _LAZY_PART_BITS)
+                and len(<list>messages) >= end and (keys is None or len(<list>keys) >= end)):
+            # lazy items: the envelopes are built at dispatch (_take_item)
+            i = start
+            while i < end:
+                m = end - i if end - i < 256 else 256
+                for j in range(m):
+                    items[j] = ((<uint64_t>(i + j)) << _LAZY_OFFSET_SHIFT) | ((<uint64_t>p) << 1) | 1
+                    handles[j] = (<uint64_t>(i + j)) << 1
+                check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
+                      f"input ring of {ps.ssp}")
+                i += m
+            ps.read_n += end - start
+            ps.newest_read = end - 1
+            return 0
         i = start
         while i < end:
             m = end - i if end - i < 256 else 256
@@ -599,7 +657,8 @@ cdef class LoopRunner:
             if n == 0:
                 break
             for i in range(n):
-                Py_DECREF(<object><PyObject *>items[i])
+                if not items[i] & 1:  # lazy items pin nothing
+                    Py_DECREF(<object><PyObject *>items[i])
 
     # -- any thread -----------------------------------------------------------
     cdef _resolve(self, Callback cb, object exc):

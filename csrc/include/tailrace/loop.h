@@ -232,6 +232,12 @@ tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
                               const uint64_t *items, const uint64_t *handles, size_t n);
 /* Loop thread, inside run_batch: TR_PART_IDLE or TR_PART_ENDED after a poll. */
 void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state);
+/* Loop thread, inside run_batch: refill this partition up to `fill` items from now on
+ * (clamped to 1..input_buffer). The loop starts every partition at a share of a
+ * global budget so that many partitions do not keep many buffered objects cold;
+ * a source whose buffered items cost nothing (no object per item) raises it to
+ * the input buffer and is polled less often. TR_EINVAL for an unknown partition. */
+tr_status tr_loop_partition_fill(tr_loop *loop, uint32_t task, uint32_t partition, uint32_t fill);
 /* Loop thread, inside run_batch: the WINDOW/COMMIT/TIMER/END_OF_STREAM op of
  * `task` has finished; `requests` are its coordinator's TR_REQ_* bits. */
 void tr_loop_control_done(tr_loop *loop, uint32_t task, uint32_t requests);
