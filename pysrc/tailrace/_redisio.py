@@ -377,12 +377,14 @@ class RespConnection:
             except OSError:  # pragma: no cover - closing never matters here
                 pass
 
-    def send_packed_command(self, data: bytes) -> None:
-        """Write one or more encoded commands (connecting first if needed)."""
+    def send_packed_command(self, data: bytes | list[bytes]) -> None:
+        """Write encoded commands: bytes, or a list of bytes as redis-py's connections
+        take them (connecting first if needed)."""
         self.connect()
         assert self._sock is not None
         try:
-            self._sock.sendall(data)
+            for part in [data] if isinstance(data, (bytes, bytearray)) else data:
+                self._sock.sendall(part)
         except TimeoutError as e:
             self.disconnect()
             raise _redis().exceptions.TimeoutError(f"Timeout writing to {self.where()}") from e

@@ -355,3 +355,48 @@ def test_the_fast_path_over_tcp_writes_and_reads_what_redis_py_sees(tmp_path: Pa
         system.close()
     finally:
         server.kill()
+
+
+def test_a_standalone_client_redis_py_must_serve_takes_the_redis_py_path_with_the_same_results(
+    tmp_path: Path,
+) -> None:
+    # a credential provider (like TLS) keeps the fetcher and the producer on redis-py's
+    # connections; the batch encoding, the decoding and the results are the same
+    import redis
+
+    server = RedisServer(tmp_path / "cred").start()
+    try:
+        with server.client() as c:
+            c.config_set("requirepass", "s3cret")
+        provider = redis.UsernamePasswordCredentialProvider(password="s3cret")
+        client = redis.Redis(unix_socket_path=server.sock, credential_provider=provider)
+        system = RedisSystem("redis", server.url, codec="json", output_partitions=2, batch=5, client=client)
+        assert RespConnection.usable_for(client) is None
+        system.create_stream("in", 2)
+        producer = system.producer()
+        for i in range(12):
+            producer.send("in", i % 2, None if i % 3 else f"k{i}", {"i": i})
+        producer.close()
+        assert producer.sent == 12
+        system.end_stream("in")
+        readers = [system.reader(SystemStreamPartition("redis", "in", p)) for p in range(2)]
+        woken = threading.Event()
+        for r in readers:
+            r.start(None, woken.set)
+        got: dict[int, list[Any]] = {0: [], 1: []}
+        deadline = time.monotonic() + 10
+        while not all(r.at_end() for r in readers) and time.monotonic() < deadline:
+            for p, r in enumerate(readers):
+                got[p] += r.poll(100)
+            woken.wait(0.05)
+            woken.clear()
+        for r in readers:
+            r.close()
+        for p in range(2):
+            assert [(e.key, e.message) for e in got[p]] == [
+                (None if i % 3 else f"k{i}", {"i": i}) for i in range(p, 12, 2)
+            ]
+        system.close()
+        client.close()
+    finally:
+        server.kill()

@@ -449,7 +449,7 @@ class _RedisProducer(Producer):
             conn = self._connection()
             self._inflight = (cmd, entries)
             try:
-                conn.send_packed_command(cmd)
+                conn.send_packed_command([cmd])  # a list: what redis-py's connections take
             except connection_errors():
                 conn.disconnect()
                 self._resend = True  # _settle writes it again, with retries
@@ -485,14 +485,14 @@ class _RedisProducer(Producer):
         errors = _redis_module().exceptions
         try:
             if self._resend:
-                conn.send_packed_command(cmd)
+                conn.send_packed_command([cmd])  # a list: what redis-py's connections take
                 self._resend = False
             try:
                 conn.read_response()
             except errors.NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH)
                 conn.send_command("SCRIPT", "LOAD", self._script.script)
                 conn.read_response()
-                conn.send_packed_command(cmd)
+                conn.send_packed_command([cmd])  # a list: what redis-py's connections take
                 conn.read_response()
         except errors.ResponseError:
             # Refused by Redis (say WRONGTYPE): raised now, not retried in a loop, and
