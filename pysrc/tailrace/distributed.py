@@ -249,7 +249,8 @@ class Member:
                     log.warning("member %s: heartbeat failed (%r)", self.id, e)
                 continue
             except Exception:  # keep heartbeating; a dead heartbeat thread would lose leases
-                log.exception("member %s: heartbeat failed", self.id)
+                if beat:  # (the looks in between stay quiet: 10 a second would flood the log)
+                    log.exception("member %s: heartbeat failed", self.id)
                 continue
             with self._state_lock:
                 changed = members != self._members
