@@ -61,6 +61,11 @@ class ProtocolError(ValueError):
     """Bytes that are not a RESP2 reply."""
 
 
+cdef inline bytes _type_byte(char t):
+    """A reply's type byte as bytes (for messages; char is signed, a byte may be >= 0x80)."""
+    return PyBytes_FromStringAndSize(&t, 1)
+
+
 cdef inline Py_ssize_t _find_crlf(const char* buf, Py_ssize_t pos, Py_ssize_t end) noexcept:
     """Index of the '\\r' of the first CRLF at or after pos, or -1 if not all there yet."""
     cdef const char* p
@@ -223,7 +228,7 @@ cdef class Replies:
                 pos = eol + 2
                 self._left[self._depth - 1] -= 1
             else:
-                raise ProtocolError(f"unexpected reply type byte {bytes([t])!r}")
+                raise ProtocolError(f"unexpected reply type byte {_type_byte(t)!r}")
         self._pos = pos
         if self._depth == 0:
             self._done = pos
@@ -375,7 +380,7 @@ cdef class Replies:
         cdef Py_ssize_t pos = at[0], nxt
         cdef long long n
         if buf[pos] != c'*':
-            raise ProtocolError(f"expected an array in an XREAD reply, got type {bytes([buf[pos]])!r}")
+            raise ProtocolError(f"expected an array in an XREAD reply, got type {_type_byte(buf[pos])!r}")
         nxt = _int_line(buf, pos + 1, self._done, &n)
         if nxt < 0:
             raise ProtocolError("a reply cut short")
@@ -386,7 +391,7 @@ cdef class Replies:
         cdef Py_ssize_t pos = at[0], nxt
         cdef long long n
         if buf[pos] != c'$':
-            raise ProtocolError(f"expected a bulk string in an XREAD reply, got type {bytes([buf[pos]])!r}")
+            raise ProtocolError(f"expected a bulk string in an XREAD reply, got type {_type_byte(buf[pos])!r}")
         nxt = _int_line(buf, pos + 1, self._done, &n)
         if nxt < 0:
             raise ProtocolError("a reply cut short")
