@@ -380,7 +380,7 @@ cdef class Replies:
         cdef Py_ssize_t pos = at[0], nxt
         cdef long long n
         if buf[pos] != c'*':
-            raise ProtocolError(f"expected an array in an XREAD reply, got type {_type_byte(buf[pos])!r}")
+            raise ProtocolError(f"expected an array in an XREAD reply, got {_type_byte(buf[pos])!r}")
         nxt = _int_line(buf, pos + 1, self._done, &n)
         if nxt < 0:
             raise ProtocolError("a reply cut short")
@@ -391,7 +391,7 @@ cdef class Replies:
         cdef Py_ssize_t pos = at[0], nxt
         cdef long long n
         if buf[pos] != c'$':
-            raise ProtocolError(f"expected a bulk string in an XREAD reply, got type {_type_byte(buf[pos])!r}")
+            raise ProtocolError(f"expected a bulk string in an XREAD reply, got {_type_byte(buf[pos])!r}")
         nxt = _int_line(buf, pos + 1, self._done, &n)
         if nxt < 0:
             raise ProtocolError("a reply cut short")
