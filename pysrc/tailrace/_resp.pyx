@@ -376,30 +376,28 @@ cdef class Replies:
         at[0] = pos
         return out
 
-    cdef long long _array(self, const char* buf, Py_ssize_t* at) except? -9:
+    cdef long long _header(self, const char* buf, Py_ssize_t* at, char kind, str what) except? -9:
+        """The count of an XREAD reply's array or bulk string header at at[0]; at[0] moves past it."""
         cdef Py_ssize_t pos = at[0], nxt
         cdef long long n
-        if buf[pos] != c'*':
-            raise ProtocolError(f"expected an array in an XREAD reply, got {_type_byte(buf[pos])!r}")
+        if buf[pos] != kind:
+            raise ProtocolError(f"expected {what} in an XREAD reply, got {_type_byte(buf[pos])!r}")
         nxt = _int_line(buf, pos + 1, self._done, &n)
         if nxt < 0:
             raise ProtocolError("a reply cut short")
         at[0] = nxt
         return n
 
+    cdef long long _array(self, const char* buf, Py_ssize_t* at) except? -9:
+        return self._header(buf, at, c'*', "an array")
+
     cdef int _bulk(self, const char* buf, Py_ssize_t* at, Py_ssize_t* start, Py_ssize_t* size) except -1:
-        cdef Py_ssize_t pos = at[0], nxt
-        cdef long long n
-        if buf[pos] != c'$':
-            raise ProtocolError(f"expected a bulk string in an XREAD reply, got {_type_byte(buf[pos])!r}")
-        nxt = _int_line(buf, pos + 1, self._done, &n)
-        if nxt < 0:
-            raise ProtocolError("a reply cut short")
+        cdef long long n = self._header(buf, at, c'$', "a bulk string")
         if n < 0:
             raise ProtocolError("a nil bulk string in an XREAD entry")
-        start[0] = nxt
+        start[0] = at[0]
         size[0] = n
-        at[0] = nxt + n + 2
+        at[0] += n + 2
         return 0
 
     cdef object _bulk_bytes(self, const char* buf, Py_ssize_t* at):
