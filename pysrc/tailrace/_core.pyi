@@ -1,8 +1,9 @@
 """Type stubs for the compiled core (tailrace._core)."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .systems.base import Producer
 from .types import Scope, SystemStreamPartition
 
 COMMIT_CURRENT: int
@@ -57,6 +58,13 @@ def make_envelopes(
     messages: Sequence[Any],
     keys: Sequence[Any] | None = None,
 ) -> list[Envelope]: ...
+def key_partition(key: Any, partitions: int) -> int: ...
+
+class Collector:
+    @property
+    def sent(self) -> int: ...
+    def __init__(self, producers: Mapping[str, Producer], default_system: str | None = None) -> None: ...
+    def send(self, stream: str, message: Any, key: Any = None, partition: int | None = None) -> None: ...
 
 class Coordinator:
     _requests: int

@@ -5,6 +5,7 @@
 Assembled from fragments, one concern each (uvloop style):
   _status.pxi      the one error checker (C status -> exceptions in errors.py)
   _types.pxi       Envelope and Coordinator (made once per message, so compiled)
+  _collector.pxi   Collector (send is called once per emitted message)
   _primitives.pxi  Python wrappers of the C queue, sequencer and watermark
   _loop.pxi        the C dispatch loop binding: trampolines, Callback, LoopRunner
 """
@@ -18,6 +19,7 @@ from tailrace cimport _capi as capi
 
 include "_status.pxi"
 include "_types.pxi"
+include "_collector.pxi"
 include "_primitives.pxi"
 include "_aio.pxi"
 include "_loop.pxi"
