@@ -512,8 +512,8 @@ cdef class _Dest:
         self.cap = cap
         return 0
 
-    cdef int put(self, const char* p, Py_ssize_t n) except -1:
-        """Append one bulk string ($n CRLF p CRLF)."""
+    cdef int bulk_header(self, Py_ssize_t n) except -1:
+        """Append "$n CRLF" and make room for the n bytes and the CRLF after it."""
         cdef char tmp[27]
         cdef int d = _digits(tmp, n)
         self.reserve(d + 3 + n + 2)
@@ -522,6 +522,11 @@ cdef class _Dest:
         tmp[25] = c'\n'
         memcpy(self.data + self.size, tmp + 24 - d - 1, d + 3)
         self.size += d + 3
+        return 0
+
+    cdef int put(self, const char* p, Py_ssize_t n) except -1:
+        """Append one bulk string ($n CRLF p CRLF)."""
+        self.bulk_header(n)
         memcpy(self.data + self.size, p, n)
         self.size += n
         self.data[self.size] = c'\r'
@@ -703,14 +708,7 @@ cdef class Batch:
 
 cdef int _put_prefixed(_Dest d, char prefix, const char* p, Py_ssize_t n) except -1:
     """Append one bulk string: the byte prefix, then p[0:n]."""
-    cdef char tmp[27]
-    cdef int dg = _digits(tmp, n + 1)
-    d.reserve(dg + 3 + n + 3)
-    tmp[24 - dg - 1] = c'$'
-    tmp[24] = c'\r'
-    tmp[25] = c'\n'
-    memcpy(d.data + d.size, tmp + 24 - dg - 1, dg + 3)
-    d.size += dg + 3
+    d.bulk_header(n + 1)
     d.data[d.size] = prefix
     d.size += 1
     memcpy(d.data + d.size, p, n)
