@@ -1650,18 +1650,24 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     maybe_control(L, t);
 }
 
-tr_status tr_loop_complete(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
+/* Any thread: resolve seq in the task's sequencer, then hand the completion to
+ * the loop through the completion queue (the push notifies a parked loop). */
+static tr_status complete_remote(tr_loop *L, uint32_t t, uint64_t seq, uint32_t flags) {
     if (t >= L->cfg.ntasks)
         return TR_EINVAL;
-    tr_status st = tr_sequencer_complete(L->tasks[t].seq, seq, seq_flags(requests));
+    tr_status st = tr_sequencer_complete(L->tasks[t].seq, seq, flags);
     if (st != TR_OK)
         return st;
     tr_item it = {((uint64_t)CQ_DONE << CQ_KIND_SHIFT) | t, seq};
     /* capacity covers every outstanding seq, so this only spins if the bound
-     * analysis in tr_loop_create were wrong; the push notifies the loop */
+     * analysis in tr_loop_create were wrong */
     while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
         tr_cpu_relax();
     return TR_OK;
+}
+
+tr_status tr_loop_complete(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
+    return complete_remote(L, t, seq, seq_flags(requests));
 }
 
 tr_status tr_loop_complete_local(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
@@ -1679,15 +1685,7 @@ tr_status tr_loop_complete_local(tr_loop *L, uint32_t t, uint64_t seq, uint32_t 
 }
 
 tr_status tr_loop_fail(tr_loop *L, uint32_t t, uint64_t seq) {
-    if (t >= L->cfg.ntasks)
-        return TR_EINVAL;
-    tr_status st = tr_sequencer_complete(L->tasks[t].seq, seq, TR_SEQ_FAILED);
-    if (st != TR_OK)
-        return st;
-    tr_item it = {((uint64_t)CQ_DONE << CQ_KIND_SHIFT) | t, seq};
-    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
-        tr_cpu_relax();
-    return TR_OK;
+    return complete_remote(L, t, seq, TR_SEQ_FAILED);
 }
 
 tr_status tr_loop_post_error(tr_loop *L, uint64_t error) {
