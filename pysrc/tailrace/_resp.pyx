@@ -583,7 +583,12 @@ cdef class Batch:
         self._on_full = on_full
 
     cdef int _acquire(self) except -1:
-        """Take the lock; waiting (GIL released) stays interruptible by signals."""
+        """Take the lock; waiting (GIL released) stays interruptible by signals.
+
+        The GIL must be released while waiting: the holder needs it to finish
+        (on_full writes to a socket in Python). The lock itself orders the
+        batch's state between threads; nothing here is read without it.
+        """
         cdef PyLockStatus got
         if PyThread_acquire_lock(self._lock, 0):
             return 0
