@@ -42,7 +42,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from tailrace import AsyncStreamTask, Container, MemorySystem, StreamTask  # noqa: E402
-from tailrace.checkpoint.base import MemoryCheckpointStore  # noqa: E402
+from tailrace.memory import MemoryCheckpointStore  # noqa: E402
 from tailrace.types import SystemStreamPartition  # noqa: E402
 
 SYSTEM = "mem"

@@ -68,7 +68,7 @@ class Server:
 
 
 def fill(url: str, partitions: int, per_partition: int) -> None:
-    from tailrace.systems.redis import RedisSystem
+    from tailrace.redis.system import RedisSystem
 
     system = RedisSystem("redis", url, codec="str")
     system.client.flushdb()
@@ -109,7 +109,7 @@ def raw_baselines(server: Server, partitions: int, per_partition: int, batch: in
                     pipe.xadd(key, {"m": "x" * 100})
                 pipe.execute()
 
-    from tailrace._redisio import XADD_BATCH
+    from tailrace.redis._io import XADD_BATCH
 
     script = client.register_script(XADD_BATCH)
 
@@ -254,8 +254,8 @@ def member(spec_json: str, stats_path: str | None = None) -> None:
     import logging
 
     from tailrace import StreamTask
-    from tailrace.distributed import MemberSpec, run_member
-    from tailrace.systems.redis import RedisSystem
+    from tailrace.redis.membership import MemberSpec, run_member
+    from tailrace.redis.system import RedisSystem
 
     logging.basicConfig(level=logging.WARNING)
     spec = json.loads(spec_json)

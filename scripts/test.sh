@@ -37,7 +37,7 @@ ruff check .
 ruff format --check .
 mypy
 find csrc bench/c -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run -Werror
-cython-lint --max-line-length 110 pysrc/tailrace/*.pyx pysrc/tailrace/*.pxi pysrc/tailrace/*.pxd
+cython-lint --max-line-length 110 pysrc/tailrace/*.pyx pysrc/tailrace/redis/*.pyx pysrc/tailrace/*.pxi pysrc/tailrace/*.pxd
 
 step "C tests: plain, ThreadSanitizer, ASan+UBSan"
 bash scripts/c_tests.sh

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 try:
     from . import _core  # noqa: F401 - fail early with a clear message
 except ImportError as _e:  # pragma: no cover - exercised only on broken installs
@@ -16,7 +18,6 @@ except ImportError as _e:  # pragma: no cover - exercised only on broken install
 
 from ._core import Coordinator, Envelope
 from .api import AsyncStreamTask, Callback, Collector, StreamTask, TaskContext
-from .checkpoint import CheckpointStore, MemoryCheckpointStore
 from .config import Config, parse_config
 from .container import Container
 from .errors import (
@@ -29,8 +30,11 @@ from .errors import (
     TailraceError,
     TaskError,
 )
+from .files import FileSystem
+from .interfaces import CheckpointStore, PartitionReader, Producer, System
+from .memory import MemoryCheckpointStore, MemorySystem
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
-from .systems import MemorySystem, PartitionReader, Producer, System
+from .sqlite import SqliteCheckpointStore
 from .types import Scope, SystemStream, SystemStreamPartition
 
 __version__ = "0.1.0"
@@ -50,13 +54,17 @@ __all__ = [
     "Coordinator",
     "CoreError",
     "Envelope",
+    "FileSystem",
     "InputError",
     "MemoryCheckpointStore",
     "MemorySystem",
     "PartitionReader",
     "Producer",
+    "RedisCheckpointStore",
+    "RedisSystem",
     "RunResult",
     "Scope",
+    "SqliteCheckpointStore",
     "StreamTask",
     "System",
     "SystemStream",
@@ -67,3 +75,12 @@ __all__ = [
     "TaskMetrics",
     "parse_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the Redis backend is imported on first use: it needs the redis extra
+    if name in ("RedisSystem", "RedisCheckpointStore"):
+        from . import redis
+
+        return getattr(redis, name)
+    raise AttributeError(f"module 'tailrace' has no attribute {name!r}")

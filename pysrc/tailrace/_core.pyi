@@ -3,7 +3,7 @@
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .systems.base import Producer
+from .interfaces import Producer
 from .types import Scope, SystemStreamPartition
 
 COMMIT_CURRENT: int

@@ -218,8 +218,8 @@ def _is_distributed(spec: JobSpec) -> bool:
 
 
 def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
-    """Checkpoints in Redis: run as a member of the job (see tailrace.distributed)."""
-    from .distributed import run_cli
+    """Checkpoints in Redis: run as a member of the job (see tailrace.redis.membership)."""
+    from .redis.membership import run_cli
 
     argv = [sys.executable, "-m", "tailrace", "--log-level", args.log_level, "run", args.job, "--no-progress"]
     if args.engine:

@@ -17,12 +17,12 @@ from typing import Any, Protocol
 
 from .aio import AsyncioRunner, AsyncioTask
 from .api import TaskContext, TimerService, task_kind
-from .checkpoint.base import CheckpointStore, MemoryCheckpointStore
 from .collector import Collector
 from .config import Config, parse_config
 from .errors import ConfigError, InputError
+from .interfaces import CheckpointStore, PartitionReader, Producer, System
+from .memory import MemoryCheckpointStore
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
-from .systems.base import PartitionReader, Producer, System
 from .types import Offset, SystemStreamPartition, parse_system_stream
 
 log = logging.getLogger("tailrace")

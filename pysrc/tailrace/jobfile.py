@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint.base import CheckpointStore, MemoryCheckpointStore
 from .config import KEYS, Config, parse_config
 from .container import ENGINES, Container, load_engine
 from .errors import ConfigError
-from .systems.base import System
+from .interfaces import CheckpointStore, System
 
 JOB_FILE = "job.toml"
 DEFAULT_CHECKPOINTS = "state/checkpoints.db"
@@ -52,13 +51,13 @@ _PATH_OPTIONS = ("path", "output_path")  # options resolved relative to the job 
 
 
 def _file_system(name: str, options: dict[str, Any]) -> System:
-    from .systems.file import FileSystem
+    from .files import FileSystem
 
     return FileSystem(name, **options)
 
 
 def _memory_system(name: str, options: dict[str, Any]) -> System:
-    from .systems.memory import MemorySystem
+    from .memory import MemorySystem
 
     return MemorySystem(name, **options)
 
@@ -69,7 +68,7 @@ def _import_target(target: str) -> Callable[..., Any]:
 
 
 def _redis_system(name: str, options: dict[str, Any]) -> System:
-    return _import_target("tailrace.systems.redis:RedisSystem")(name, **options)
+    return _import_target("tailrace.redis:RedisSystem")(name, **options)
 
 
 SYSTEM_TYPES: dict[str, Callable[[str, dict[str, Any]], System]] = {
@@ -80,17 +79,19 @@ SYSTEM_TYPES: dict[str, Callable[[str, dict[str, Any]], System]] = {
 
 
 def _sqlite_store(options: dict[str, Any]) -> CheckpointStore:
-    from .checkpoint.sqlite import SqliteCheckpointStore
+    from .sqlite import SqliteCheckpointStore
 
     return SqliteCheckpointStore(**options)
 
 
 def _memory_store(options: dict[str, Any]) -> CheckpointStore:
+    from .memory import MemoryCheckpointStore
+
     return MemoryCheckpointStore(**options)
 
 
 def _redis_store(options: dict[str, Any]) -> CheckpointStore:
-    return _import_target("tailrace.checkpoint.redis:RedisCheckpointStore")(**options)
+    return _import_target("tailrace.redis:RedisCheckpointStore")(**options)
 
 
 STORE_TYPES: dict[str, Callable[[dict[str, Any]], CheckpointStore]] = {

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tailrace.checkpoint.sqlite import SqliteCheckpointStore
-from tailrace.systems.file import write_stream
+from tailrace.files import write_stream
+from tailrace.sqlite import SqliteCheckpointStore
 
 CHECKER = Path(__file__).with_name("checker.py")
 JOB = "checker"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tailrace.config import KEYS
-from tailrace.systems.file import read_stream
+from tailrace.files import read_stream
 
 from .conftest import EXAMPLES, run_cli, tailrace_cmd
 

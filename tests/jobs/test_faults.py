@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tailrace.checkpoint.sqlite import connect, lock_path
+from tailrace.sqlite import connect, lock_path
 
 from .faults import CheckerJob, kill_trial, verify, wait_exit
 

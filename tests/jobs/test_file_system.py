@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tailrace.errors import ConfigError, InputError
-from tailrace.systems.file import FileReader, FileSystem, read_stream, write_stream
+from tailrace.files import FileReader, FileSystem, read_stream, write_stream
 from tailrace.types import SystemStreamPartition
 
 SSP0 = SystemStreamPartition("files", "s", 0)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tailrace import Container, MemorySystem, StreamTask
-from tailrace.checkpoint.base import MemoryCheckpointStore
+from tailrace.memory import MemoryCheckpointStore
 from tailrace.types import SystemStreamPartition as SSP
 
 A0 = SSP("mem", "a", 0)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tailrace.checkpoint.sqlite import SqliteCheckpointStore, connect
 from tailrace.errors import CheckpointError
+from tailrace.sqlite import SqliteCheckpointStore, connect
 from tailrace.types import SystemStreamPartition as SSP
 
 A0 = SSP("files", "a", 0)
@@ -74,7 +74,7 @@ def test_a_killed_holder_does_not_block_the_next_container(tmp_path: Path) -> No
     code = textwrap.dedent(
         f"""
         import sys, time
-        from tailrace.checkpoint.sqlite import SqliteCheckpointStore
+        from tailrace.sqlite import SqliteCheckpointStore
         s = SqliteCheckpointStore({str(db)!r}); s.open("job")
         print("locked", flush=True); time.sleep(60)
         """

@@ -17,7 +17,7 @@ import pytest
 
 from tailrace import AsyncStreamTask, Container, StreamTask, TaskError
 from tailrace._core import Envelope
-from tailrace.systems.base import PartitionReader, Producer, System
+from tailrace.interfaces import PartitionReader, Producer, System
 from tailrace.types import Offset, SystemStreamPartition
 
 

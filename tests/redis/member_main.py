@@ -16,8 +16,8 @@ from dataclasses import asdict
 from typing import Any
 
 from tailrace import StreamTask
-from tailrace.distributed import MemberSpec, run_member
-from tailrace.systems.redis import RedisSystem
+from tailrace.redis.membership import MemberSpec, run_member
+from tailrace.redis.system import RedisSystem
 
 MEMBER = f"m{os.getpid()}"
 

@@ -10,10 +10,10 @@ import pytest
 from redis_support import RedisServer
 
 from tailrace import CheckpointError, Container, InputError, StreamTask, SystemStreamPartition
-from tailrace.checkpoint.redis import Leases, RedisCheckpointStore
-from tailrace.distributed import MemberSpec, run_member
 from tailrace.errors import FencedError
-from tailrace.systems.redis import RedisSystem
+from tailrace.redis.checkpoint import Leases, RedisCheckpointStore
+from tailrace.redis.membership import MemberSpec, run_member
+from tailrace.redis.system import RedisSystem
 
 SSP0 = SystemStreamPartition("redis", "in", 0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from redis_support import RedisServer
 
-from tailrace.systems.redis import RedisSystem
+from tailrace.redis.system import RedisSystem
 
 TASK = """
 from tailrace import StreamTask

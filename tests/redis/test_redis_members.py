@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from redis_support import REDIS_CLI, RedisClusterNodes, RedisServer, spawn_member
 
-from tailrace._redisio import entry_id
-from tailrace.distributed import wait_for
-from tailrace.systems.redis import RedisSystem
+from tailrace.redis._io import entry_id
+from tailrace.redis.membership import wait_for
+from tailrace.redis.system import RedisSystem
 
 P = 8
 
@@ -272,7 +272,7 @@ def test_two_members_on_a_three_node_redis_cluster(tmp_path: Path) -> None:
 def test_run_local_containers_starts_n_members(redis_server: RedisServer, tmp_path: Path) -> None:
     from redis_support import MEMBER_MAIN
 
-    from tailrace.distributed import run_local_containers
+    from tailrace.redis.membership import run_local_containers
 
     system = setup_streams(redis_server.url)
     fill(system, 0, 50, end=True)
@@ -314,7 +314,7 @@ def test_a_join_and_a_graceful_leave_are_acted_on_between_heartbeats(redis_serve
     # heartbeats every 60 s: none falls inside this test, so every hand-over below
     # comes from the membership watch between heartbeats (Member.WATCH_S)
     from tailrace import StreamTask
-    from tailrace.distributed import Member, MemberSpec
+    from tailrace.redis.membership import Member, MemberSpec
 
     system = setup_streams(redis_server.url)
 

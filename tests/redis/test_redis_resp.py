@@ -1,4 +1,4 @@
-"""The RESP2 fast path (tailrace._resp, RespConnection) against a real redis-server.
+"""The RESP2 fast path (tailrace.redis._resp, RespConnection) against a real redis-server.
 
 Every XREAD reply decoded from raw socket bytes must equal what redis-py's own
 parsing gives (the path the cluster and TLS still take), whatever the reply's
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from redis_support import RedisServer, free_port
 
-from tailrace import _resp
-from tailrace._redisio import RespConnection
-from tailrace.systems.redis import _KINDS, RedisSystem, _decode_reply, _decoder
+from tailrace.redis import _resp
+from tailrace.redis._io import RespConnection
+from tailrace.redis.system import _KINDS, RedisSystem, _decode_reply, _decoder
 from tailrace.types import SystemStreamPartition
 
 

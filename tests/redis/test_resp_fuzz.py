@@ -1,6 +1,6 @@
 """The compiled RESP2 codec against a reference parser, on generated and damaged bytes.
 
-``tailrace._resp.Replies`` scans bytes as they arrive (in any chunking) and
+``tailrace.redis._resp.Replies`` scans bytes as they arrive (in any chunking) and
 decodes complete replies with bounds checks turned off, so it is checked here
 without a server: every well-formed reply, cut into random chunks, decodes to
 what a plain Python RESP2 parser makes of it (generically, and as an XREAD reply
@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tailrace import _resp
+from tailrace.redis import _resp
 
 
 class _Chunks:

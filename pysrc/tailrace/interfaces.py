@@ -1,4 +1,5 @@
-"""The system interface: where input comes from and output goes.
+"""The interfaces every backend implements: systems (where input comes from and
+output goes) and checkpoint stores (where committed offsets are kept).
 
 A :class:`System` has a name and streams; each input stream has a fixed number of
 partitions. The engine owns a bounded buffer per partition (rule 6) and asks a
@@ -11,11 +12,11 @@ output buffer is full (rule 24).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._core import Envelope
-from ..types import Offset, SystemStreamPartition
+from ._core import Envelope
+from .types import Offset, SystemStreamPartition
 
 
 class PartitionReader(ABC):
@@ -90,3 +91,27 @@ class System(ABC):
 
     def close(self) -> None:
         """Release system-wide resources. Idempotent."""
+
+
+class CheckpointStore(ABC):
+    """Durable committed offsets of one job.
+
+    Called from the loop thread only (one container at a time per job and store:
+    ``open`` refuses a second one with CheckpointError).
+    """
+
+    @abstractmethod
+    def open(self, job_name: str) -> None:
+        """Claim the store for ``job_name``; CheckpointError if locked by another
+        container, corrupt or unreachable."""
+
+    @abstractmethod
+    def load(self, task_name: str) -> dict[SystemStreamPartition, Offset]:
+        """The last committed offsets of a task ({} if it never committed)."""
+
+    @abstractmethod
+    def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+        """Atomically record committed offsets of a task (partitions not named keep theirs)."""
+
+    def close(self) -> None:
+        """Release the claim. Idempotent."""

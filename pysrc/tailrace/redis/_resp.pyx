@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: freethreading_compatible=False
-"""tailrace._resp: the RESP2 codec of the Redis system's fast path (compiled).
+"""tailrace.redis._resp: the RESP2 codec of the Redis system's fast path (compiled).
 
 ``Replies`` holds the bytes received from one connection and cuts them into
 complete replies with a resumable scanner (a reply split over many reads is
@@ -13,7 +13,7 @@ few lists of atomic objects, which the garbage collector never traverses.
 
 ``Batch`` encodes a producer's entries as they are sent, per destination
 stream, as RESP arguments in growing C buffers; ``take()`` joins them into one
-``EVALSHA`` command of the ``XADD_BATCH`` script (see tailrace._redisio).
+``EVALSHA`` command of the ``XADD_BATCH`` script (see tailrace.redis._io).
 ``pack()`` encodes any other command.
 """
 

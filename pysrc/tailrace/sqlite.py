@@ -28,11 +28,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
-from ..types import Offset, SystemStreamPartition
-from .base import CheckpointStore
+from .errors import CheckpointError
+from .interfaces import CheckpointStore
+from .types import Offset, SystemStreamPartition
 
-log = logging.getLogger("tailrace.checkpoint.sqlite")
+log = logging.getLogger("tailrace.sqlite")
 
 SCHEMA_VERSION = 1
 

@@ -24,10 +24,10 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
 from ..errors import CheckpointError, ConfigError, FencedError
+from ..interfaces import CheckpointStore
 from ..types import Offset, SystemStreamPartition
-from .base import CheckpointStore
+from ._io import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
 
 log = logging.getLogger("tailrace.redis")
 
@@ -190,7 +190,7 @@ class RedisCheckpointStore(CheckpointStore):
         if self._given is None and not self._inputs:
             raise CheckpointError(
                 "a Redis checkpoint store needs its partitions (leases= or inputs=); jobs with "
-                '[checkpoints] type = "redis" run through tailrace.distributed (tailrace run does this)'
+                '[checkpoints] type = "redis" run through tailrace.redis.membership (tailrace run does this)'
             )
         check(self.client, self.url, CheckpointError)
         self._job = job_name

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._core import make_envelopes
-from ..errors import InputError
-from ..types import Offset, SystemStreamPartition
-from .base import PartitionReader, Producer, System
+from ._core import make_envelopes
+from .errors import InputError
+from .interfaces import CheckpointStore, PartitionReader, Producer, System
+from .types import Offset, SystemStreamPartition
 
 
 class _LivePartition:
@@ -259,3 +259,51 @@ class MemorySystem(System):
         if not 0 <= partition < len(parts):
             raise IndexError(f"{self.name}.{stream} has no partition {partition}")
         return parts[partition]
+
+
+class MemoryCheckpointStore(CheckpointStore):
+    """Checkpoints in a dict; survives container restarts within one process.
+
+    ``history`` records the writes as (task, offsets), oldest first, so tests can
+    check the commit sequence. Bounded, so that long runs with frequent commits
+    do not grow: once ``history_limit`` writes (default 1000) were recorded it
+    holds at least the last ``history_limit`` and fewer than twice that (older
+    ones are dropped in chunks). None keeps every write, 0 none.
+    """
+
+    def __init__(self, history_limit: int | None = 1000) -> None:
+        if history_limit is not None and history_limit < 0:
+            raise ValueError(f"history_limit must be >= 0 or None, got {history_limit}")
+        self._data: dict[str, dict[str, dict[SystemStreamPartition, Offset]]] = {}
+        self._job: str | None = None
+        self.history_limit = history_limit
+        self.history: list[tuple[str, dict[SystemStreamPartition, Offset]]] = []
+
+    def open(self, job_name: str) -> None:
+        self._job = job_name
+        self._data.setdefault(job_name, {})
+
+    def _tasks(self) -> dict[str, dict[SystemStreamPartition, Offset]]:
+        if self._job is None:
+            raise RuntimeError("checkpoint store is not open")
+        return self._data[self._job]
+
+    def load(self, task_name: str) -> dict[SystemStreamPartition, Offset]:
+        return dict(self._tasks().get(task_name, {}))
+
+    def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+        self._tasks().setdefault(task_name, {}).update(offsets)
+        limit = self.history_limit
+        if limit is None or limit > 0:
+            history = self.history
+            history.append((task_name, dict(offsets)))
+            if limit is not None and len(history) >= 2 * limit:
+                del history[:limit]  # trimmed in chunks: amortised O(1) per write
+
+    def committed(self, job_name: str | None = None) -> dict[SystemStreamPartition, Offset]:
+        """Every committed offset of a job, across tasks."""
+        tasks = self._data.get(job_name or self._job or "", {})
+        return {ssp: off for offsets in tasks.values() for ssp, off in offsets.items()}
+
+    def close(self) -> None:
+        self._job = None

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger("tailrace.redis")
 
@@ -289,7 +289,7 @@ def _error_reply(message: str) -> BaseException:
 
 
 class RespConnection:
-    """One plain socket (TCP or unix) to a standalone Redis, replies decoded by ``tailrace._resp``.
+    """One plain socket (TCP or unix) to a standalone Redis, replies decoded by ``tailrace.redis._resp``.
 
     The fast path of the Redis system's fetcher and producer: the bytes of an
     ``XREAD`` reply go straight into the reader's lists and a producer's batch is

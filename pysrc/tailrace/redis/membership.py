@@ -6,7 +6,7 @@ and agree, without talking to each other, on a deterministic assignment:
 partition ``p`` belongs to the ``(p mod n)``-th live member (ids sorted). A
 member works on a partition only while it holds the partition's lease (``SET NX
 PX`` with a fencing token from ``INCR``, renewed every heartbeat); every
-checkpoint write checks that lease (see ``tailrace.checkpoint.redis``), so two
+checkpoint write checks that lease (see ``tailrace.redis.checkpoint``), so two
 containers never commit for the same partition, and a container that lost a
 lease (crash, pause, network split) can never commit for it again.
 
@@ -40,15 +40,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ._redisio import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, retrying, text
-from .checkpoint.redis import Leases, RedisCheckpointStore
-from .config import parse_config
-from .container import Container
-from .errors import CheckpointError, ConfigError, FencedError, TailraceError
-from .systems.base import System
-from .types import SystemStreamPartition, parse_system_stream
+from ..config import parse_config
+from ..container import Container
+from ..errors import CheckpointError, ConfigError, FencedError, TailraceError
+from ..interfaces import System
+from ..types import SystemStreamPartition, parse_system_stream
+from ._io import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, retrying, text
+from .checkpoint import Leases, RedisCheckpointStore
 
-log = logging.getLogger("tailrace.distributed")
+log = logging.getLogger("tailrace.redis.membership")
 
 
 @dataclass

@@ -40,12 +40,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .._core import Envelope
-from ..errors import ConfigError, InputError
-from ..types import Offset, SystemStreamPartition
-from .base import PartitionReader, Producer, System
+from ._core import Envelope
+from .errors import ConfigError, InputError
+from .interfaces import PartitionReader, Producer, System
+from .types import Offset, SystemStreamPartition
 
-log = logging.getLogger("tailrace.systems.file")
+log = logging.getLogger("tailrace.files")
 
 FORMATS = {".jsonl": "jsonl", ".txt": "text"}
 _PARTITION_FILE = re.compile(r"^partition-(0|[1-9][0-9]*)(\.jsonl|\.txt)$")

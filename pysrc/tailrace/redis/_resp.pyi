@@ -1,4 +1,4 @@
-"""Type stubs for the compiled RESP2 codec (tailrace._resp)."""
+"""Type stubs for the compiled RESP2 codec (tailrace.redis._resp)."""
 
 from collections.abc import Callable, Sequence
 from typing import Any

@@ -1,7 +1,7 @@
 """Redis Streams as a tailrace system: one Redis stream per partition.
 
 Partition ``p`` of stream ``s`` is the Redis stream ``PREFIX:{s:p}:s`` (see
-``tailrace._redisio`` for the whole key layout); offsets are entry ids
+``tailrace.redis._io`` for the whole key layout); offsets are entry ids
 (``"1700000000000-0"``), compared as (ms, seq). An entry holds the message in
 field ``m`` and the key, when there is one, in field ``k``, both encoded by the
 system's codec (``json``, ``str`` or ``bytes``). An entry with field ``eos``
@@ -27,9 +27,12 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from .. import _resp
 from .._core import Envelope
-from .._redisio import (
+from ..errors import ConfigError, InputError
+from ..interfaces import PartitionReader, Producer, System
+from ..types import Offset, SystemStreamPartition
+from . import _resp
+from ._io import (
     DEFAULT_URL,
     Keys,
     RespConnection,
@@ -41,10 +44,7 @@ from .._redisio import (
     retrying,
     text,
 )
-from .._redisio import _redis as _redis_module
-from ..errors import ConfigError, InputError
-from ..types import Offset, SystemStreamPartition
-from .base import PartitionReader, Producer, System
+from ._io import _redis as _redis_module
 
 log = logging.getLogger("tailrace.redis")
 
@@ -115,7 +115,7 @@ class _Fetcher:
     system, not one per partition. On a standalone server the fetcher holds its own
     connection (a ``RespConnection`` unless TLS or a credential provider needs
     redis-py's) and decodes the reply from the socket's bytes straight into the
-    readers' lists (``tailrace._resp``); on a cluster each reader gets its own
+    readers' lists (``tailrace.redis._resp``); on a cluster each reader gets its own
     fetcher (keys of different slots cannot share an XREAD). While some reader
     is left out because its buffer is full, the round blocks for at most 5 ms,
     so a reader that makes room is read again promptly. The readers share the
@@ -358,7 +358,7 @@ class _RedisProducer(Producer):
 
     Standalone server: one call covers every partition, on the producer's own
     connection; entries are encoded into the call's bytes as they are sent
-    (``tailrace._resp.Batch``), and a full batch is written
+    (``tailrace.redis._resp.Batch``), and a full batch is written
     without waiting for its reply: the reply is read before the next call is written
     (at most one call in flight, so Redis appends batch k while the task produces
     batch k+1), and ``flush()`` returns only once every call was acknowledged.
