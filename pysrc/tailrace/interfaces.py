@@ -12,7 +12,7 @@ output buffer is full (rule 24).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ._core import Envelope
@@ -93,11 +93,26 @@ class System(ABC):
         """Release system-wide resources. Idempotent."""
 
 
-class CheckpointStore(ABC):
-    """Durable committed offsets of one job.
+StateChanges = Mapping[str, Mapping[bytes, "bytes | None"]]
+"""A task's store changes at one commit: store name -> encoded key -> encoded
+value, or None to delete the key (rule 26)."""
 
-    Called from the loop thread only (one container at a time per job and store:
-    ``open`` refuses a second one with CheckpointError).
+
+class CheckpointStore(ABC):
+    """Durable committed offsets and state of one job.
+
+    A checkpoint is, per task, the committed offset of each of its partitions
+    (the low watermark at the time of the commit, rules 12, 13) together with the
+    contents of the task's key-value stores at that point (rules 25-29). ``write``
+    stores both in **one atomic write**: after a crash either the whole new
+    checkpoint of that task (offsets and state) or the whole previous one is read
+    back, never a mix.
+
+    ``open``, ``load``, ``write``, ``reset`` and ``close`` are called from the
+    loop thread only (one container at a time per job and store: ``open``
+    refuses a second one with CheckpointError). ``state_get`` and ``state_scan``
+    read committed state and are safe from any thread (a task's stores read
+    through on a cache miss from pool threads, callbacks and coroutines).
     """
 
     @abstractmethod
@@ -110,8 +125,27 @@ class CheckpointStore(ABC):
         """The last committed offsets of a task ({} if it never committed)."""
 
     @abstractmethod
-    def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
-        """Atomically record committed offsets of a task (partitions not named keep theirs)."""
+    def write(
+        self,
+        task_name: str,
+        offsets: Mapping[SystemStreamPartition, Offset],
+        state: StateChanges | None = None,
+    ) -> None:
+        """Atomically record committed offsets of a task (partitions not named keep
+        theirs) and apply its state changes (keys not named keep their values).
+        Raises (CheckpointError, FencedError, ...) with nothing applied on failure."""
+
+    def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
+        """The committed value of ``key`` in ``store`` of a task, or None. Any thread."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state")
+
+    def state_scan(
+        self, task_name: str, store: str, start: bytes | None = None, end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Committed entries of ``store`` with ``start <= key < end`` (None: unbounded),
+        in ascending order of the key bytes. Any thread; the iterator may fetch in
+        batches and need not see commits made after it started."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state")
 
     def close(self) -> None:
         """Release the claim. Idempotent."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
-from .interfaces import CheckpointStore
+from .interfaces import CheckpointStore, StateChanges
 from .types import Offset, SystemStreamPartition
 
 log = logging.getLogger("tailrace.sqlite")
@@ -130,7 +130,14 @@ class SqliteCheckpointStore(CheckpointStore):
             raise CheckpointError(f"checkpoint store {self.path}: cannot read task {task_name!r}: {e}") from e
         return {SystemStreamPartition(s, st, p): _offset(self.path, off) for s, st, p, off in rows}
 
-    def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Mapping[SystemStreamPartition, Offset],
+        state: StateChanges | None = None,
+    ) -> None:
+        if state:  # state stores land in their own commit (issue: durable state)
+            raise CheckpointError(f"{type(self).__name__} cannot store state yet")
         db = self._db()
         now = time.time()
         rows = []

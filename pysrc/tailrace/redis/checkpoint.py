@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, FencedError
-from ..interfaces import CheckpointStore
+from ..interfaces import CheckpointStore, StateChanges
 from ..types import Offset, SystemStreamPartition
 from ._io import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
 
@@ -257,7 +257,14 @@ class RedisCheckpointStore(CheckpointStore):
             self._committed = self.read_committed()
         return dict(self._committed)
 
-    def write(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Mapping[SystemStreamPartition, Offset],
+        state: StateChanges | None = None,
+    ) -> None:
+        if state:  # state stores land in their own commit (issue: durable state)
+            raise CheckpointError(f"{type(self).__name__} cannot store state yet")
         job = self._require_job()
         items: list[tuple[SystemStreamPartition, str, str]] = []
         for ssp, offset in offsets.items():
