@@ -1,0 +1,213 @@
+"""Serdes: how keys and values become bytes and back, in one place for every backend
+(state stores, files, Redis, Kafka).
+
+========  ==================================================================  ===========
+name      what it accepts                                                      key order
+========  ==================================================================  ===========
+json      any JSON value (compact, UTF-8, ``ensure_ascii=False``)             bytes
+str       ``str`` (UTF-8)                                                       str order
+bytes     ``bytes`` / ``bytearray`` / ``memoryview`` (as is)                   bytes order
+int       ``int`` in [-2**63, 2**63) (8 bytes, big-endian, sign bit flipped)    int order
+pickle    any picklable object (trusted data only)                              bytes
+msgpack   msgpack values (needs ``pip install 'tailrace[fast]'`` or msgpack)   bytes
+========  ==================================================================  ===========
+
+"key order" is what a store's range scan (``items(start, end)``) follows when the
+serde encodes its keys: scans run in the order of the encoded bytes, which is the
+natural order for ``str``, ``bytes`` and ``int`` keys.
+
+``json`` uses orjson when it is installed (``tailrace[fast]``) and the standard
+library otherwise. Both give the same bytes for the values JSON Lines jobs carry
+(str, int, float, bool, None, lists, dicts with str keys); anything orjson does not
+take (big ints, NaN, non-str dict keys) falls back to the standard library, so the
+result never depends on what is installed. Decoding falls back the same way.
+
+A value a serde cannot encode raises :class:`SerdeError` naming the serde and the
+value's type; callers add where it came from (store and key, topic and partition).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+from .errors import TailraceError
+
+__all__ = ["NAMES", "Serde", "SerdeError", "serde"]
+
+
+class SerdeError(TailraceError, ValueError):
+    """A value a serde cannot encode, or bytes it cannot decode."""
+
+
+class Serde:
+    """A named pair of functions: ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``.
+
+    Both are pure and thread-safe. Errors are :class:`SerdeError`.
+    """
+
+    __slots__ = ("_decode", "_encode", "name")
+
+    def __init__(self, name: str, encode: Callable[[Any], bytes], decode: Callable[[bytes], Any]) -> None:
+        self.name = name
+        self._encode = encode
+        self._decode = decode
+
+    def encode(self, obj: Any) -> bytes:
+        try:
+            return self._encode(obj)
+        except SerdeError:
+            raise
+        except Exception as e:  # every encoder failure is the value's fault
+            raise SerdeError(f"serde {self.name!r} cannot encode a {type(obj).__name__}: {e}") from e
+
+    def decode(self, data: bytes) -> Any:
+        try:
+            return self._decode(data)
+        except SerdeError:
+            raise
+        except Exception as e:  # every decoder failure is the data's fault
+            raise SerdeError(f"serde {self.name!r} cannot decode {bytes(data[:40])!r}: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"Serde({self.name!r})"
+
+
+# -- json -----------------------------------------------------------------------------
+_std_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode
+_std_loads = json.loads
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# orjson output the standard library would write differently: an exponent ('1e16' for
+# '1e+16'), a small float in plain notation ('0.00001' for '1e-05'), or null (NaN and
+# inf become null in orjson). Matches inside strings only cost a fallback.
+_STD_DECIDES = re.compile(rb"[0-9][eE]|0\.0000|null")
+
+
+def _json_encode_std(obj: Any) -> bytes:
+    return _std_encode(obj).encode()
+
+
+def _json_decode_std(data: bytes | str) -> Any:
+    return _std_loads(data)
+
+
+try:  # the optional fast path: same bytes out, same values in
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None  # type: ignore[assignment]
+
+if _orjson is not None:
+    _or_dumps = _orjson.dumps
+    _or_loads = _orjson.loads
+    _OR_ERROR = _orjson.JSONEncodeError
+    _OR_DECODE_ERROR = _orjson.JSONDecodeError
+    # what the standard library refuses, orjson must refuse too (then the fallback decides)
+    _OR_OPTS = (
+        _orjson.OPT_PASSTHROUGH_DATACLASS
+        | _orjson.OPT_PASSTHROUGH_DATETIME
+        | _orjson.OPT_PASSTHROUGH_SUBCLASS
+    )
+
+    def _json_encode(obj: Any) -> bytes:
+        # orjson refuses big ints, non-str keys and what the options pass through; for
+        # those, and for output _STD_DECIDES flags, the standard library decides.
+        try:
+            out: bytes = _or_dumps(obj, option=_OR_OPTS)
+        except _OR_ERROR:
+            return _json_encode_std(obj)
+        if _STD_DECIDES.search(out) is not None:
+            return _json_encode_std(obj)
+        return out
+
+    def _json_decode(data: bytes | str) -> Any:
+        # orjson reads integers past 64 bits as floats: a run of 19+ digits goes to the
+        # standard library (a cheap C-level search; such runs are rare in real records)
+        if _LONG_DIGITS.search(data if type(data) is bytes else str(data).encode()):
+            return _std_loads(data)
+        try:
+            return _or_loads(data)
+        except _OR_DECODE_ERROR:
+            return _std_loads(data)  # NaN/Infinity tokens, or the standard library's error
+
+else:
+    _json_encode = _json_encode_std
+    _json_decode = _json_decode_std
+
+
+# -- the others -------------------------------------------------------------------------
+def _str_encode(obj: Any) -> bytes:
+    if type(obj) is not str and not isinstance(obj, str):
+        raise SerdeError(f"serde 'str' takes str, not {type(obj).__name__}")
+    return obj.encode()
+
+
+def _bytes_encode(obj: Any) -> bytes:
+    if isinstance(obj, bytes):
+        return obj
+    if isinstance(obj, bytearray | memoryview):
+        return bytes(obj)
+    raise SerdeError(f"serde 'bytes' takes bytes, bytearray or memoryview, not {type(obj).__name__}")
+
+
+_INT = struct.Struct(">Q")
+_SIGN: Final = 1 << 63
+
+
+def _int_encode(obj: Any) -> bytes:
+    if type(obj) is bool or not isinstance(obj, int):
+        raise SerdeError(f"serde 'int' takes int, not {type(obj).__name__}")
+    if not -_SIGN <= obj < _SIGN:
+        raise SerdeError(f"serde 'int' takes ints in [-2**63, 2**63), not {obj}")
+    return _INT.pack(obj + _SIGN)
+
+
+def _int_decode(data: bytes) -> int:
+    if len(data) != 8:
+        raise SerdeError(f"serde 'int' needs 8 bytes, got {len(data)}")
+    value: int = _INT.unpack(data)[0] - _SIGN
+    return value
+
+
+def _pickle_encode(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _msgpack() -> Any:
+    try:
+        import msgpack
+    except ImportError:
+        return None
+    return msgpack
+
+
+_SERDES: dict[str, Serde] = {
+    "json": Serde("json", _json_encode, _json_decode),
+    "str": Serde("str", _str_encode, lambda data: bytes(data).decode()),
+    "bytes": Serde("bytes", _bytes_encode, bytes),
+    "int": Serde("int", _int_encode, _int_decode),
+    "pickle": Serde("pickle", _pickle_encode, pickle.loads),
+}
+_mp = _msgpack()
+if _mp is not None:
+    _SERDES["msgpack"] = Serde(
+        "msgpack",
+        lambda obj: _mp.packb(obj, use_bin_type=True),
+        lambda data: _mp.unpackb(data, raw=False, strict_map_key=False),
+    )
+
+NAMES: Final = ("json", "str", "bytes", "int", "pickle", "msgpack")
+"""Every serde name tailrace knows (``msgpack`` only where msgpack is installed)."""
+
+
+def serde(name: str) -> Serde:
+    """The serde called ``name``; SerdeError naming the known ones when there is none."""
+    try:
+        return _SERDES[name]
+    except KeyError:
+        if name == "msgpack":
+            raise SerdeError("serde 'msgpack' needs msgpack: pip install 'tailrace[fast]'") from None
+        raise SerdeError(f"unknown serde {name!r} (known: {', '.join(NAMES)})") from None
