@@ -225,15 +225,18 @@ class _StopSignals:
         self.notices: list[str] = []
         self.live = False  # a live display shows self.notices
         self._stop: Callable[[], None] | None = None
+        self._force: Callable[[], None] | None = None
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, self._handle)
 
-    def attach(self, stop: Callable[[], None]) -> None:
-        """From now on a signal calls ``stop``; calls it now when one already came."""
+    def attach(self, stop: Callable[[], None], force: Callable[[], None] | None = None) -> None:
+        """From now on a signal calls ``stop`` (a second one ``force``, then exits); calls
+        ``stop`` now when a signal already came."""
         self._stop = stop
+        self._force = force
         if self.received:
             stop()
 
@@ -244,6 +247,8 @@ class _StopSignals:
         self.received += 1
         if self.received > 1:
             os.write(2, f"\ntailrace: {name} again: forced stop, no final checkpoint\n".encode())
+            if self._force is not None:
+                self._force()
             os._exit(128 + signum)
         notice = (
             f"tailrace: {name}: stopping gracefully (finishing in-flight work, writing a checkpoint); "
@@ -464,9 +469,9 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     or start ``--containers`` member processes whose lines are prefixed ``[container i]``."""
     from .redis.membership import Member, member_spec_from_job
 
+    member_spec = member_spec_from_job(spec, lambda: _load(args))  # checks [checkpoints] is Redis
     if args.containers != 1:
         return _run_local_containers(args, spec)
-    member_spec = member_spec_from_job(spec, lambda: _load(args))
     member = Member(member_spec)
     view = _MemberView(member)
     if args.metrics_port is not None:
@@ -539,7 +544,11 @@ def _run_local_containers(args: argparse.Namespace, spec: JobSpec) -> int:
         extra = []
         if args.metrics_port is not None:
             extra = ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
-        proc = subprocess.Popen(argv + extra, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # own process group: a terminal's Ctrl-C reaches this process only, which forwards it
+        # once (a member that got it twice, from the terminal and from here, would force-stop)
+        proc = subprocess.Popen(
+            argv + extra, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0
+        )
         procs.append(proc)
         for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
             t = threading.Thread(target=pump, args=(i, stream, out), daemon=True)
@@ -559,7 +568,7 @@ def _run_local_containers(args: argparse.Namespace, spec: JobSpec) -> int:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    _SIGNALS.attach(forward)
+    _SIGNALS.attach(forward, force=forward)  # a second SIGTERM force-stops each member
     codes = [p.wait() for p in procs]
     for t in pumps:
         t.join(timeout=5)
