@@ -37,8 +37,8 @@ _SHOWN_PARTITIONS = 16  # partitions listed in the live display
 
 _LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 _KEYS_EPILOG = (
-    'config keys (job file [config] table, keys quoted: "task.window.ms" = 1000; or --config KEY=VALUE);\n'
-    "the job's name is [job] name (or --config job.name=NAME), not a [config] key:\n"
+    'config keys: the job file\'s [config] table, keys quoted ("task.window.ms" = 1000),\n'
+    "or --config KEY=VALUE. The job's name is [job] name (or --config job.name=NAME).\n"
     + describe_keys(skip=("job.name",))
 )
 
@@ -198,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.debug("environment error", exc_info=True)
         print(f"tailrace: error: {_os_error_text(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # commands other than run (run stops gracefully instead)
+        print("\ntailrace: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     finally:
         _SIGNALS.finished = True  # the handler stays until exit: a late signal keeps this status
 
