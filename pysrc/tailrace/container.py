@@ -121,6 +121,7 @@ def load_engine(name: str) -> Callable[[JobPlan], Engine]:
 
 
 InputSpec = str | SystemStreamPartition
+_WARNED: set[str] = set()  # start-up warnings already logged by this process
 
 
 class Container:
@@ -233,9 +234,12 @@ class Container:
         return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner)
 
     def _check_task(self, instance: Any) -> None:
-        """Start-up checks of the task class (misspelled hooks, a window that never runs)."""
+        """Start-up checks of the task class (misspelled hooks, a window that never runs);
+        each warning once per process (a Redis member plans a container per rebalance)."""
         for warning in check_task_class(type(instance), self.config.window_ms):
-            log.warning("%s", warning)
+            if warning not in _WARNED:
+                _WARNED.add(warning)
+                log.warning("%s", warning)
 
     # -- running --------------------------------------------------------------
     def run(self) -> RunResult:
