@@ -21,6 +21,8 @@ import time
 
 import tailrace
 
+if os.environ.get("IMPORTING"):
+    open(os.environ["IMPORTING"], "w").close()  # the CLI is loading the job (its handler is in place)
 time.sleep(float(os.environ.get("SLOW_IMPORT", "0")))  # a task module that is slow to import
 atexit.register(time.sleep, float(os.environ.get("SLOW_EXIT", "0")))  # slow interpreter exit
 
@@ -29,6 +31,13 @@ class Task(tailrace.StreamTask):
     def process(self, envelope, collector, coordinator):
         collector.send("files.out", envelope.message)
 """
+
+
+def _wait_for(marker: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the CLI never started loading the task module"
+        time.sleep(0.02)
 
 
 def _start(job: Path, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -46,8 +55,9 @@ def _start(job: Path, env: dict[str, str]) -> subprocess.Popen[str]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_during_start_up_stops_gracefully(sig: signal.Signals, tmp_path: Path) -> None:
     job = write_job(tmp_path, task=SLOW_TASK, partitions=[[{"n": i} for i in range(10)]])
-    proc = _start(job, {"SLOW_IMPORT": "1.5"})
-    time.sleep(0.7)  # the CLI is loading the task module (sleeping in its import)
+    marker = tmp_path / "importing"
+    proc = _start(job, {"SLOW_IMPORT": "1.5", "IMPORTING": str(marker)})
+    _wait_for(marker)  # the CLI is loading the task module (sleeping in its import)
     assert proc.poll() is None
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
@@ -78,8 +88,9 @@ def test_signal_after_the_summary_keeps_the_exit_status(sig: signal.Signals, tmp
 
 def test_second_signal_forces_an_exit(tmp_path: Path) -> None:
     job = write_job(tmp_path, task=SLOW_TASK)
-    proc = _start(job, {"SLOW_IMPORT": "3"})
-    time.sleep(0.7)
+    marker = tmp_path / "importing"
+    proc = _start(job, {"SLOW_IMPORT": "3", "IMPORTING": str(marker)})
+    _wait_for(marker)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
