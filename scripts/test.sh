@@ -13,6 +13,7 @@ step "system packages"
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v tmux >/dev/null || need+=(tmux)  # the terminal-screen tests of the live display
 if ((${#need[@]})); then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq

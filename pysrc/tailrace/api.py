@@ -1,4 +1,8 @@
-"""The task API users write against (SEMANTICS.md), shared by both engines.
+"""The task API users write against, shared by both engines.
+
+"Rule N" in docstrings is rule N of the behaviour contract, docs/SEMANTICS.md in the
+repository (installed with the package as ``tailrace/SEMANTICS.md``; :data:`SEMANTICS`
+is its path).
 
 ``Envelope`` and ``Coordinator`` live in the compiled core for speed (one is made
 per message) and are re-exported from here; everything else is plain Python.
@@ -7,10 +11,14 @@ per message) and are re-exported from here; everything else is plain Python.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+import difflib
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._core import Coordinator, Envelope
+from .errors import ConfigError
 from .types import Scope, SystemStreamPartition
 
 if TYPE_CHECKING:
@@ -27,8 +35,16 @@ __all__ = [
     "StreamTask",
     "TaskContext",
     "TimerService",
+    "check_task_class",
     "task_kind",
 ]
+
+SEMANTICS = Path(__file__).with_name("SEMANTICS.md")
+"""The behaviour contract (docs/SEMANTICS.md of the repository) as installed with the package."""
+
+HOOKS = ("init", "window", "end_of_stream", "close")
+"""Optional hooks engines call when a task defines them (see :func:`hook`)."""
+ENTRY_POINTS = ("process", "process_async")
 
 
 class Callback(Protocol):
@@ -108,12 +124,28 @@ class TaskContext:
 class StreamTask:
     """A synchronous task: ``process`` completes when it returns (rule 3).
 
-    Optional hooks: ``init(context)``, ``window(collector, coordinator)``,
-    ``end_of_stream(collector, coordinator)``, ``close()``.
+    Optional hooks: ``init(context)``, ``window(collector, coordinator)`` (every
+    ``task.window.ms``; never while that is disabled), ``end_of_stream(collector,
+    coordinator)``, ``close()``. They are declared below for editors and type
+    checkers only: an engine runs a hook when the task's class defines it.
     """
 
     def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define process()")
+
+    if TYPE_CHECKING:  # declared, not defined: engines look hooks up with hook(task, name)
+
+        def init(self, context: TaskContext) -> None:
+            """Once, before the first message."""
+
+        def window(self, collector: Collector, coordinator: Coordinator) -> None:
+            """Every ``task.window.ms``, with nothing outstanding (rule 8)."""
+
+        def end_of_stream(self, collector: Collector, coordinator: Coordinator) -> None:
+            """Once, when every input partition of the task has ended (rule 11)."""
+
+        def close(self) -> None:
+            """Once, when the container stops."""
 
 
 class AsyncStreamTask:
@@ -132,6 +164,20 @@ class AsyncStreamTask:
         callback: Callback,
     ) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define process_async()")
+
+    if TYPE_CHECKING:  # declared, not defined: engines look hooks up with hook(task, name)
+
+        def init(self, context: TaskContext) -> Awaitable[None] | None:
+            """Once, before the first message; may be ``async def`` for an ``async def process``."""
+
+        def window(self, collector: Collector, coordinator: Coordinator) -> Awaitable[None] | None:
+            """Every ``task.window.ms``, with nothing outstanding (rule 8)."""
+
+        def end_of_stream(self, collector: Collector, coordinator: Coordinator) -> Awaitable[None] | None:
+            """Once, when every input partition of the task has ended (rule 11)."""
+
+        def close(self) -> Awaitable[None] | None:
+            """Once, when the container stops."""
 
 
 def task_kind(task: object) -> str:
@@ -157,6 +203,69 @@ def task_kind(task: object) -> str:
     if proc is not None:
         return "asyncio" if asyncio.iscoroutinefunction(proc) else "sync"
     raise TypeError(f"{cls.__qualname__} is not a task: define process() or process_async()")
+
+
+def _defines_entry_point(cls: type) -> bool:
+    if issubclass(cls, AsyncStreamTask):
+        proc = getattr(cls, "process", None)
+        return (proc is not None and asyncio.iscoroutinefunction(proc)) or getattr(
+            cls, "process_async", None
+        ) is not AsyncStreamTask.process_async
+    proc = getattr(cls, "process", None)
+    if issubclass(cls, StreamTask):
+        return proc is not StreamTask.process
+    return callable(proc) or callable(getattr(cls, "process_async", None))
+
+
+def _own_methods(cls: type) -> list[str]:
+    """Public function names the task's own classes define (not tailrace's base classes)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if klass in (object, StreamTask, AsyncStreamTask):
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and name not in names and inspect.isroutine(value):
+                names.append(name)
+    return names
+
+
+def check_task_class(cls: type, window_ms: int | None = None) -> list[str]:
+    """Start-up checks of a task class; returns warnings to log, raises ConfigError to refuse.
+
+    Refused: a class that defines neither ``process`` nor ``process_async`` (a
+    method whose name is close to one is named). Warned: a method whose name is
+    close to a hook it does not define (``windw``, ``end_of_steam``: they would
+    never run), and ``window()`` while ``task.window.ms`` (``window_ms``, when
+    given) is disabled.
+    """
+    own = _own_methods(cls)
+    defined = {name for name in (*HOOKS, *ENTRY_POINTS) if callable(getattr(cls, name, None))}
+    near: dict[str, str] = {}
+    for name in own:
+        if name in HOOKS or name in ENTRY_POINTS:
+            continue
+        match = difflib.get_close_matches(name.lower(), (*HOOKS, *ENTRY_POINTS), n=1, cutoff=0.82)
+        if match:
+            near[name] = match[0]
+    qual = cls.__qualname__
+    if not _defines_entry_point(cls):
+        typos = [f"{n}() looks like a misspelling of {h}()" for n, h in near.items() if h in ENTRY_POINTS]
+        hint = f"; {', '.join(typos)}" if typos else ""
+        raise ConfigError(
+            f"task class {qual} defines neither process() nor process_async() (nor async def process()){hint}"
+        )
+    warnings = [
+        f"task class {qual}: method {n}() looks like a misspelling of the hook {h}(), "
+        f"which it does not define; {n}() is never called"
+        for n, h in near.items()
+        if h not in defined and (h in HOOKS or h == "process")
+    ]
+    if window_ms is not None and window_ms <= 0 and "window" in own:
+        warnings.append(
+            f"task class {qual} defines window(), which never runs: task.window.ms is {window_ms} "
+            "(disabled); set it to the window period in milliseconds"
+        )
+    return warnings
 
 
 def hook(task: object, name: str) -> Callable[..., Any] | None:

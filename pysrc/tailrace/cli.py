@@ -1,8 +1,10 @@
 """The ``tailrace`` command line: run a job file, inspect or reset its checkpoints.
 
 Exit status: 0 after a graceful end (end of stream, shutdown request, Ctrl-C or
-SIGTERM), 1 when the job failed (task error, bad input, checkpoint error),
-2 for a configuration or usage error, 128+N after a forced stop by signal N.
+SIGTERM, including one that arrives while the job starts or after its summary),
+1 when the job failed (task error, bad input, checkpoint error), 2 for a
+configuration, usage or environment error (a state directory that cannot be
+written), 128+N after a forced stop by a second signal N.
 """
 
 from __future__ import annotations
@@ -12,15 +14,18 @@ import logging
 import os
 import signal
 import sys
+import sysconfig
 import threading
 import time
-from collections.abc import Sequence
-from types import FrameType
-from typing import Any, TextIO
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Protocol, TextIO
 
 from .config import describe_keys
 from .container import ENGINES, Container
-from .errors import ConfigError, TailraceError
+from .errors import ConfigError, SetupError, TailraceError, TaskError
 from .jobfile import JOB_FILE, JobSpec, load_job, parse_override
 from .metrics import RunResult, TaskMetrics
 from .types import Offset, SystemStreamPartition
@@ -30,16 +35,34 @@ log = logging.getLogger("tailrace.cli")
 _SHOWN_PARTITIONS = 16  # partitions listed in the live display
 
 
+_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+_KEYS_EPILOG = (
+    'config keys: the job file\'s [config] table, keys quoted ("task.window.ms" = 1000),\n'
+    "or --config KEY=VALUE. The job's name is [job] name (or --config job.name=NAME).\n"
+    + describe_keys(skip=("job.name",))
+)
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _log_level_option(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` after the subcommand too (it wins over one given before it)."""
+    parser.add_argument("--log-level", default=argparse.SUPPRESS, choices=_LEVELS, help="log level")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tailrace",
         description="Run tailrace stream-processing jobs described by a job file (TOML).",
-        epilog="config keys (job file [config] table, or --config KEY=VALUE):\n" + describe_keys(),
+        epilog=_KEYS_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level"
-    )
+    p.add_argument("--log-level", default="INFO", choices=_LEVELS, help="log level (default INFO)")
+    p.add_argument("--version", action="version", version=f"tailrace {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     job_help = f"the job file (TOML, or a .py defining `job`), or a directory holding {JOB_FILE}"
@@ -49,10 +72,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a job. Each partition resumes after its committed offset. Ctrl-C or SIGTERM "
         "stops gracefully (in-flight work finishes, a final checkpoint is written); a second Ctrl-C "
         "forces an immediate stop (a restart then replays what came after the last checkpoint).",
-        epilog="config keys:\n" + describe_keys(),
+        epilog=_KEYS_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("job", metavar="JOB", help=job_help)
+    _log_level_option(run)
     run.add_argument(
         "--engine", choices=sorted(ENGINES), help="run loop engine (default: the job file's, else c)"
     )
@@ -96,7 +120,14 @@ def _parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="serve Prometheus metrics on this port (needs the extra: pip install 'tailrace[prometheus]')",
+        help="serve Prometheus metrics on this port (needs the extra: pip install 'tailrace[prometheus]'); "
+        "with --containers N, container i serves on PORT+i",
+    )
+    run.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="HOST",
+        help="address the metrics server listens on (default 0.0.0.0; 127.0.0.1 for this machine only)",
     )
     run.set_defaults(fn=cmd_run)
 
@@ -104,19 +135,42 @@ def _parser() -> argparse.ArgumentParser:
     cps = cp.add_subparsers(dest="action", required=True, metavar="ACTION")
     show = cps.add_parser("show", help="print the committed offset of every partition")
     show.add_argument("job", metavar="JOB", help=job_help)
+    _log_level_option(show)
     show.set_defaults(fn=cmd_show)
     reset = cps.add_parser(
         "reset", help="delete the job's checkpoints: the next run starts every input from the beginning"
     )
     reset.add_argument("job", metavar="JOB", help=job_help)
+    _log_level_option(reset)
     reset.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     reset.set_defaults(fn=cmd_reset)
+
+    load = sub.add_parser(
+        "load",
+        help="append a file (JSON Lines or text) to a Redis input stream of a job, pipelined",
+        description="Append every line of FILE to a stream of the job's Redis system, 1,000 per round "
+        "trip. A message goes to the partition of its key (--key-field), else round robin.",
+    )
+    load.add_argument("job", metavar="JOB", help=job_help)
+    load.add_argument("file", metavar="FILE", help="a .jsonl (one JSON value a line) or .txt file")
+    load.add_argument("--stream", metavar="SYSTEM.STREAM", help="the stream (default: the job's only input)")
+    load.add_argument("--format", choices=["jsonl", "text"], help="default: text for .txt, else jsonl")
+    load.add_argument("--key-field", metavar="FIELD", help="JSON field whose value is the message key")
+    load.add_argument(
+        "--partitions", type=int, metavar="N", help="create the stream with N partitions if Redis lacks it"
+    )
+    load.add_argument("--batch", type=int, default=1000, metavar="N", help="messages per round trip")
+    load.add_argument("--end", action="store_true", help="then append the end-of-stream marker")
+    _log_level_option(load)
+    load.set_defaults(fn=cmd_load)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tailrace`` command; returns the exit status."""
     args = _parser().parse_args(argv)
+    if args.command == "run":
+        _SIGNALS.install()  # before anything slow: a stop while the job starts is graceful too
     logging.basicConfig(
         level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -128,10 +182,172 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.debug("config error", exc_info=True)
         print(f"tailrace: config error: {e}", file=sys.stderr)
         return 2
+    except SetupError as e:
+        log.debug("environment error", exc_info=True)
+        print(f"tailrace: error: {e}", file=sys.stderr)
+        return 2
+    except TaskError as e:
+        log.debug("job failed", exc_info=True)
+        print(describe_task_error(e, getattr(args, "spec", None)), file=sys.stderr)
+        return 1
     except TailraceError as e:
         log.debug("job failed", exc_info=True)
         print(f"tailrace: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        log.debug("environment error", exc_info=True)
+        print(f"tailrace: error: {_os_error_text(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # commands other than run (run stops gracefully instead)
+        print("\ntailrace: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    finally:
+        _SIGNALS.finished = True  # the handler stays until exit: a late signal keeps this status
+
+
+def _os_error_text(e: OSError) -> str:
+    what = e.strerror or str(e)
+    return f"{e.filename}: {what}" if e.filename else what
+
+
+# -- signals --------------------------------------------------------------------
+class _StopSignals:
+    """SIGINT/SIGTERM of ``tailrace run``, handled from the start of ``main`` until exit.
+
+    The first signal asks for a graceful stop: of the running container, or, when it
+    arrives while the job starts, of the container as soon as it exists; after the
+    run (summary printed) it changes nothing, so the exit status is the graceful
+    path's. A second signal before the end forces an immediate exit (128 + N).
+    While a live display owns the terminal, the notice is handed to it (printing from
+    a signal handler could interleave with a redraw).
+    """
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.finished = False
+        self.notices: list[str] = []
+        self.live = False  # a live display shows self.notices
+        self._stop: Callable[[], None] | None = None
+        self._force: Callable[[], None] | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, self._handle)
+
+    def attach(self, stop: Callable[[], None], force: Callable[[], None] | None = None) -> None:
+        """From now on a signal calls ``stop`` (a second one ``force``, then exits); calls
+        ``stop`` now when a signal already came."""
+        self._stop = stop
+        self._force = force
+        if self.received:
+            stop()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.finished:
+            return  # the job is over: nothing to stop, the status stays the graceful one
+        self.received += 1
+        if self.received > 1:
+            os.write(2, f"\ntailrace: {name} again: forced stop, no final checkpoint\n".encode())
+            if self._force is not None:
+                self._force()
+            os._exit(128 + signum)
+        notice = (
+            f"tailrace: {name}: stopping gracefully (finishing in-flight work, writing a checkpoint); "
+            "Ctrl-C again to force"
+        )
+        if self.live:
+            self.notices.append(notice)
+        else:
+            os.write(2, f"\n{notice}\n".encode())
+        if self._stop is not None:
+            self._stop()
+
+
+_SIGNALS = _StopSignals()
+
+
+# -- task failures ----------------------------------------------------------------
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")})
+
+
+def _is_user_frame(filename: str) -> bool:
+    """False for tailrace's own frames (Python and Cython), the standard library and ``<frozen ...>``."""
+    if filename.startswith("<"):
+        return False
+    if filename.endswith((".pyx", ".pxi")) and "tailrace" in Path(filename).parts:
+        return False
+    path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_DIR + os.sep):
+        return False
+    return not any(path.startswith(d + os.sep) for d in _STDLIB_DIRS)
+
+
+def user_frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
+    """The frames of ``tb`` in the user's code (not tailrace's, not the standard library's)."""
+    return [f for f in traceback.extract_tb(tb) if _is_user_frame(f.filename)]
+
+
+def line_at_offset(path: str | os.PathLike[str], offset: int) -> int:
+    """1-based number of the line holding byte ``offset`` of ``path`` (newlines before it + 1).
+
+    Error path only: reads the file up to ``offset``.
+    """
+    count = 0
+    remaining = offset
+    with open(path, "rb") as f:
+        while remaining > 0:
+            chunk = f.read(min(1 << 20, remaining))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            remaining -= len(chunk)
+    return count + 1
+
+
+def _input_location(spec: JobSpec | None, ssp: Any, offset: Any) -> str | None:
+    """``FILE line N (byte offset O)`` for a message of a file input, else None."""
+    if spec is None or not isinstance(ssp, SystemStreamPartition) or not isinstance(offset, int):
+        return None
+    from .files import FileSystem
+
+    system = spec.systems.get(ssp.system)
+    if not isinstance(system, FileSystem):
+        return None
+    try:
+        reader = system.reader(ssp)
+        path = getattr(reader, "path", None)
+        reader.close()
+        if path is None:
+            return None
+        return f"{path} line {line_at_offset(path, offset)} (byte offset {offset})"
+    except (TailraceError, OSError):
+        return None
+
+
+def describe_task_error(e: TaskError, spec: JobSpec | None) -> str:
+    """What ``tailrace run`` prints for a failure in user code: where (task, input file
+    and line), the traceback frames of the user's code, and how to see more."""
+    lines = [f"tailrace: error: {e}"]
+    where = _input_location(spec, e.ssp, e.offset)
+    if where:
+        lines.append(f"  input: {where}")
+    original = e.original
+    if original is not None:
+        frames = user_frames(original.__traceback__)
+        if frames:
+            lines.append("  in your code (most recent call last):")
+            for f in frames:
+                lines.append(f'    File "{f.filename}", line {f.lineno}, in {f.name}')
+                if f.line:
+                    lines.append(f"      {f.line}")
+            lines.append(f"  {type(original).__name__}: {original}")
+        elif original.__traceback__ is None:
+            lines.append(f"  (the {type(original).__name__} was handed to callback.fail(), never raised)")
+    lines.append("  run with --log-level DEBUG for the full traceback, tailrace's frames included")
+    return "\n".join(lines)
 
 
 # -- run ----------------------------------------------------------------------
@@ -142,11 +358,13 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
+    args.spec = spec  # for describe_task_error
+    _check_state_dir(spec)
     if args.containers != 1 or _is_distributed(spec):
         return _run_distributed(args, spec)
     container = spec.container()
     if args.metrics_port is not None:
-        _serve_prometheus(container, args.metrics_port)
+        _serve_prometheus(container, args.metrics_port, args.metrics_host, spec.name)
 
     done = threading.Event()
     box: dict[str, Any] = {}
@@ -159,34 +377,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             done.set()
 
-    stops = 0
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal stops
-        stops += 1
-        name = signal.Signals(signum).name
-        if stops == 1:
-            print(
-                f"\ntailrace: {name}: stopping gracefully (finishing in-flight work, writing a checkpoint); "
-                "Ctrl-C again to force",
-                file=sys.stderr,
-                flush=True,
-            )
-            container.stop()
-        else:
-            print(f"\ntailrace: {name} again: forced stop, no final checkpoint", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    live = args.progress if args.progress is not None else sys.stderr.isatty()
-    reporter: _Reporter
-    if live:
-        reporter = _LiveDisplay(spec, container, sys.stderr)
-        interval = 0.25
-    else:
-        reporter = _LogLines(spec, container, enabled=args.progress is None)
-        interval = max(0.05, args.progress_interval)
-    started = time.monotonic()
     log.info(
         "running job %r (%s engine) from %s; checkpoints: %s",
         spec.name,
@@ -195,21 +385,81 @@ def cmd_run(args: argparse.Namespace) -> int:
         _store_text(spec),
     )
     _log_resume(spec)
+    started = time.monotonic()
     worker = threading.Thread(target=target, name="tailrace-container")
-    worker.start()
-    try:
-        while not done.wait(interval):
-            reporter.tick()
-    finally:
-        worker.join()
-        reporter.close()
-        for s, h in old.items():
-            signal.signal(s, h)
+    _SIGNALS.attach(container.stop)
+    with _reporter(args, spec, container) as (reporter, interval):
+        worker.start()
+        try:
+            while not done.wait(interval):
+                reporter.tick()
+        finally:
+            worker.join()
     if "error" in box:
         raise box["error"]
     result: RunResult = box["result"]
     _print_summary(spec, container, result, time.monotonic() - started, sys.stdout)
     return 0
+
+
+class _Reporting:
+    """Context manager: the live display on a terminal, else plain progress lines."""
+
+    def __init__(self, reporter: _Reporter, interval: float) -> None:
+        self.reporter = reporter
+        self.interval = interval
+
+    def __enter__(self) -> tuple[_Reporter, float]:
+        self.reporter.start()
+        return self.reporter, self.interval
+
+    def __exit__(self, *exc: object) -> None:
+        self.reporter.close()
+
+
+def _reporter(args: argparse.Namespace, spec: JobSpec, source: _MetricsSource) -> _Reporting:
+    live = args.progress if args.progress is not None else sys.stderr.isatty()
+    if live:
+        return _Reporting(_LiveDisplay(spec, source, sys.stderr), 0.25)
+    return _Reporting(
+        _LogLines(spec, source, enabled=args.progress is None), max(0.05, args.progress_interval)
+    )
+
+
+def _check_state_dir(spec: JobSpec) -> None:
+    """One clear line (SetupError, exit 2) when the SQLite store's directory cannot be
+    created or written, before SQLite reports it as something else. Changes nothing
+    but creating a missing directory; never suggests deleting anything."""
+    table = spec.tree.get("checkpoints") or {"type": "sqlite"}
+    if not isinstance(table, dict) or table.get("type", "sqlite") != "sqlite":
+        return
+    path = getattr(spec.checkpoint_store(), "path", None)
+    if path is None:
+        return
+    path = Path(path)
+    where = "[checkpoints] path in " + str(spec.source)
+    state = path.parent
+    if not state.is_dir():
+        try:
+            state.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SetupError(
+                f"cannot create the state directory {state} ({e.strerror}); create it with write "
+                f"permission for this user, or point {where} at a writable directory"
+            ) from None
+    if not os.access(state, os.W_OK | os.X_OK):
+        held = " (the checkpoints in it are intact)" if path.exists() else ""
+        raise SetupError(
+            f"state directory {state} is not writable by this user{held}: the checkpoint store "
+            f"{path.name} needs to write its lock, -wal and -shm files there; make the directory "
+            f"writable, run as its owner, or point {where} at a writable directory"
+        )
+    for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if f.exists() and not os.access(f, os.R_OK | os.W_OK):
+            raise SetupError(
+                f"checkpoint file {f} is not readable and writable by this user (the checkpoints in "
+                "it are intact); fix its permissions or run as its owner"
+            )
 
 
 def _is_distributed(spec: JobSpec) -> bool:
@@ -218,15 +468,136 @@ def _is_distributed(spec: JobSpec) -> bool:
 
 
 def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
-    """Checkpoints in Redis: run as a member of the job (see tailrace.redis.membership)."""
-    from .redis.membership import run_cli
+    """Checkpoints in Redis: run as a member of the job (see tailrace.redis.membership),
+    or start ``--containers`` member processes whose lines are prefixed ``[container i]``."""
+    from .redis.membership import Member, member_spec_from_job
 
+    member_spec = member_spec_from_job(spec, lambda: _load(args))  # checks [checkpoints] is Redis
+    if args.containers != 1:
+        return _run_local_containers(args, spec)
+    member = Member(member_spec)
+    view = _MemberView(member)
+    if args.metrics_port is not None:
+        _serve_prometheus(view, args.metrics_port, args.metrics_host, spec.name)
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["result"] = member.run()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    worker = threading.Thread(target=target, name="tailrace-member")
+    _SIGNALS.attach(member.stop)
+    with _reporter(args, spec, view) as (reporter, interval):
+        worker.start()
+        try:
+            while not done.wait(interval):
+                reporter.tick()
+        finally:
+            worker.join()
+    if "error" in box:
+        raise box["error"]
+    result = box["result"]
+    print(
+        f"member {result.member} of job {spec.name!r} left ({result.reason}) after "
+        f"{time.monotonic() - started:.2f} s: {result.processed:,} messages processed in {result.runs} "
+        f"container runs; partitions finished here: {sorted(result.done)}",
+        flush=True,
+    )
+    _print_committed(spec, sys.stdout)
+    return 0
+
+
+def _member_argv(args: argparse.Namespace) -> list[str]:
     argv = [sys.executable, "-m", "tailrace", "--log-level", args.log_level, "run", args.job, "--no-progress"]
     if args.engine:
         argv += ["--engine", args.engine]
     for item in args.config:
         argv += ["--config", item]
-    return run_cli(spec, lambda: _load(args), args.containers, argv)
+    return argv
+
+
+def _run_local_containers(args: argparse.Namespace, spec: JobSpec) -> int:
+    """``--containers N``: N member processes; each output line is prefixed with its
+    container's index (whole lines, so containers never interleave mid-line)."""
+    import subprocess
+
+    if args.containers < 1:
+        raise ConfigError(f"{args.containers} is not a container count", key="--containers", allowed=">= 1")
+    argv = _member_argv(args)
+    procs: list[subprocess.Popen[bytes]] = []
+    write_lock = threading.Lock()
+
+    def pump(i: int, stream: Any, out: TextIO) -> None:
+        width = len(str(args.containers - 1))
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with write_lock:
+                out.write(f"[container {i:>{width}}] {line}\n")
+                out.flush()
+
+    pumps: list[threading.Thread] = []
+    for i in range(args.containers):
+        env = {**os.environ, "TAILRACE_MEMBER_INDEX": str(i)}
+        extra = []
+        if args.metrics_port is not None:
+            extra = ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
+        # own process group: a terminal's Ctrl-C reaches this process only, which forwards it
+        # once (a member that got it twice, from the terminal and from here, would force-stop)
+        proc = subprocess.Popen(
+            argv + extra, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0
+        )
+        procs.append(proc)
+        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            t = threading.Thread(target=pump, args=(i, stream, out), daemon=True)
+            t.start()
+            pumps.append(t)
+    if args.metrics_port is not None:
+        log.info(
+            "Prometheus metrics of container i on http://%s:%d+i/metrics (ports %d..%d)",
+            args.metrics_host,
+            args.metrics_port,
+            args.metrics_port,
+            args.metrics_port + args.containers - 1,
+        )
+
+    def forward() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    _SIGNALS.attach(forward, force=forward)  # a second SIGTERM force-stops each member
+    codes = [p.wait() for p in procs]
+    for t in pumps:
+        t.join(timeout=5)
+    failed = [c for c in codes if c != 0]
+    if failed:
+        log.error("%d of %d containers failed (exit codes %s)", len(failed), args.containers, codes)
+    _print_committed(spec, sys.stdout)
+    return max((abs(c) for c in codes), default=0)
+
+
+class _MemberView:
+    """The metrics of a Redis member's current container (none between rebalances)."""
+
+    def __init__(self, member: Any) -> None:
+        self.member = member
+
+    def _container(self) -> Container | None:
+        return getattr(self.member, "_container", None)
+
+    def metrics(self) -> tuple[dict[str, TaskMetrics], Any] | None:
+        c = self._container()
+        return None if c is None else c.metrics()
+
+    def skipped(self) -> dict[SystemStreamPartition, int]:
+        c = self._container()
+        return {} if c is None else c.skipped()
 
 
 def _log_resume(spec: JobSpec) -> None:
@@ -249,24 +620,37 @@ def _store_text(spec: JobSpec) -> str:
     return f"{t.get('type')} {path}" if path is not None else str(t.get("type"))
 
 
+class _MetricsSource(Protocol):
+    """What a reporter reads: a Container, or a Redis member's view of its current one."""
+
+    def metrics(self) -> tuple[dict[str, TaskMetrics], Any] | None: ...
+
+    def skipped(self) -> dict[SystemStreamPartition, int]: ...
+
+
 class _Reporter:
-    def __init__(self, spec: JobSpec, container: Container) -> None:
+    def __init__(self, spec: JobSpec, source: Any) -> None:
         self.spec = spec
-        self.container = container
+        self.source = source
         self.t0 = time.monotonic()
         self.last_t = self.t0
         self.last_n = 0
 
     def snapshot(self) -> tuple[dict[str, TaskMetrics], float, float] | None:
-        m = self.container.metrics()
+        m = self.source.metrics()
         if m is None:
             return None
         tasks, _ = m
         now = time.monotonic()
         n = sum(t.processed for t in tasks.values())
         rate = (n - self.last_n) / (now - self.last_t) if now > self.last_t else 0.0
+        if n < self.last_n:  # a new container (Redis rebalance) counts from 0
+            rate = 0.0
         self.last_t, self.last_n = now, n
         return tasks, rate, now - self.t0
+
+    def start(self) -> None:
+        pass
 
     def tick(self) -> None:
         raise NotImplementedError
@@ -278,8 +662,8 @@ class _Reporter:
 class _LogLines(_Reporter):
     """Plain periodic progress lines (not on a terminal)."""
 
-    def __init__(self, spec: JobSpec, container: Container, enabled: bool) -> None:
-        super().__init__(spec, container)
+    def __init__(self, spec: JobSpec, source: Any, enabled: bool) -> None:
+        super().__init__(spec, source)
         self.enabled = enabled
 
     def tick(self) -> None:
@@ -296,47 +680,99 @@ class _LogLines(_Reporter):
             rate,
             outstanding,
             lag,
-            sum(self.container.skipped().values()),
+            sum(self.source.skipped().values()),
             elapsed,
         )
 
 
 class _LiveDisplay(_Reporter):
-    """A redrawn block on a terminal: rates, per-partition committed offsets and lag."""
+    """A live view (rich) on a terminal: rates, per-partition committed offsets and lag.
 
-    def __init__(self, spec: JobSpec, container: Container, out: TextIO) -> None:
-        super().__init__(spec, container)
-        self.out = out
-        self.lines = 0
+    It fits the terminal's width (long cells are cut with an ellipsis, never wrapped),
+    log lines, the task's prints and the shutdown notice are printed above it, and it
+    disappears at the end, leaving the final summary clean. Only the main thread draws
+    (no refresh thread), so a signal handler never interrupts a redraw it then joins.
+    """
+
+    def __init__(self, spec: JobSpec, source: Any, out: TextIO) -> None:
+        super().__init__(spec, source)
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(file=out, force_terminal=True, highlight=False, soft_wrap=False)
+        self.live = Live(
+            console=self.console,
+            auto_refresh=False,
+            transient=True,
+            redirect_stdout=sys.stdout.isatty(),
+            redirect_stderr=True,
+        )
+        self._handlers: list[tuple[logging.StreamHandler[Any], Any]] = []
+        self.stopping = False
+
+    def start(self) -> None:
+        self.live.start()
+        # log records go through the live console (above the view), not straight to the terminal
+        for h in logging.getLogger().handlers:
+            if isinstance(h, logging.StreamHandler) and h.stream is self.console.file:
+                self._handlers.append((h, h.setStream(sys.stderr)))
+        _SIGNALS.live = True
+
+    def _notices(self) -> None:
+        while _SIGNALS.notices:
+            self.stopping = True
+            self.live.console.print(_SIGNALS.notices.pop(0), style="bold yellow", overflow="fold")
 
     def tick(self) -> None:
+        self._notices()
         snap = self.snapshot()
+        self.live.update(self._render(snap), refresh=True)
+
+    def _render(self, snap: tuple[dict[str, TaskMetrics], float, float] | None) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        head = Text(no_wrap=True, overflow="ellipsis")
+        head.append(f"tailrace {self.spec.name}", style="bold")
+        head.append(f" ({self.spec.engine} engine)  {time.monotonic() - self.t0:.1f} s")
+        parts: list[Any] = [head]
+        if self.stopping:
+            parts.append(Text("stopping gracefully; Ctrl-C again to force", style="yellow", no_wrap=True))
         if snap is None:
-            return
-        tasks, rate, elapsed = snap
-        skipped = self.container.skipped()
-        rows = [
-            f"tailrace {self.spec.name} ({self.spec.engine} engine)  {elapsed:7.1f} s",
-            f"  processed {sum(t.processed for t in tasks.values()):>12,}   {rate:>10,.0f} msg/s   "
-            f"outstanding {sum(t.outstanding for t in tasks.values()):>5}   "
-            f"commits {sum(t.commits for t in tasks.values()):>5}   skipped {sum(skipped.values()):>5}",
-            f"  {'partition':<28} {'committed':>16} {'lag':>10}",
-        ]
-        parts = sorted((ssp, t) for t in tasks.values() for ssp in _partitions(t))
-        for ssp, t in parts[:_SHOWN_PARTITIONS]:
-            committed = t.committed.get(ssp, "-")
-            rows.append(f"  {ssp!s:<28} {committed!s:>16} {t.lag.get(ssp, 0):>10,}")
-        if len(parts) > _SHOWN_PARTITIONS:
-            rows.append(f"  ... and {len(parts) - _SHOWN_PARTITIONS} more partitions")
-        text = ""
-        if self.lines:
-            text += f"\x1b[{self.lines}F"  # back to the first line of the previous block
-        text += "".join(f"\x1b[2K{r}\n" for r in rows)
-        if len(rows) < self.lines:
-            text += "\x1b[0J"
-        self.lines = len(rows)
-        self.out.write(text)
-        self.out.flush()
+            parts.append(Text("starting...", no_wrap=True))
+            return Group(*parts)
+        tasks, rate, _ = snap
+        skipped = self.source.skipped()
+        parts.append(
+            Text(
+                f"processed {sum(t.processed for t in tasks.values()):,}  {rate:,.0f} msg/s  "
+                f"outstanding {sum(t.outstanding for t in tasks.values())}  "
+                f"commits {sum(t.commits for t in tasks.values())}  skipped {sum(skipped.values())}",
+                no_wrap=True,
+                overflow="ellipsis",
+            )
+        )
+        table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
+        table.add_column("partition", no_wrap=True, overflow="ellipsis", max_width=40)
+        table.add_column("committed", justify="right", no_wrap=True, overflow="ellipsis")
+        table.add_column("lag", justify="right", no_wrap=True)
+        rows = sorted((ssp, t) for t in tasks.values() for ssp in _partitions(t))
+        for ssp, t in rows[:_SHOWN_PARTITIONS]:
+            table.add_row(str(ssp), str(t.committed.get(ssp, "-")), f"{t.lag.get(ssp, 0):,}")
+        parts.append(table)
+        if len(rows) > _SHOWN_PARTITIONS:
+            parts.append(Text(f"... and {len(rows) - _SHOWN_PARTITIONS} more partitions", no_wrap=True))
+        return Group(*parts)
+
+    def close(self) -> None:
+        self._notices()
+        self.live.stop()  # transient: the view is erased, the summary follows on a clean line
+        for h, old in self._handlers:
+            h.setStream(old)
+        _SIGNALS.live = False
+        while _SIGNALS.notices:
+            print(_SIGNALS.notices.pop(0), file=sys.stderr, flush=True)
 
 
 def _partitions(t: TaskMetrics) -> set[SystemStreamPartition]:
@@ -349,14 +785,15 @@ def _print_summary(
     processed = result.processed
     skipped = container.skipped()
     rate = processed / seconds if seconds > 0 else 0.0
+    # short lines: the summary stays readable at 80 columns
     out.write(
         f"job {spec.name!r} finished ({result.reason}) in {seconds:.2f} s: "
-        f"{processed:,} messages processed ({rate:,.0f} msg/s), {sum(skipped.values()):,} bad lines skipped\n"
+        f"{processed:,} messages processed ({rate:,.0f} msg/s)\n"
     )
     failed = sum(t.failed for t in result.tasks.values())
     ignored = sum(t.ignored for t in result.tasks.values())
-    if failed or ignored:
-        out.write(f"  failed {failed}, ignored exceptions {ignored}\n")
+    more = f", failed {failed}, ignored exceptions {ignored}" if failed or ignored else ""
+    out.write(f"  {sum(skipped.values()):,} bad lines skipped{more}\n")
     out.write("  committed offsets:\n")
     for ssp, off in sorted(result.committed.items()):
         extra = f"  ({skipped[ssp]} skipped)" if skipped.get(ssp) else ""
@@ -365,10 +802,41 @@ def _print_summary(
 
 
 # -- checkpoints ----------------------------------------------------------------
+def _redis_inputs(spec: JobSpec) -> list[SystemStreamPartition]:
+    """Every input partition of a Redis-checkpointed job (asks each input's system)."""
+    from .types import parse_system_stream
+
+    out: list[SystemStreamPartition] = []
+    for name in spec.inputs:
+        ss = parse_system_stream(name)
+        system = spec.systems[ss.system]
+        n = system.partitions(ss.stream)
+        out.extend(SystemStreamPartition(ss.system, ss.stream, p) for p in range(n))
+    return out
+
+
+def _redis_store_args(spec: JobSpec) -> tuple[str, bool, str]:
+    store = spec.checkpoint_store()
+    try:
+        return str(store.url), bool(store.cluster), str(store.keys.prefix)  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+
 def _committed(spec: JobSpec) -> dict[str, dict[SystemStreamPartition, Offset]]:
+    """Committed offsets per task (Redis jobs: per partition, under "Partition N")."""
+    if _is_distributed(spec):
+        from .redis.tools import committed_offsets
+
+        url, cluster, prefix = _redis_store_args(spec)
+        per_task: dict[str, dict[SystemStreamPartition, Offset]] = {}
+        for ssp, off in committed_offsets(url, cluster, prefix, spec.name, _redis_inputs(spec)).items():
+            per_task.setdefault(f"Partition {ssp.partition}", {})[ssp] = off
+        return per_task
     store = spec.checkpoint_store()
     lister = getattr(store, "committed", None)
     if lister is None:
+        store.close()
         raise ConfigError(
             f"checkpoint store type {type(store).__name__} cannot list checkpoints", key="checkpoints.type"
         )
@@ -378,8 +846,25 @@ def _committed(spec: JobSpec) -> dict[str, dict[SystemStreamPartition, Offset]]:
         store.close()
 
 
+def _print_committed(spec: JobSpec, out: TextIO) -> None:
+    """The committed offsets after a Redis run (the SQLite summary has them already)."""
+    if os.environ.get("TAILRACE_MEMBER_INDEX") is not None:
+        return  # a member process of --containers: the parent prints them once
+    try:
+        committed = _committed(spec)
+    except (ConfigError, TailraceError) as e:
+        log.warning("cannot read the committed offsets: %s", e)
+        return
+    offsets = sorted((ssp, off) for per_task in committed.values() for ssp, off in per_task.items())
+    out.write("  committed offsets:\n" if offsets else "  no committed offsets\n")
+    for ssp, off in offsets:
+        out.write(f"    {ssp!s:<28} {off!s}\n")
+    out.flush()
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     spec = _load(args)
+    _check_state_dir(spec)
     committed = _committed(spec)
     print(f"job {spec.name!r}, checkpoints: {_store_text(spec)}")
     if not committed:
@@ -394,6 +879,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     spec = _load(args)
+    _check_state_dir(spec)
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("refusing to reset checkpoints without confirmation; pass --yes")
@@ -401,6 +887,13 @@ def cmd_reset(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 0
+    if _is_distributed(spec):
+        from .redis.tools import reset_checkpoints
+
+        url, cluster, prefix = _redis_store_args(spec)
+        n = reset_checkpoints(url, cluster, prefix, spec.name, _redis_inputs(spec))
+        print(f"deleted {n} checkpoints of job {spec.name!r}; the next run starts from the beginning")
+        return 0
     store = spec.checkpoint_store()
     reset = getattr(store, "reset", None)
     if reset is None:
@@ -416,8 +909,59 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- load -------------------------------------------------------------------------
+def cmd_load(args: argparse.Namespace) -> int:
+    """Append a file's lines to a Redis stream of the job, pipelined."""
+    from .redis import RedisSystem
+    from .redis.tools import append_pipelined, read_messages
+    from .types import parse_system_stream
+
+    spec = _load(args)
+    target = args.stream or (spec.inputs[0] if len(spec.inputs) == 1 else None)
+    if target is None:
+        raise ConfigError(
+            "the job has several inputs: name one with --stream",
+            key="--stream",
+            allowed=", ".join(spec.inputs),
+        )
+    try:
+        ss = parse_system_stream(target)
+    except ValueError as e:
+        raise ConfigError(str(e), key="--stream") from None
+    system = spec.systems.get(ss.system)
+    if not isinstance(system, RedisSystem):
+        raise ConfigError(
+            f"{target!r} is not a stream of a Redis system of the job",
+            key="--stream",
+            allowed=", ".join(n for n, s in spec.systems.items() if isinstance(s, RedisSystem)) or "none",
+            source=str(spec.source),
+        )
+    path = Path(args.file)
+    if not path.is_file():
+        raise SetupError(f"{path}: no such file")
+    fmt = args.format or ("text" if path.suffix == ".txt" else "jsonl")
+    if args.partitions is not None:
+        system.create_stream(ss.stream, args.partitions, exist_ok=True)
+    started = time.monotonic()
+    counts = append_pipelined(
+        system, ss.stream, read_messages(path, fmt), key_field=args.key_field, batch=args.batch
+    )
+    if args.end:
+        system.end_stream(ss.stream)
+    seconds = time.monotonic() - started
+    total = sum(counts.values())
+    rate = total / seconds if seconds > 0 else 0.0
+    spread = ", ".join(f"[{p}] {n:,}" for p, n in sorted(counts.items()))
+    print(
+        f"appended {total:,} messages of {path} to {target} in {seconds:.2f} s ({rate:,.0f} msg/s):",
+        spread,
+    )
+    system.close()
+    return 0
+
+
 # -- prometheus -----------------------------------------------------------------
-def _serve_prometheus(container: Container, port: int) -> None:
+def _serve_prometheus(source: Any, port: int, host: str, job: str) -> None:
     try:
         from prometheus_client import start_http_server
         from prometheus_client.core import CollectorRegistry
@@ -428,9 +972,12 @@ def _serve_prometheus(container: Container, port: int) -> None:
     from .prometheus import ContainerCollector
 
     registry = CollectorRegistry()
-    registry.register(ContainerCollector(container))
-    start_http_server(port, registry=registry)
-    log.info("Prometheus metrics on http://0.0.0.0:%d/metrics", port)
+    registry.register(ContainerCollector(source, job=job))
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise SetupError(f"cannot serve metrics on {host}:{port}: {e.strerror or e}") from None
+    log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
 
 
 if __name__ == "__main__":  # pragma: no cover

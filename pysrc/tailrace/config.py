@@ -234,7 +234,8 @@ def parse_config(
     return dataclasses.replace(Config(), extra=extra, **values)
 
 
-def describe_keys() -> str:
-    """A table of every key, its default and meaning (for ``--help``)."""
-    width = max(len(k.name) for k in KEYS)
-    return "\n".join(f"  {k.name:<{width}}  default {k.default!r}: {k.doc}" for k in KEYS)
+def describe_keys(skip: tuple[str, ...] = ()) -> str:
+    """A table of every key (but those in ``skip``), its default and meaning (for ``--help``)."""
+    keys = [k for k in KEYS if k.name not in skip]
+    width = max(len(k.name) for k in keys)
+    return "\n".join(f"  {k.name:<{width}}  default {k.default!r}: {k.doc}" for k in keys)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .aio import AsyncioRunner, AsyncioTask
-from .api import TaskContext, TimerService, task_kind
+from .api import TaskContext, TimerService, check_task_class, task_kind
 from .collector import Collector
 from .config import Config, parse_config
 from .errors import ConfigError, InputError
@@ -121,6 +121,7 @@ def load_engine(name: str) -> Callable[[JobPlan], Engine]:
 
 
 InputSpec = str | SystemStreamPartition
+_WARNED: set[str] = set()  # start-up warnings already logged by this process
 
 
 class Container:
@@ -207,7 +208,12 @@ class Container:
             for index, pnum in enumerate(sorted(by_partition)):
                 name = f"Partition {pnum}"
                 instance = self._factory()
-                kind = task_kind(instance)
+                if index == 0:
+                    self._check_task(instance)
+                try:
+                    kind = task_kind(instance)
+                except TypeError as e:
+                    raise ConfigError(str(e), key="job.task") from None
                 if kind == "asyncio":
                     # async def process: run on the container's asyncio loop behind
                     # the callback interface every engine already runs
@@ -226,6 +232,14 @@ class Container:
                 runner.close()
             raise
         return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner)
+
+    def _check_task(self, instance: Any) -> None:
+        """Start-up checks of the task class (misspelled hooks, a window that never runs);
+        each warning once per process (a Redis member plans a container per rebalance)."""
+        for warning in check_task_class(type(instance), self.config.window_ms):
+            if warning not in _WARNED:
+                _WARNED.add(warning)
+                log.warning("%s", warning)
 
     # -- running --------------------------------------------------------------
     def run(self) -> RunResult:

@@ -1,4 +1,4 @@
-"""Exception classes of tailrace, shared by both engines.
+"""Exception classes of tailrace, shared by both engines ("rule N": docs/SEMANTICS.md, see tailrace.api).
 
 Plain Python on purpose: the compiled core raises these too (through one error
 checker that maps C status codes to exceptions), so ``except`` clauses work the
@@ -44,8 +44,14 @@ class ConfigError(TailraceError, ValueError):
         super().__init__("".join(parts))
 
 
+class SetupError(TailraceError):
+    """The environment stops a job before it starts: a state directory that cannot be
+    created or written, a file that cannot be read. Nothing was changed; the command
+    line exits with status 2 (as for a configuration error)."""
+
+
 class TaskError(TailraceError):
-    """User code failed; the container stopped (SEMANTICS rule 16).
+    """User code failed; the container stopped (rule 16 of docs/SEMANTICS.md).
 
     The original exception is ``__cause__`` (and ``original``); ``task``,
     ``ssp`` and ``offset`` say where, when known (``ssp``/``offset`` are None for

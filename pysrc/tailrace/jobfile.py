@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 import tomllib
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .api import check_task_class
 from .config import KEYS, Config, parse_config
 from .container import ENGINES, Container, load_engine
 from .errors import ConfigError
@@ -225,6 +227,7 @@ def load_job(
         )
 
     config_t = dict(_table(tree, "config", src))
+    _refuse_unquoted_keys(config_t, src)
     if "job.name" in config_t or "job_name" in config_t:
         raise ConfigError("set the job name in [job] name, not in [config]", key="job.name", source=src)
     config_t["job.name"] = name
@@ -285,6 +288,23 @@ def _read_tree(path: Path) -> dict[str, Any]:
         raise ConfigError(f"not valid TOML: {e}", source=str(path)) from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e}", source=str(path)) from None
+
+
+def _refuse_unquoted_keys(config_t: Mapping[str, Any], src: str) -> None:
+    """``task.window.ms = 1000`` unquoted is a nested table in TOML: say to quote the key."""
+    for key, value in config_t.items():
+        dotted, leaf = key, value
+        while isinstance(leaf, dict) and len(leaf) == 1:
+            ((part, leaf),) = leaf.items()
+            dotted += f".{part}"
+        if isinstance(value, dict):
+            shown = "..." if isinstance(leaf, dict) else json.dumps(leaf)
+            raise ConfigError(
+                f'[config] keys contain dots, so they must be quoted: write "{dotted}" = {shown} '
+                "(unquoted, TOML reads the dots as nested tables)",
+                key=dotted,
+                source=src,
+            )
 
 
 def _table(tree: Mapping[str, Any], name: str, src: str, required: bool = False) -> dict[str, Any]:
@@ -393,10 +413,9 @@ def load_task(task: Any, base: Path, source: Path) -> Any:
         raise ConfigError(f"{target} defines no {attr!r}", key="job.task", source=str(source))
     if not callable(obj):
         raise ConfigError(f"{task} is not a class or factory", key="job.task", source=str(source))
-    if inspect.isclass(obj) and not (hasattr(obj, "process") or hasattr(obj, "process_async")):
-        raise ConfigError(
-            f"{task} is not a task class (it defines neither process nor process_async)",
-            key="job.task",
-            source=str(source),
-        )
+    if inspect.isclass(obj):
+        try:
+            check_task_class(obj)  # refusals here, with the file; warnings when the container plans
+        except ConfigError as e:
+            raise ConfigError(e.reason, key="job.task", source=str(source)) from None
     return obj

@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from .container import Container
 
 _TASK_COUNTERS = ("processed", "completed", "failed", "ignored", "windows", "commits", "timers")
 
 
 class ContainerCollector(Collector):
-    """Reads ``container.metrics()`` on each scrape (thread-safe snapshot)."""
+    """Reads ``container.metrics()`` on each scrape (thread-safe snapshot).
 
-    def __init__(self, container: Container) -> None:
+    ``container``: a Container, or anything with its ``metrics()`` and ``skipped()``
+    (a Redis member's view of its current container). ``job``: when given, every
+    series carries a ``job`` label with the job's name.
+    """
+
+    def __init__(self, container: Any, job: str | None = None) -> None:
         self.container = container
+        self.job = job
 
     def collect(self) -> Iterator[Metric]:
+        for family in self._collect():
+            if self.job is not None:
+                family.samples = [s._replace(labels={"job": self.job, **s.labels}) for s in family.samples]
+            yield family
+
+    def _collect(self) -> Iterator[Metric]:
         snap = self.container.metrics()
         if snap is None:
             return

@@ -280,9 +280,9 @@ def test_prometheus_metrics_are_served(engine: str, tmp_path: Path) -> None:
                     body = resp.read().decode()
             except OSError:
                 time.sleep(0.05)
-        assert 'tailrace_task_processed_total{task="Partition 0"}' in body
-        assert "tailrace_container_loop_iterations_total" in body
-        assert 'tailrace_partition_skipped_total{partition="files.in[0]"} 0.0' in body
+        assert 'tailrace_task_processed_total{job="copy",task="Partition 0"}' in body
+        assert 'tailrace_container_loop_iterations_total{job="copy"}' in body
+        assert 'tailrace_partition_skipped_total{job="copy",partition="files.in[0]"} 0.0' in body
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

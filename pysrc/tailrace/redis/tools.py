@@ -1,0 +1,120 @@
+"""Command-line tools for Redis jobs (``tailrace checkpoints show|reset``, ``tailrace load``).
+
+Kept apart from the store and the system: these read and write the same keys
+(:class:`~tailrace.redis._io.Keys`) but are not on any job's run path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError, InputError
+from ..types import Offset, SystemStreamPartition
+from ._io import Keys, connect, connection_errors, text
+
+
+def committed_offsets(
+    url: str, cluster: bool, prefix: str, job: str, ssps: Sequence[SystemStreamPartition]
+) -> dict[SystemStreamPartition, Offset]:
+    """The committed entry id of each of ``ssps`` for ``job`` (partitions never committed are absent)."""
+    keys = Keys(prefix)
+    client = connect(url, cluster=cluster)
+    try:
+        names = [keys.checkpoint(s.stream, s.partition, job) for s in ssps]
+        values = [client.get(k) for k in names] if cluster else (list(client.mget(names)) if names else [])
+    except connection_errors() as e:
+        raise CheckpointError(f"Redis at {url} is unreachable: {e}") from e
+    finally:
+        client.close()
+    return {s: text(v) for s, v in zip(ssps, values) if v is not None}
+
+
+def reset_checkpoints(
+    url: str, cluster: bool, prefix: str, job: str, ssps: Sequence[SystemStreamPartition]
+) -> int:
+    """Delete ``job``'s checkpoints (and end-of-partition marks) of ``ssps``; refused
+    (CheckpointError) while a container holds a lease on one of them. Returns how
+    many checkpoints were deleted."""
+    keys = Keys(prefix)
+    client = connect(url, cluster=cluster)
+    try:
+        held = [s for s in ssps if client.exists(keys.lease(s.stream, s.partition, job))]
+        if held:
+            raise CheckpointError(
+                f"job {job!r} is running (a container holds the lease of {', '.join(map(str, held[:4]))}); "
+                "stop it first"
+            )
+        deleted = 0
+        for s in ssps:
+            deleted += int(client.delete(keys.checkpoint(s.stream, s.partition, job)))
+            client.delete(keys.done(s.stream, s.partition, job))
+        return deleted
+    except connection_errors() as e:
+        raise CheckpointError(f"Redis at {url} is unreachable: {e}") from e
+    finally:
+        client.close()
+
+
+def read_messages(path: Path, fmt: str) -> Iterator[Any]:
+    """Messages of a JSON Lines (``jsonl``) or text (``text``) file; InputError names file and line."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.rstrip(b"\n").rstrip(b"\r")
+            if fmt == "text":
+                try:
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise InputError("line is not valid UTF-8", source=str(path), line=n) from None
+                continue
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except ValueError as e:
+                raise InputError(f"line is not valid JSON ({e})", source=str(path), line=n) from None
+
+
+def append_pipelined(
+    system: Any, stream: str, messages: Iterable[Any], *, key_field: str | None = None, batch: int = 1000
+) -> dict[int, int]:
+    """Append ``messages`` to ``system``'s ``stream`` (a :class:`RedisSystem`), ``batch``
+    XADDs per round trip (a pipeline). A message goes to the partition of its key
+    (``key_field`` of a JSON object), else round-robin. Returns messages per partition."""
+    from .system import _encoder  # the system's codec, so readers decode what was written
+
+    n = system.partitions(stream)
+    enc = _encoder(system.codec)
+    counts = dict.fromkeys(range(n), 0)
+    pipe = system.client.pipeline(transaction=False)
+    pending = 0
+    rr = 0
+    for message in messages:
+        key = message.get(key_field) if key_field and isinstance(message, dict) else None
+        if key is None:
+            p, rr = rr % n, rr + 1
+        else:
+            p = _partition_of(key, n)
+        fields: dict[str, Any] = {"m": enc(message)}
+        if key is not None:
+            fields["k"] = enc(key)
+        pipe.xadd(system.keys.stream(stream, p), fields)
+        counts[p] += 1
+        pending += 1
+        if pending >= batch:
+            pipe.execute()
+            pending = 0
+    if pending:
+        pipe.execute()
+    return counts
+
+
+def _partition_of(key: Any, n: int) -> int:
+    from ..collector import key_partition  # the partition collector.send(key=...) picks
+
+    return int(key_partition(key, n))
+
+
+__all__ = ["append_pipelined", "committed_offsets", "read_messages", "reset_checkpoints"]

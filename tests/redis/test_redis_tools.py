@@ -1,0 +1,228 @@
+"""Redis jobs get the SQLite jobs' tooling: ``tailrace load`` (pipelined), committed
+offsets after a run, ``checkpoints show|reset``, ``--metrics-port`` (with a ``job``
+label), the live view, and ``--containers`` output prefixed per container."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from redis_support import RedisServer
+
+from tailrace.collector import key_partition
+from tailrace.redis.system import RedisSystem
+
+TASK = """
+import os
+import time
+
+from tailrace import StreamTask
+
+
+class Forward(StreamTask):
+    def process(self, envelope, collector, coordinator):
+        time.sleep(float(os.environ.get("SLOW_S", "0")))
+        collector.send("redis.out", envelope.message, key=envelope.partition)
+"""
+
+
+RUN = [sys.executable, "-m", "tailrace", "run"]
+
+
+def write_job(tmp_path: Path, url: str) -> Path:
+    (tmp_path / "forward.py").write_text(TASK)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f"""
+[job]
+name = "tools"
+task = "forward.py:Forward"
+inputs = ["redis.in"]
+
+[config]
+"task.commit.ms" = 100
+
+[systems.redis]
+type = "redis"
+url = "{url}"
+
+[checkpoints]
+type = "redis"
+url = "{url}"
+lease_ms = 1500
+"""
+    )
+    return job
+
+
+def cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "tailrace", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def load(tmp_path: Path, job: Path, n: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    data = tmp_path / "clicks.jsonl"
+    data.write_text("".join(json.dumps({"user": f"u{i % 97}", "i": i}) + "\n" for i in range(n)))
+    return cli("load", str(job), str(data), "--partitions", "4", "--key-field", "user", *extra)
+
+
+def test_load_run_show_reset(redis_server: RedisServer, tmp_path: Path) -> None:
+    job = write_job(tmp_path, redis_server.url)
+    loaded = load(tmp_path, job, 8000, "--end")
+    assert loaded.returncode == 0, loaded.stderr
+    assert "appended 8,000 messages" in loaded.stdout and "to redis.in" in loaded.stdout
+    system = RedisSystem("redis", redis_server.url)
+    per_partition = [system.read_all("in", p) for p in range(4)]
+    assert sum(len(x) for x in per_partition) == 8000
+    for p, entries in enumerate(per_partition):  # placed by key, as collector.send(key=...) would
+        assert all(key_partition(m["user"], 4) == p and k == m["user"] for _, k, m in entries)
+        assert [m["i"] for _, _, m in entries] == sorted(m["i"] for _, _, m in entries)  # file order
+
+    done = cli("run", str(job), "--no-progress")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "8,000 messages processed" in done.stdout
+    assert "  committed offsets:" in done.stdout
+    for p, entries in enumerate(per_partition):
+        assert f"redis.in[{p}]" in done.stdout and entries[-1][0] in done.stdout, done.stdout
+
+    shown = cli("checkpoints", "show", str(job))
+    assert shown.returncode == 0, shown.stderr
+    for p, entries in enumerate(per_partition):
+        assert f"Partition {p}" in shown.stdout and repr(entries[-1][0]) in shown.stdout, shown.stdout
+    reset = cli("checkpoints", "reset", str(job), "--yes")
+    assert reset.returncode == 0, reset.stderr
+    assert "deleted 4 checkpoints of job 'tools'" in reset.stdout
+    again = cli("checkpoints", "show", str(job))
+    assert again.returncode == 0 and "no checkpoints" in again.stdout
+    rerun = cli("run", str(job), "--no-progress")  # from the beginning again
+    assert rerun.returncode == 0 and "8,000 messages processed" in rerun.stdout, rerun.stderr[-3000:]
+    system.close()
+
+
+def test_load_is_pipelined(redis_server: RedisServer, tmp_path: Path) -> None:
+    job = write_job(tmp_path, redis_server.url)
+    loaded = load(tmp_path, job, 20000)
+    assert loaded.returncode == 0, loaded.stderr
+    rate = float(loaded.stdout.split("(")[1].split(" msg/s")[0].replace(",", ""))
+    system = RedisSystem("redis", redis_server.url)
+    t0 = time.monotonic()
+    for i in range(2000):  # one XADD per round trip, the way the issue measured it
+        system.append("in", 0, {"i": i})
+    one_by_one = 2000 / (time.monotonic() - t0)
+    system.close()
+    assert rate > 2 * one_by_one, (rate, one_by_one)
+
+
+def test_reset_is_refused_while_the_job_runs(redis_server: RedisServer, tmp_path: Path) -> None:
+    job = write_job(tmp_path, redis_server.url)
+    assert load(tmp_path, job, 200).returncode == 0  # no end marker: the job keeps running
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tailrace", "run", str(job), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            shown = cli("checkpoints", "show", str(job))
+            if "Partition 3" in shown.stdout:
+                break
+            time.sleep(0.2)
+        refused = cli("checkpoints", "reset", str(job), "--yes")
+        assert refused.returncode == 1 and "is running" in refused.stderr, refused.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "committed offsets:" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int, needle: str, timeout: float = 30) -> str:
+    body = ""
+    deadline = time.monotonic() + timeout
+    while needle not in body and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                body = resp.read().decode()
+        except OSError:
+            time.sleep(0.1)
+    return body
+
+
+def test_metrics_and_live_view_in_redis_mode(redis_server: RedisServer, tmp_path: Path) -> None:
+    job = write_job(tmp_path, redis_server.url)
+    assert load(tmp_path, job, 400).returncode == 0
+    port = _free_port()
+    proc = subprocess.Popen(
+        [*RUN, str(job), "--progress", "--metrics-port", str(port), "--metrics-host", "127.0.0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "SLOW_S": "0.005"},
+    )
+    try:
+        body = _scrape(port, 'tailrace_task_processed_total{job="tools",task="Partition 0"}')
+        assert 'tailrace_task_processed_total{job="tools",task="Partition 0"}' in body, body
+        assert 'tailrace_partition_lag{job="tools",partition="redis.in[3]",task="Partition 3"}' in body
+        time.sleep(1.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err)  # the view, without its terminal codes
+    assert "tailrace tools (c engine)" in shown and "committed" in shown, shown[-3000:]
+    assert re.search(r"^redis\.in\[0\]\s+\d+-\d+\s+[\d,]+$", shown, re.M), shown[-3000:]
+    assert "committed offsets:" in out
+
+
+def test_local_containers_prefix_their_lines_and_serve_metrics(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    job = write_job(tmp_path, redis_server.url)
+    assert load(tmp_path, job, 2000).returncode == 0
+    port = _free_port()
+    proc = subprocess.Popen(
+        [*RUN, str(job), "--containers", "2", "--metrics-port", str(port), "--metrics-host", "127.0.0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "SLOW_S": "0.002"},
+    )
+    try:
+        for p in (port, port + 1):
+            body = _scrape(p, 'tailrace_task_processed_total{job="tools"')
+            assert 'tailrace_task_processed_total{job="tools"' in body, (p, body)
+    finally:
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    member_lines = [x for x in err.splitlines() if "member " in x and "joined job" in x]
+    assert sorted(x[: len("[container 0]")] for x in member_lines) == ["[container 0]", "[container 1]"], err
+    for line in err.splitlines():  # every line is whole and names its container, or is the parent's
+        parent = not line or line.startswith("tailrace: SIGTERM: stopping") or " tailrace.cli: " in line
+        assert parent or line.startswith(("[container 0] ", "[container 1] ")), line
+    assert out.count("committed offsets:") == 1, out  # the parent prints them once
