@@ -298,21 +298,15 @@ return {0}
 """
 )
 
-# KEYS: keys zset, values hash.  ARGV: min, max (ZRANGEBYLEX syntax), limit.
-# -> {key_1, value_1, key_2, value_2, ...}: the next ``limit`` entries in key order,
-# keys and values read in one atomic step.
+# KEYS: keys zset, values hash.  ARGV: min, max (ZRANGEBYLEX syntax), limit (at most
+# SCAN_LIMIT: ``unpack`` is bounded by Lua's C stack, 8000 slots).
+# -> {keys, values}: the next ``limit`` keys in byte order and their values, read in
+# one atomic step (so a batch never mixes two commits).
+SCAN_LIMIT = 7000
 STATE_SCAN = """
 local ks = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
-local out = {}
-for i = 1, #ks, 1000 do
-  local j = math.min(i + 999, #ks)
-  local vs = redis.call('HMGET', KEYS[2], unpack(ks, i, j))
-  for n = 1, #vs do
-    out[#out + 1] = ks[i + n - 1]
-    out[#out + 1] = vs[n]
-  end
-end
-return out
+if #ks == 0 then return {ks, ks} end
+return {ks, redis.call('HMGET', KEYS[2], unpack(ks))}
 """
 
 # KEYS: lease, done.  ARGV: value.  -> 1 marked, 0 lease not held.

@@ -44,7 +44,18 @@ from typing import Any
 from ..errors import CheckpointError, ConfigError, FencedError
 from ..interfaces import CheckpointStore, StateChanges
 from ..types import Offset, SystemStreamPartition
-from ._io import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
+from ._io import (
+    DEFAULT_URL,
+    SCAN_LIMIT,
+    Keys,
+    Scripts,
+    check,
+    connect,
+    connection_errors,
+    entry_id,
+    retrying,
+    text,
+)
 
 log = logging.getLogger("tailrace.redis")
 
@@ -52,8 +63,8 @@ STATE_BATCH = 10_000
 """State changes per STATE_COMMIT call: a larger commit is several calls in one
 MULTI/EXEC (bounds each script's arguments and Lua stack, not atomicity)."""
 
-SCAN_BATCH = 5_000
-"""Entries fetched per STATE_SCAN call by ``state_scan``."""
+SCAN_BATCH = SCAN_LIMIT
+"""Entries fetched per STATE_SCAN call by ``state_scan`` (at most SCAN_LIMIT)."""
 
 
 @dataclass(frozen=True)
@@ -599,10 +610,11 @@ class RedisCheckpointStore(CheckpointStore):
     ) -> Iterator[tuple[bytes, bytes]]:
         low = b"-" if start is None else b"[" + start
         high = b"+" if end is None else b"(" + end
+        limit = min(SCAN_BATCH, SCAN_LIMIT)
         while True:
             try:
-                flat = retrying(
-                    partial(self._scripts.state_scan, keys=[zkey, hkey], args=[low, high, SCAN_BATCH]),
+                keys, values = retrying(
+                    partial(self._scripts.state_scan, keys=[zkey, hkey], args=[low, high, limit]),
                     f"scanning {store!r} of {task_name}",
                     deadline_s=self.retry_s,
                 )
@@ -610,13 +622,12 @@ class RedisCheckpointStore(CheckpointStore):
                 raise CheckpointError(
                     f"task {task_name!r} store {store!r}: Redis at {self.url} is unreachable: {e}"
                 ) from e
-            for i in range(0, len(flat), 2):
-                value = flat[i + 1]
-                if value is not None:
-                    yield flat[i], value
-            if len(flat) < 2 * SCAN_BATCH:
+            for key, value in zip(keys, values):
+                if value is not None:  # (a key without a value: only by tampering)
+                    yield key, value
+            if len(keys) < limit:
                 return
-            low = b"(" + flat[-2]
+            low = b"(" + keys[-1]
 
     def close(self) -> None:
         self._stop.set()
