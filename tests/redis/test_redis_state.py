@@ -95,6 +95,40 @@ def test_state_of_an_unknown_task_is_refused(redis_server: RedisServer) -> None:
     store.close()
 
 
+def test_state_stays_with_the_tasks_first_input(redis_server: RedisServer) -> None:
+    # the state of a task lives under its first input partition: a stream added after it
+    # changes nothing; one sorting before it would hide the state, so it is refused
+    store = open_store(redis_server.url, [IN0])
+    store.write(TASK, {IN0: "1-0"}, {"counts": {b"a": b"1"}})
+    store.close()
+    later = SystemStreamPartition("redis", "zz", 0)
+    store = open_store(redis_server.url, [IN0, later])
+    assert store.state_get(TASK, "counts", b"a") == b"1"
+    store.write(TASK, {later: "4-0"}, {"counts": {b"b": b"1"}})
+    assert snapshot(store) == {b"a": b"1", b"b": b"1"}
+    store.close()
+    first = SystemStreamPartition("redis", "aa", 0)
+    store = open_store(redis_server.url, [first, IN0])
+    message = r"state was written under input partition in:0.*first input is now aa:0"
+    with pytest.raises(CheckpointError, match=message):
+        store.state_get(TASK, "counts", b"a")
+    with pytest.raises(CheckpointError, match=message):
+        list(store.state_scan(TASK, "counts"))
+    with pytest.raises(CheckpointError, match=message):
+        store.write(TASK, {first: "1-0"}, {"counts": {b"a": b"2"}})
+    assert store.load(TASK)[IN0] == "1-0"  # nothing written
+    store.close()
+    # a task that never wrote state may change its inputs freely
+    other = open_store(redis_server.url, [IN0], job="stateless")
+    other.write(TASK, {IN0: "1-0"})
+    other.close()
+    other = open_store(redis_server.url, [first, IN0], job="stateless")
+    assert other.state_get(TASK, "counts", b"x") is None
+    other.write(TASK, {first: "1-0"}, {"counts": {b"x": b"1"}})
+    assert snapshot(other) == {b"x": b"1"}
+    other.close()
+
+
 def test_a_commit_of_many_keys_is_batched_and_atomic(redis_server: RedisServer) -> None:
     # rule 26: 45,000 changes over two stores: several scripts in one MULTI/EXEC
     store = open_store(redis_server.url, [IN0])

@@ -14,6 +14,7 @@ script can check the lease and write the checkpoint atomically::
                                 partitions outside its anchor's slot (cluster only)
     P:{a}:state:JOB:TASK:STORE:k  sorted set (score 0) of a store's encoded keys
     P:{a}:state:JOB:TASK:STORE:v  hash: encoded key -> encoded value
+    P:{job:JOB}:anchors         hash TASK -> "stream:p", the anchor its state was written under
     P:meta:stream:partitions    partition count of a stream
     P:{job:JOB}:members         sorted set of live members (score: expiry, ms)
 
@@ -162,6 +163,10 @@ class Keys:
     def task_offsets(self, stream: str, partition: int, job: str, task: str) -> str:
         """Ids of a task's partitions outside its anchor's slot (anchor: stream, partition)."""
         return f"{self._tag(stream, partition)}:tckpt:{job}:{task}"
+
+    def anchors(self, job: str) -> str:
+        """Hash: task -> the anchor ("stream:p") its state lives under."""
+        return f"{self.prefix}:{{job:{job}}}:anchors"
 
     def state(self, stream: str, partition: int, job: str, task: str, store: str) -> tuple[str, str]:
         """(sorted set of keys, hash of values) of one store of a task, in its anchor's slot."""

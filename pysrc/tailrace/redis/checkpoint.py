@@ -229,6 +229,7 @@ class RedisCheckpointStore(CheckpointStore):
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._layouts: dict[str, _TaskLayout] | None = None
+        self._anchored: set[str] = set()  # tasks whose anchor matched the registry (this open)
         self.fenced: set[SystemStreamPartition] = set()
 
     # -- CheckpointStore ----------------------------------------------------------
@@ -412,7 +413,7 @@ class RedisCheckpointStore(CheckpointStore):
     def _layout(self, task_name: str) -> _TaskLayout | None:
         return self._task_layouts().get(task_name)
 
-    def _state_keys(self, job: str, task_name: str, store: str) -> tuple[str, str]:
+    def _state_keys(self, job: str, task_name: str, store: str, *, claim: bool = False) -> tuple[str, str]:
         layout = self._layout(task_name)
         if layout is None:
             raise CheckpointError(
@@ -420,7 +421,38 @@ class RedisCheckpointStore(CheckpointStore):
                 f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'})"
             )
         a = layout.anchor
+        if task_name not in self._anchored:
+            self._check_anchor(job, task_name, a, claim)
         return self.keys.state(a.stream, a.partition, job, task_name, store)
+
+    def _check_anchor(self, job: str, task_name: str, anchor: SystemStreamPartition, claim: bool) -> None:
+        """Refuse to use a task's state under another anchor than the one it was written
+        under (the job's inputs changed so that another stream sorts first); ``claim``
+        records the anchor on the first state write. Once per task per open."""
+        registry, here = self.keys.anchors(job), f"{anchor.stream}:{anchor.partition}"
+
+        def check() -> Any:
+            old = self.client.hget(registry, task_name)
+            if old is None and claim:
+                self.client.hsetnx(registry, task_name, here)
+                old = self.client.hget(registry, task_name)
+            return old
+
+        try:
+            old = retrying(check, f"reading the state anchor of {task_name}", deadline_s=self.retry_s)
+        except connection_errors() as e:
+            raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
+        if old is None:
+            return  # no state written yet: nothing to find elsewhere
+        if text(old) != here:
+            raise CheckpointError(
+                f"job {job!r} task {task_name!r}: its state was written under input partition {text(old)} "
+                f"(the task's first input), but its first input is now {anchor.stream}:{anchor.partition}; "
+                f"the job's inputs changed. Keep the inputs, or delete the task's old state "
+                f"(keys {self.keys.prefix}:{{{text(old)}}}:state:{job}:{task_name}:*) and field "
+                f"{task_name!r} of {registry} to start it afresh"
+            )
+        self._anchored.add(task_name)
 
     def _read_task_offsets(self, job: str) -> dict[SystemStreamPartition, Offset]:
         """Ids of the tasks' partitions kept next to their anchors (cluster, several slots)."""
@@ -552,7 +584,7 @@ class RedisCheckpointStore(CheckpointStore):
         for store, changes in state.items():
             if not changes:
                 continue
-            zkey, hkey = self._state_keys(job, task_name, store)
+            zkey, hkey = self._state_keys(job, task_name, store, claim=True)
             items = list(changes.items())
             i = 0
             while i < len(items):
@@ -639,6 +671,7 @@ class RedisCheckpointStore(CheckpointStore):
             self._own_leases = None
         self._job = None
         self._layouts = None
+        self._anchored = set()
         if self._own_client:
             try:
                 self.client.close()
