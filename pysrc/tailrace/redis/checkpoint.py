@@ -195,6 +195,11 @@ class RedisCheckpointStore(CheckpointStore):
 
     ``write`` raises FencedError when a lease is no longer held with that value or
     an id would move backwards; CheckpointError when Redis stays unreachable.
+
+    Task state (rules 25-29): ``write(task, offsets, state)`` applies the state
+    changes and the offsets in one fenced atomic write; ``state_get`` and
+    ``state_scan`` read committed state from any thread (see the module
+    docstring for the layout, docs/redis.md for the cluster rules).
     """
 
     def __init__(
