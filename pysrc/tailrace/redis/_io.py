@@ -10,8 +10,18 @@ script can check the lease and write the checkpoint atomically::
     P:{stream:p}:lease:JOB      "member|token" while a container owns it (PX ttl)
     P:{stream:p}:fence:JOB      fencing counter (INCR on every acquisition)
     P:{stream:p}:done:JOB       set once JOB processed the partition to its end
+    P:{a}:tckpt:JOB:TASK        hash "stream:p" -> id: committed ids of a task's
+                                partitions outside its anchor's slot (cluster only)
+    P:{a}:state:JOB:TASK:STORE:k  sorted set (score 0) of a store's encoded keys
+    P:{a}:state:JOB:TASK:STORE:v  hash: encoded key -> encoded value
+    P:{job:JOB}:anchors         hash TASK -> "stream:p", the anchor its state was written under
     P:meta:stream:partitions    partition count of a stream
     P:{job:JOB}:members         sorted set of live members (score: expiry, ms)
+
+``{a}`` is the tag ``{stream:p}`` of the task's *anchor*, its first input
+partition (sorted as the container sorts them): a task's state and its whole
+checkpoint live in one slot, so one fenced script (or one MULTI/EXEC of them)
+writes both (see ``tailrace.redis.checkpoint`` and docs/redis.md).
 
 Redis is imported lazily so that tailrace works without the ``redis`` extra.
 """
@@ -150,6 +160,19 @@ class Keys:
     def partitions(self, stream: str) -> str:
         return f"{self.prefix}:meta:{stream}:partitions"
 
+    def task_offsets(self, stream: str, partition: int, job: str, task: str) -> str:
+        """Ids of a task's partitions outside its anchor's slot (anchor: stream, partition)."""
+        return f"{self._tag(stream, partition)}:tckpt:{job}:{task}"
+
+    def anchors(self, job: str) -> str:
+        """Hash: task -> the anchor ("stream:p") its state lives under."""
+        return f"{self.prefix}:{{job:{job}}}:anchors"
+
+    def state(self, stream: str, partition: int, job: str, task: str, store: str) -> tuple[str, str]:
+        """(sorted set of keys, hash of values) of one store of a task, in its anchor's slot."""
+        base = f"{self._tag(stream, partition)}:state:{job}:{task}:{store}"
+        return f"{base}:k", f"{base}:v"
+
     def members(self, job: str) -> str:
         return f"{self.prefix}:{{job:{job}}}:members"
 
@@ -210,6 +233,86 @@ for i = 1, n do redis.call('SET', KEYS[2*i], ARGV[2*i]) end
 return {0}
 """
 )
+
+# One batch of a task's commit: offsets and (part of) its state, in the slot of
+# the task's anchor.
+# KEYS: lease_1..lease_L, ckpt_1..ckpt_C, tckpt, then (keys zset, values hash) per store.
+# ARGV: L, C, R, S, lease value_1..L, id_1..C, R pairs (tckpt field, id), then per
+#       store: nset, ndel, nset (key, value) pairs, ndel keys.
+# -> {0} written; {1, i} lease i not held with that value; {2, j, stored} id j
+#    (1..C: ckpt_j, C+1..C+R: the R-th pair) behind the stored one.
+# Every check runs before any write. A large commit is several calls of this
+# script in one MULTI/EXEC, each making the same checks (nothing runs between
+# them, so they all pass or all refuse) and writing the same offsets.
+STATE_COMMIT = (
+    _LUA_CMP
+    + """
+local L, C, R, S = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local a = 5
+for i = 1, L do
+  if redis.call('GET', KEYS[i]) ~= ARGV[a] then return {1, i} end
+  a = a + 1
+end
+local ids = a
+for j = 1, C do
+  local old = redis.call('GET', KEYS[L + j])
+  if behind(ARGV[a], old) then return {2, j, old} end
+  a = a + 1
+end
+local tckpt = KEYS[L + C + 1]
+local fields = a
+for j = 1, R do
+  local old = redis.call('HGET', tckpt, ARGV[a])
+  if behind(ARGV[a + 1], old) then return {2, C + j, old} end
+  a = a + 2
+end
+local CHUNK = 1000
+for s = 1, S do
+  local zkey, hkey = KEYS[L + C + 2 * s], KEYS[L + C + 2 * s + 1]
+  local nset, ndel = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  a = a + 2
+  local i = 0
+  while i < nset do
+    local n = math.min(CHUNK, nset - i)
+    local first = a + 2 * i
+    local z = {}
+    for k = 0, n - 1 do
+      z[2 * k + 1] = 0
+      z[2 * k + 2] = ARGV[first + 2 * k]
+    end
+    redis.call('ZADD', zkey, unpack(z))
+    redis.call('HSET', hkey, unpack(ARGV, first, first + 2 * n - 1))
+    i = i + n
+  end
+  a = a + 2 * nset
+  i = 0
+  while i < ndel do
+    local n = math.min(CHUNK, ndel - i)
+    redis.call('ZREM', zkey, unpack(ARGV, a + i, a + i + n - 1))
+    redis.call('HDEL', hkey, unpack(ARGV, a + i, a + i + n - 1))
+    i = i + n
+  end
+  a = a + ndel
+end
+for j = 1, C do redis.call('SET', KEYS[L + j], ARGV[ids + j - 1]) end
+for j = 1, R do
+  local f = fields + 2 * (j - 1)
+  redis.call('HSET', tckpt, ARGV[f], ARGV[f + 1])
+end
+return {0}
+"""
+)
+
+# KEYS: keys zset, values hash.  ARGV: min, max (ZRANGEBYLEX syntax), limit (at most
+# SCAN_LIMIT: ``unpack`` is bounded by Lua's C stack, 8000 slots).
+# -> {keys, values}: the next ``limit`` keys in byte order and their values, read in
+# one atomic step (so a batch never mixes two commits).
+SCAN_LIMIT = 7000
+STATE_SCAN = """
+local ks = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+if #ks == 0 then return {ks, ks} end
+return {ks, redis.call('HMGET', KEYS[2], unpack(ks))}
+"""
 
 # KEYS: lease, done.  ARGV: value.  -> 1 marked, 0 lease not held.
 MARK_DONE = """
@@ -277,6 +380,8 @@ class Scripts:
         self.heartbeat = client.register_script(HEARTBEAT)
         self.members = client.register_script(MEMBERS)
         self.xadd_batch = client.register_script(XADD_BATCH)
+        self.state_commit = client.register_script(STATE_COMMIT)
+        self.state_scan = client.register_script(STATE_SCAN)
 
 
 def _error_reply(message: str) -> BaseException:

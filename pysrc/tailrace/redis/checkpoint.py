@@ -15,21 +15,66 @@ the heartbeat); :class:`RedisCheckpointStore` writes fenced checkpoints with the
 lease values it is given, or, used alone with a plain Container, acquires and
 renews leases on its inputs itself (a second container of the same job is then
 refused with CheckpointError).
+
+State (rules 25-29). A task's key-value stores live in the hash slot of the
+task's *anchor*, its first input partition (``{stream:p}``, the task's partitions
+sorted as the container sorts them): per store a sorted set of the encoded keys
+(score 0, so ``ZRANGEBYLEX`` scans them in byte order) and a hash of the values.
+A commit that carries state is one ``STATE_COMMIT`` script that checks the
+leases of the task's partitions in that slot and that no id moves backwards,
+then writes the state changes and the offsets. A commit of more than
+``STATE_BATCH`` changes is several such scripts in one ``MULTI``/``EXEC``: each
+makes the same checks, and nothing runs between them, so all apply or none.
+On a Redis Cluster, the ids of a task's partitions that hash elsewhere (several
+input streams) are kept in a hash next to the anchor (``tckpt``), written by the
+same script, and the task is fenced by the lease of its anchor, which every
+owner of the task holds (a container runs a task only while it holds the leases
+of all its partitions).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, FencedError
 from ..interfaces import CheckpointStore, StateChanges
 from ..types import Offset, SystemStreamPartition
-from ._io import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, entry_id, retrying, text
+from ._io import (
+    DEFAULT_URL,
+    SCAN_LIMIT,
+    Keys,
+    Scripts,
+    check,
+    connect,
+    connection_errors,
+    entry_id,
+    retrying,
+    text,
+)
 
 log = logging.getLogger("tailrace.redis")
+
+STATE_BATCH = 10_000
+"""State changes per STATE_COMMIT call: a larger commit is several calls in one
+MULTI/EXEC (bounds each script's arguments and Lua stack, not atomicity)."""
+
+SCAN_BATCH = SCAN_LIMIT
+"""Entries fetched per STATE_SCAN call by ``state_scan`` (at most SCAN_LIMIT)."""
+
+
+@dataclass(frozen=True)
+class _TaskLayout:
+    """Where one task's checkpoint and state live (see the module docstring)."""
+
+    anchor: SystemStreamPartition
+    local: tuple[SystemStreamPartition, ...]  # partitions in the anchor's slot (all of them off-cluster)
+    remote: tuple[SystemStreamPartition, ...]  # the others (cluster only): ids in ``tckpt``
+    tckpt: str
 
 
 class Leases:
@@ -150,6 +195,11 @@ class RedisCheckpointStore(CheckpointStore):
 
     ``write`` raises FencedError when a lease is no longer held with that value or
     an id would move backwards; CheckpointError when Redis stays unreachable.
+
+    Task state (rules 25-29): ``write(task, offsets, state)`` applies the state
+    changes and the offsets in one fenced atomic write; ``state_get`` and
+    ``state_scan`` read committed state from any thread (see the module
+    docstring for the layout, docs/redis.md for the cluster rules).
     """
 
     def __init__(
@@ -183,6 +233,8 @@ class RedisCheckpointStore(CheckpointStore):
         self._own_leases: Leases | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._layouts: dict[str, _TaskLayout] | None = None
+        self._anchored: set[str] = set()  # tasks whose anchor matched the registry (this open)
         self.fenced: set[SystemStreamPartition] = set()
 
     # -- CheckpointStore ----------------------------------------------------------
@@ -248,6 +300,7 @@ class RedisCheckpointStore(CheckpointStore):
             except ValueError as e:
                 raise CheckpointError(f"corrupt checkpoint in Redis at {self.url}: {e}") from None
             out[ssp] = value
+        out.update(self._read_task_offsets(job))
         return out
 
     def load(self, task_name: str) -> dict[SystemStreamPartition, Offset]:
@@ -263,9 +316,16 @@ class RedisCheckpointStore(CheckpointStore):
         offsets: Mapping[SystemStreamPartition, Offset],
         state: StateChanges | None = None,
     ) -> None:
-        if state:  # state stores land in their own commit (issue: durable state)
-            raise CheckpointError(f"{type(self).__name__} cannot store state yet")
         job = self._require_job()
+        layout = self._layout(task_name) if state or self.cluster else None
+        if state and layout is None:
+            raise CheckpointError(
+                f"task {task_name!r} has no input partitions in this Redis checkpoint store "
+                f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'}); cannot place its state"
+            )
+        if layout is not None and (state or layout.remote):
+            self._write_task(job, task_name, layout, offsets, state or {})
+            return
         items: list[tuple[SystemStreamPartition, str, str]] = []
         for ssp, offset in offsets.items():
             value = self._values.get(ssp)
@@ -321,6 +381,291 @@ class RedisCheckpointStore(CheckpointStore):
             partition=str(ssp),
         )
 
+    # -- state (rules 25-29) --------------------------------------------------------
+    def _task_layouts(self) -> dict[str, _TaskLayout]:
+        """Every task of this store's partitions (GroupByPartition, as the container
+        groups them: task "Partition N" owns partition N of every input)."""
+        layouts = self._layouts
+        if layouts is not None:
+            return layouts
+        job = self._job or ""
+        by_partition: dict[int, list[SystemStreamPartition]] = {}
+        for ssp in self._inputs:
+            by_partition.setdefault(ssp.partition, []).append(ssp)
+        layouts = {}
+        for pnum, ssps in by_partition.items():
+            parts = sorted(ssps)
+            anchor = parts[0]
+            local: list[SystemStreamPartition] = [anchor]
+            remote: list[SystemStreamPartition] = []
+            if self.cluster:
+                slot = self._slot(anchor)
+                for s in parts[1:]:
+                    (local if self._slot(s) == slot else remote).append(s)
+            else:
+                local = parts
+            name = f"Partition {pnum}"
+            tckpt = self.keys.task_offsets(anchor.stream, anchor.partition, job, name)
+            layouts[name] = _TaskLayout(anchor, tuple(local), tuple(remote), tckpt)
+        self._layouts = layouts  # built once per open; later readers see the whole dict
+        return layouts
+
+    def _slot(self, ssp: SystemStreamPartition) -> int:
+        from redis.crc import key_slot
+
+        return int(key_slot(self.keys.lease(ssp.stream, ssp.partition, "").encode()))
+
+    def _layout(self, task_name: str) -> _TaskLayout | None:
+        return self._task_layouts().get(task_name)
+
+    def _state_keys(self, job: str, task_name: str, store: str, *, claim: bool = False) -> tuple[str, str]:
+        layout = self._layout(task_name)
+        if layout is None:
+            raise CheckpointError(
+                f"task {task_name!r} has no input partitions in this Redis checkpoint store "
+                f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'})"
+            )
+        a = layout.anchor
+        if task_name not in self._anchored:
+            self._check_anchor(job, task_name, a, claim)
+        return self.keys.state(a.stream, a.partition, job, task_name, store)
+
+    def _check_anchor(self, job: str, task_name: str, anchor: SystemStreamPartition, claim: bool) -> None:
+        """Refuse to use a task's state under another anchor than the one it was written
+        under (the job's inputs changed so that another stream sorts first); ``claim``
+        records the anchor on the first state write. Once per task per open."""
+        registry, here = self.keys.anchors(job), f"{anchor.stream}:{anchor.partition}"
+
+        def check() -> Any:
+            old = self.client.hget(registry, task_name)
+            if old is None and claim:
+                self.client.hsetnx(registry, task_name, here)
+                old = self.client.hget(registry, task_name)
+            return old
+
+        try:
+            old = retrying(check, f"reading the state anchor of {task_name}", deadline_s=self.retry_s)
+        except connection_errors() as e:
+            raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
+        if old is None:
+            return  # no state written yet: nothing to find elsewhere
+        if text(old) != here:
+            raise CheckpointError(
+                f"job {job!r} task {task_name!r}: its state was written under input partition {text(old)} "
+                f"(the task's first input), but its first input is now {anchor.stream}:{anchor.partition}; "
+                f"the job's inputs changed. Keep the inputs, or delete the task's old state "
+                f"(keys {self.keys.prefix}:{{{text(old)}}}:state:{job}:{task_name}:*) and field "
+                f"{task_name!r} of {registry} to start it afresh"
+            )
+        self._anchored.add(task_name)
+
+    def _read_task_offsets(self, job: str) -> dict[SystemStreamPartition, Offset]:
+        """Ids of the tasks' partitions kept next to their anchors (cluster, several slots)."""
+        out: dict[SystemStreamPartition, Offset] = {}
+        for task_name, layout in self._task_layouts().items():
+            if not layout.remote:
+                continue
+            try:
+                raw = retrying(
+                    partial(self.client.hgetall, layout.tckpt),
+                    f"reading the checkpoint of {task_name}",
+                    deadline_s=self.retry_s,
+                )
+            except connection_errors() as e:
+                raise CheckpointError(f"Redis at {self.url} is unreachable: {e}") from e
+            fields = {text(k): text(v) for k, v in raw.items()}
+            for ssp in layout.remote:
+                value = fields.get(f"{ssp.stream}:{ssp.partition}")
+                if value is None:
+                    continue
+                try:
+                    entry_id(value, f"checkpoint of {ssp}")
+                except ValueError as e:
+                    raise CheckpointError(f"corrupt checkpoint in Redis at {self.url}: {e}") from None
+                out[ssp] = value
+        return out
+
+    def _write_task(
+        self,
+        job: str,
+        task_name: str,
+        layout: _TaskLayout,
+        offsets: Mapping[SystemStreamPartition, Offset],
+        state: StateChanges,
+    ) -> None:
+        """One atomic, fenced write of a task's offsets and state changes (rules 26, 28)."""
+        k = self.keys
+        leases: list[SystemStreamPartition] = []
+        lease_values: list[str] = []
+        for ssp in layout.local:  # the task's state is written: every lease in the slot must hold
+            value = self._values.get(ssp)
+            if value is None or ssp in self.fenced:
+                raise FencedError(f"job {job!r} holds no lease on this partition", partition=str(ssp))
+            leases.append(ssp)
+            lease_values.append(value)
+        local_ids: list[tuple[SystemStreamPartition, str]] = []
+        remote_ids: list[tuple[SystemStreamPartition, str]] = []
+        local = set(layout.local)
+        for ssp, offset in offsets.items():
+            if ssp not in local and ssp not in layout.remote:
+                raise CheckpointError(f"task {task_name!r}: {ssp} is not one of its partitions")
+            if ssp in self.fenced or ssp not in self._values:
+                raise FencedError(f"job {job!r} holds no lease on this partition", partition=str(ssp))
+            try:
+                entry_id(offset, str(ssp))
+            except ValueError as e:
+                raise CheckpointError(f"task {task_name!r}: {e}") from None
+            (local_ids if ssp in local else remote_ids).append((ssp, str(offset)))
+        keys = [k.lease(s.stream, s.partition, job) for s in leases]
+        keys += [k.checkpoint(s.stream, s.partition, job) for s, _ in local_ids]
+        keys.append(layout.tckpt)
+        head: list[Any] = [len(leases), len(local_ids), len(remote_ids)]
+        tail: list[Any] = [*lease_values, *(i for _, i in local_ids)]
+        for s, i in remote_ids:
+            tail += [f"{s.stream}:{s.partition}", i]
+        calls = self._state_calls(job, task_name, state)
+        a = layout.anchor
+
+        def run() -> list[Any]:
+            if len(calls) == 1:
+                store_keys, store_args = calls[0]
+                return [
+                    self._scripts.state_commit(
+                        keys=keys + store_keys, args=[*head, len(store_keys) // 2, *tail, *store_args]
+                    )
+                ]
+            pipe = self.client.pipeline(transaction=True)
+            for store_keys, store_args in calls:
+                # EVAL, not EVALSHA: a NOSCRIPT inside EXEC would fail that call alone
+                pipe.execute_command(
+                    "EVAL",
+                    self._scripts.state_commit.script,
+                    len(keys) + len(store_keys),
+                    *keys,
+                    *store_keys,
+                    *head,
+                    len(store_keys) // 2,
+                    *tail,
+                    *store_args,
+                )
+            return list(pipe.execute())
+
+        try:
+            # A retry after a lost reply re-applies the same changes: same checks, same values.
+            replies = retrying(run, f"committing {task_name}", deadline_s=self.retry_s)
+        except connection_errors() as e:
+            raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
+        reply = next((r for r in replies if int(r[0]) != 0), replies[0])
+        code = int(reply[0])
+        if code == 0:
+            if self._committed is not None:
+                self._committed.update({s: i for s, i in local_ids + remote_ids})
+            return
+        if code == 1:
+            ssp = leases[int(reply[1]) - 1]
+            self.fenced.add(ssp)
+            raise FencedError(
+                f"job {job!r}: lease {self._values[ssp]!r} is no longer held (another container owns the "
+                f"partition, or the lease expired); refusing to commit task {task_name!r} "
+                f"(offsets and state; anchor {a})",
+                partition=str(ssp),
+            )
+        ssp, offset = (local_ids + remote_ids)[int(reply[1]) - 1]
+        self.fenced.add(ssp)
+        raise FencedError(
+            f"job {job!r}: refusing to move the committed offset back from {text(reply[2])} to {offset}",
+            partition=str(ssp),
+        )
+
+    def _state_calls(
+        self, job: str, task_name: str, state: StateChanges
+    ) -> list[tuple[list[str], list[Any]]]:
+        """The state changes cut into STATE_COMMIT calls of at most STATE_BATCH changes:
+        (store keys, store arguments) per call; at least one call (offsets alone)."""
+        calls: list[tuple[list[str], list[Any]]] = []
+        keys: list[str] = []
+        args: list[Any] = []
+        room = STATE_BATCH
+        for store, changes in state.items():
+            if not changes:
+                continue
+            zkey, hkey = self._state_keys(job, task_name, store, claim=True)
+            items = list(changes.items())
+            i = 0
+            while i < len(items):
+                part = items[i : i + room]
+                i += len(part)
+                sets: list[bytes] = []
+                dels: list[bytes] = []
+                for key, value in part:
+                    if not isinstance(key, bytes) or not (value is None or isinstance(value, bytes)):
+                        raise CheckpointError(
+                            f"task {task_name!r} store {store!r}: state keys and values must be bytes, "
+                            f"got {type(key).__name__} -> {type(value).__name__}"
+                        )
+                    if value is None:
+                        dels.append(key)
+                    else:
+                        sets += [key, value]
+                keys += [zkey, hkey]
+                args += [len(sets) // 2, len(dels), *sets, *dels]
+                room -= len(part)
+                if room == 0:
+                    calls.append((keys, args))
+                    keys, args, room = [], [], STATE_BATCH
+        if keys or not calls:
+            calls.append((keys, args))
+        return calls
+
+    def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
+        """The committed value of ``key`` (one ``HGET``). Any thread."""
+        job = self._require_job()
+        _, hkey = self._state_keys(job, task_name, store)
+        try:
+            value = retrying(
+                partial(self.client.hget, hkey, key),
+                f"reading {store!r} of {task_name}",
+                deadline_s=self.retry_s,
+            )
+        except connection_errors() as e:
+            raise CheckpointError(
+                f"task {task_name!r} store {store!r}: Redis at {self.url} is unreachable: {e}"
+            ) from e
+        return None if value is None else bytes(value)
+
+    def state_scan(
+        self, task_name: str, store: str, start: bytes | None = None, end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Committed entries in key order, ``SCAN_BATCH`` per round trip (each batch
+        read atomically; a commit between two batches may show in the later one). Any thread."""
+        job = self._require_job()
+        zkey, hkey = self._state_keys(job, task_name, store)
+        return self._scan(task_name, store, zkey, hkey, start, end)
+
+    def _scan(
+        self, task_name: str, store: str, zkey: str, hkey: str, start: bytes | None, end: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        low = b"-" if start is None else b"[" + start
+        high = b"+" if end is None else b"(" + end
+        limit = min(SCAN_BATCH, SCAN_LIMIT)
+        while True:
+            try:
+                keys, values = retrying(
+                    partial(self._scripts.state_scan, keys=[zkey, hkey], args=[low, high, limit]),
+                    f"scanning {store!r} of {task_name}",
+                    deadline_s=self.retry_s,
+                )
+            except connection_errors() as e:
+                raise CheckpointError(
+                    f"task {task_name!r} store {store!r}: Redis at {self.url} is unreachable: {e}"
+                ) from e
+            for key, value in zip(keys, values):
+                if value is not None:  # (a key without a value: only by tampering)
+                    yield key, value
+            if len(keys) < limit:
+                return
+            low = b"(" + keys[-1]
+
     def close(self) -> None:
         self._stop.set()
         if self._renewer is not None:
@@ -330,6 +675,8 @@ class RedisCheckpointStore(CheckpointStore):
             self._own_leases.release_all()
             self._own_leases = None
         self._job = None
+        self._layouts = None
+        self._anchored = set()
         if self._own_client:
             try:
                 self.client.close()
