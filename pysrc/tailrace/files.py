@@ -13,8 +13,8 @@ restart after committed offset X seeks to X, skips that one line and reads on:
 nothing before it is read again.
 
 A file replaced under a checkpoint is refused, even with lines of the same
-shape: after each checkpoint the reader records a **fingerprint** of the
-committed line in ``<stream>/.partition-N.jsonl.fingerprint`` (the SHA-256 of
+shape: after a checkpoint (at most once a second per partition) the reader
+records a **fingerprint** of the committed line in ``<stream>/.partition-N.jsonl.fingerprint`` (the SHA-256 of
 the up to 4 KiB of the file that end with that line), and a restart verifies it
 before seeking (see :func:`verify_fingerprint`).
 
@@ -42,6 +42,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -112,6 +113,7 @@ def scan_stream(directory: Path) -> tuple[int, str]:
 # replacement or rewrite of those bytes breaks it. Writes are atomic (rename) but not
 # fsynced: a fingerprint lost in a crash leaves the previous one, which is still true.
 FINGERPRINT_BYTES = 4096
+FINGERPRINT_INTERVAL_S = 1.0  # a reader records at most one fingerprint per interval
 
 
 def fingerprint_path(path: Path) -> Path:
@@ -200,6 +202,8 @@ class FileReader(PartitionReader):
         self._first_line = 1  # line number of the first line read (None once unknown)
         self._start_pos = 0
         self._fingerprint_warned = False
+        self._fingerprinted: int | None = None  # offset of the last fingerprint recorded
+        self._fingerprinted_at = -FINGERPRINT_INTERVAL_S
 
     # -- engine side (loop thread) ---------------------------------------------
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
@@ -270,8 +274,12 @@ class FileReader(PartitionReader):
         return self._skipped
 
     def committed(self, offset: Offset) -> None:
-        if isinstance(offset, bool) or not isinstance(offset, int):
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset == self._fingerprinted:
             return
+        now = time.monotonic()
+        if now - self._fingerprinted_at < FINGERPRINT_INTERVAL_S:
+            return  # an older fingerprint is still true; about 0.5 ms each, so at most one a second
+        self._fingerprinted, self._fingerprinted_at = offset, now
         try:
             record_fingerprint(self.path, offset)
         except OSError as e:
