@@ -32,8 +32,11 @@ holder's pid for the error message), and an open-file-description lock
 (``F_OFD_SETLK``) on a byte of the database file itself, at an offset derived
 from the job name far beyond anything SQLite locks. The second lock is keyed by
 the file (its inode), so a hard link, symlink or bind mount of the same database
-is refused too. Both are held until ``close``; the kernel drops them when the
-holder dies, so a crashed container never blocks the next one.
+is refused too. And since SQLite names its ``-wal`` and ``-shm`` files after the
+path (symlinks resolved), a database in use under one real path is refused under
+any other (a hard link or bind mount), whatever the job: see ``_claim_name``.
+The locks are held until ``close``; the kernel drops them when the holder dies,
+so a crashed container never blocks the next one.
 """
 
 from __future__ import annotations
@@ -194,8 +197,9 @@ def _lock_byte(job_name: str) -> int:
 
 
 class _InodeLock:
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, name: str) -> None:
         self.fd = fd
+        self.name = name  # the real path this process uses for the file
         self.jobs: set[str] = set()
 
 
@@ -203,8 +207,55 @@ _inode_locks: dict[tuple[int, int], _InodeLock] = {}
 _inode_locks_guard = threading.Lock()
 
 
+def _ofd_range(fd: int, kind: int, start: int, length: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, start, length, 0))
+
+
 def _ofd(fd: int, kind: int, job_name: str) -> None:
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, _lock_byte(job_name), 1, 0))
+    _ofd_range(fd, kind, _lock_byte(job_name), 1)
+
+
+# -- one name per database at a time ----------------------------------------------
+# SQLite names its -wal and -shm files after the path it was given (symlinks
+# resolved): two processes using one database under two names (hard links, bind
+# mounts) would each keep a write-ahead log of their own and corrupt it. Every
+# process holding the file takes a read lock on the whole name range except the
+# byte of its own name; a newcomer first takes a write lock on the byte of its
+# name, which only a holder under another name can block, then its own read
+# ranges, then drops the write lock.
+_NAME_BASE = 1 << 61
+_NAME_SPAN = (1 << 40) - 1
+
+
+def _name_byte(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % _NAME_SPAN
+
+
+def _claim_name(fd: int, name: str) -> bool:
+    """Register ``name`` as this process's name of the file behind ``fd``; False when another
+    process uses the file under another name."""
+    n = _name_byte(name)
+    for _ in range(50):  # a holder under the same name blocks the byte only for a moment
+        try:
+            _ofd_range(fd, fcntl.F_WRLCK, _NAME_BASE + n, 1)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            time.sleep(0.005)
+    else:
+        return False
+    try:
+        if n > 0:
+            _ofd_range(fd, fcntl.F_RDLCK, _NAME_BASE, n)
+        _ofd_range(fd, fcntl.F_RDLCK, _NAME_BASE + n + 1, _NAME_SPAN - n - 1)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        _ofd_range(fd, fcntl.F_UNLCK, _NAME_BASE, _NAME_SPAN)
+        return False
+    _ofd_range(fd, fcntl.F_UNLCK, _NAME_BASE + n, 1)
+    return True
 
 
 class SqliteCheckpointStore(CheckpointStore):
@@ -256,6 +307,11 @@ class SqliteCheckpointStore(CheckpointStore):
 
     def _take_inode_lock(self, job_name: str) -> None:
         """Lock ``job_name`` on the database file itself (any path to it: see module doc)."""
+        other_name = CheckpointError(
+            f"checkpoint store {self.path} is open under another name (a hard link or bind mount of "
+            "the same database file) by another container; SQLite keeps a write-ahead log per name, "
+            "so one database used under two names would be corrupted: use one path everywhere"
+        )
         in_use = CheckpointError(
             f"checkpoint store {self.path} is in use by another container for job {job_name!r}: "
             "the same database file is open under another name (a hard link, symlink or bind mount); "
@@ -270,9 +326,21 @@ class SqliteCheckpointStore(CheckpointStore):
                     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # a new, empty store
                     st = os.fstat(fd)
                 key = (st.st_dev, st.st_ino)
+                name = os.path.realpath(self.path)
                 entry = _inode_locks.get(key)
                 if entry is None:
-                    entry = _inode_locks[key] = _InodeLock(fd if fd >= 0 else os.open(self.path, os.O_RDWR))
+                    entry = _InodeLock(fd if fd >= 0 else os.open(self.path, os.O_RDWR), name)
+                    try:
+                        claimed = _claim_name(entry.fd, name)
+                    except BaseException:
+                        os.close(entry.fd)
+                        raise
+                    if not claimed:
+                        os.close(entry.fd)
+                        raise other_name
+                    _inode_locks[key] = entry
+                elif entry.name != name:
+                    raise other_name
                 if job_name in entry.jobs:
                     raise in_use  # another store of this process (OFD locks of one descriptor never conflict)
                 try:
