@@ -14,9 +14,10 @@ nothing before it is read again.
 
 A file replaced under a checkpoint is refused, even with lines of the same
 shape: after a checkpoint (at most once a second per partition) the reader
-records a **fingerprint** of the committed line in ``<stream>/.partition-N.jsonl.fingerprint`` (the SHA-256 of
-the up to 4 KiB of the file that end with that line), and a restart verifies it
-before seeking (see :func:`verify_fingerprint`).
+records a **fingerprint** of the committed line (the SHA-256 of the up to 4 KiB
+of the file that end with that line) in
+``<path>/.tailrace-fingerprints/<stream>/partition-N.jsonl``, and a restart
+verifies it before seeking (see :func:`verify_fingerprint`).
 
 Inputs are bounded: a partition ends at the end of its file. Each reader reads
 ahead on its own thread into a bounded buffer (``read_ahead`` messages) and
@@ -108,17 +109,19 @@ def scan_stream(directory: Path) -> tuple[int, str]:
 # A fingerprint is a claim about a partition file, true of it whatever job made it:
 # "the up to FINGERPRINT_BYTES bytes that end with the line starting at `offset`
 # hash to `sha256`". It is recorded after each checkpoint (PartitionReader.committed)
-# and checked when a reader resumes; it lives in one place, the dot file next to the
-# partition file (dot files are not part of a stream). Appending keeps it true; a
-# replacement or rewrite of those bytes breaks it. Writes are atomic (rename) but not
-# fsynced: a fingerprint lost in a crash leaves the previous one, which is still true.
+# and checked when a reader resumes; it lives in one place, fingerprint_path().
+# Appending keeps it true; a replacement or rewrite of those bytes breaks it. Writes
+# are atomic (rename) but not fsynced: a fingerprint lost in a crash leaves the
+# previous one, which is still true.
 FINGERPRINT_BYTES = 4096
 FINGERPRINT_INTERVAL_S = 1.0  # a reader records at most one fingerprint per interval
 
 
 def fingerprint_path(path: Path) -> Path:
-    """Where the fingerprint of partition file ``path`` is kept: ``.<name>.fingerprint`` beside it."""
-    return path.with_name(f".{path.name}.fingerprint")
+    """Where the fingerprint of partition file ``<path>/<stream>/<name>`` is kept:
+    ``<path>/.tailrace-fingerprints/<stream>/<name>`` (outside every stream directory,
+    so a stream directory holds nothing but its partition files)."""
+    return path.parent.parent / ".tailrace-fingerprints" / path.parent.name / path.name
 
 
 def _line_fingerprint(f: BinaryIO, offset: int) -> tuple[int, str] | None:
@@ -142,6 +145,7 @@ def record_fingerprint(path: Path, offset: int) -> None:
         return
     end, digest = got
     target = fingerprint_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps({"offset": offset, "end": end, "sha256": digest}))
     os.replace(tmp, target)
@@ -164,7 +168,7 @@ def verify_fingerprint(path: Path, f: BinaryIO, ssp: SystemStreamPartition, afte
         raise InputError(
             f"partition {ssp.partition} ({ssp}): the file was replaced or rewritten since the checkpoint "
             f"at offset {after}: its bytes before offset {end} (the line at byte offset {offset}, "
-            f"fingerprinted at a commit in {fp_file.name}) are no longer the same. Restore the original "
+            f"fingerprinted at a commit in {fp_file}) are no longer the same. Restore the original "
             "file, or reset the checkpoints to read the new one from its start",
             source=str(path),
         )

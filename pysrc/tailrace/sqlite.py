@@ -464,8 +464,10 @@ class SqliteCheckpointStore(CheckpointStore):
         db = self._db() if self._conn is not None else None
         close = False
         if db is None:
-            if not self.path.exists() and GenerationMarker.read(marker_path(self.path)) is None:
-                return {}
+            if not self.path.exists():
+                marker = GenerationMarker.read(marker_path(self.path))
+                if marker is None or marker.generation == 0:
+                    return {}  # never created, or never committed
             db = connect(self.path, create=False)
             close = True
         try:
