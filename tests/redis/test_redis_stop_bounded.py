@@ -176,3 +176,27 @@ def test_a_retry_setting_on_the_system_is_refused_with_redis_checkpoints(
     )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "systems.redis.retry_s" in done.stderr and "set retry_s in [checkpoints]" in done.stderr
+
+
+def test_a_second_signal_forces_the_exit_at_once(redis_server: RedisServer, tmp_path: Path) -> None:
+    system = RedisSystem("redis", redis_server.url)
+    fill(system)
+    proc = start_job(write_job(tmp_path, redis_server.url))
+    assert redis_server.proc is not None
+    redis_pid = redis_server.proc.pid
+    try:
+        wait_output(system, proc, 1000)
+        os.kill(redis_pid, signal.SIGSTOP)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(redis_pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert took < 1.0, took
+    assert "SIGINT again: forced stop" in err
