@@ -78,6 +78,9 @@ class JobPlan:
                 producer.flush()
             if offsets:
                 self.store.write(task.name, dict(offsets))
+                for ssp, reader in zip(task.partitions, task.readers):
+                    if ssp in offsets:
+                        reader.committed(offsets[ssp])
 
     def close(self) -> None:
         """Close readers, producers, systems and the store (idempotent, best effort)."""

@@ -12,6 +12,13 @@ its directory, N = 0, 1, ... without gaps; one stream uses one format. The
 restart after committed offset X seeks to X, skips that one line and reads on:
 nothing before it is read again.
 
+A file replaced under a checkpoint is refused, even with lines of the same
+shape: after a checkpoint (at most once a second per partition) the reader
+records a **fingerprint** of the committed line (the SHA-256 of the up to 4 KiB
+of the file that end with that line) in
+``<path>/.tailrace-fingerprints/<stream>/partition-N.jsonl``, and a restart
+verifies it before seeking (see :func:`verify_fingerprint`).
+
 Inputs are bounded: a partition ends at the end of its file. Each reader reads
 ahead on its own thread into a bounded buffer (``read_ahead`` messages) and
 calls the engine's ``wakeup`` when data or the end arrives (rule 6).
@@ -30,11 +37,13 @@ with ``skip_bad_lines=True`` bad lines are skipped, logged and counted instead
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -96,6 +105,75 @@ def scan_stream(directory: Path) -> tuple[int, str]:
     return len(found), formats.pop()
 
 
+# -- fingerprints: is this still the file the checkpoint was taken on? ----------------
+# A fingerprint is a claim about a partition file, true of it whatever job made it:
+# "the up to FINGERPRINT_BYTES bytes that end with the line starting at `offset`
+# hash to `sha256`". It is recorded after each checkpoint (PartitionReader.committed)
+# and checked when a reader resumes; it lives in one place, fingerprint_path().
+# Appending keeps it true; a replacement or rewrite of those bytes breaks it. Writes
+# are atomic (rename) but not fsynced: a fingerprint lost in a crash leaves the
+# previous one, which is still true.
+FINGERPRINT_BYTES = 4096
+FINGERPRINT_INTERVAL_S = 1.0  # a reader records at most one fingerprint per interval
+
+
+def fingerprint_path(path: Path) -> Path:
+    """Where the fingerprint of partition file ``<path>/<stream>/<name>`` is kept:
+    ``<path>/.tailrace-fingerprints/<stream>/<name>`` (outside every stream directory,
+    so a stream directory holds nothing but its partition files)."""
+    return path.parent.parent / ".tailrace-fingerprints" / path.parent.name / path.name
+
+
+def _line_fingerprint(f: BinaryIO, offset: int) -> tuple[int, str] | None:
+    """(end of the line starting at ``offset``, SHA-256 of the window ending there), or
+    None when no whole line starts there."""
+    f.seek(offset)
+    line = f.readline()
+    if not line.endswith(b"\n"):
+        return None
+    end = offset + len(line)
+    start = max(0, end - FINGERPRINT_BYTES)
+    f.seek(start)
+    return end, hashlib.sha256(f.read(end - start)).hexdigest()
+
+
+def record_fingerprint(path: Path, offset: int) -> None:
+    """Record the fingerprint of the line of ``path`` starting at ``offset`` (OSError on failure)."""
+    with open(path, "rb") as f:
+        got = _line_fingerprint(f, offset)
+    if got is None:
+        return
+    end, digest = got
+    target = fingerprint_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps({"offset": offset, "end": end, "sha256": digest}))
+    os.replace(tmp, target)
+
+
+def verify_fingerprint(path: Path, f: BinaryIO, ssp: SystemStreamPartition, after: Offset) -> None:
+    """Check the recorded fingerprint of ``path`` against its bytes now (read through ``f``);
+    InputError naming the file, partition and offsets when the file was replaced or rewritten."""
+    fp_file = fingerprint_path(path)
+    try:
+        claim = json.loads(fp_file.read_text())
+        offset, end, digest = int(claim["offset"]), int(claim["end"]), str(claim["sha256"])
+    except FileNotFoundError:
+        return  # never committed with fingerprints (or the file was written by an older tailrace)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s: unreadable fingerprint %s (%s): not checked", path, fp_file, e)
+        return
+    got = _line_fingerprint(f, offset) if end <= os.fstat(f.fileno()).st_size else None
+    if got != (end, digest):
+        raise InputError(
+            f"partition {ssp.partition} ({ssp}): the file was replaced or rewritten since the checkpoint "
+            f"at offset {after}: its bytes before offset {end} (the line at byte offset {offset}, "
+            f"fingerprinted at a commit in {fp_file}) are no longer the same. Restore the original "
+            "file, or reset the checkpoints to read the new one from its start",
+            source=str(path),
+        )
+
+
 class FileReader(PartitionReader):
     """Reads one partition file on a read-ahead thread into a bounded buffer."""
 
@@ -127,6 +205,9 @@ class FileReader(PartitionReader):
         self._file: BinaryIO | None = None
         self._first_line = 1  # line number of the first line read (None once unknown)
         self._start_pos = 0
+        self._fingerprint_warned = False
+        self._fingerprinted: int | None = None  # offset of the last fingerprint recorded
+        self._fingerprinted_at = -FINGERPRINT_INTERVAL_S
 
     # -- engine side (loop thread) ---------------------------------------------
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
@@ -137,6 +218,7 @@ class FileReader(PartitionReader):
             pos = 0
             if after is not None:
                 pos = self._seek_after(f, after)
+                verify_fingerprint(self.path, f, self.ssp, after)
         except BaseException:
             f.close()
             raise
@@ -194,6 +276,20 @@ class FileReader(PartitionReader):
 
     def skipped(self) -> int:
         return self._skipped
+
+    def committed(self, offset: Offset) -> None:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset == self._fingerprinted:
+            return
+        now = time.monotonic()
+        if now - self._fingerprinted_at < FINGERPRINT_INTERVAL_S:
+            return  # an older fingerprint is still true; about 0.5 ms each, so at most one a second
+        self._fingerprinted, self._fingerprinted_at = offset, now
+        try:
+            record_fingerprint(self.path, offset)
+        except OSError as e:
+            if not self._fingerprint_warned:
+                self._fingerprint_warned = True
+                log.warning("%s: cannot record its fingerprint (%s): replacement not detected", self.path, e)
 
     def close(self) -> None:
         with self._cond:

@@ -47,6 +47,12 @@ class PartitionReader(ABC):
         """Messages skipped as bad input (when the config asks for skipping), for metrics."""
         return 0
 
+    def committed(self, offset: Offset) -> None:
+        """A checkpoint with committed offset ``offset`` of this partition was just written
+        (loop thread). A reader may record what it needs to check on restart that its input
+        is still the one checkpointed (the file system fingerprints the line). Never raises
+        for its own bookkeeping: the checkpoint is already durable."""
+
     def close(self) -> None:
         """Release resources (threads, files, connections). Idempotent."""
 

@@ -10,19 +10,48 @@ unknown) schema is refused. ``open`` runs ``PRAGMA integrity_check`` (the store 
 truncated file stops start-up with CheckpointError instead of silently starting
 again from offset 0.
 
-One container per job and store at a time: ``open`` takes an exclusive
-``flock`` on ``<db>.<job>.lock`` (held until ``close``; the kernel drops it when
-the holder dies, so a crashed container never blocks the next one).
+**A damaged store never looks empty (or older).** Every write bumps a
+``generation`` counter in ``meta`` (in the same transaction), and once it is
+durable, records it in a small marker file next to the database,
+``<db>.generation`` (two checksummed slots written alternately, so a torn write
+leaves the previous one readable). ``open`` (and every reader, through
+:func:`connect`) compares the two: a database whose generation is below its
+marker's (its ``-wal`` file deleted or overwritten before SQLite folded it into
+the main file, the main file restored alone from a backup) or that lost its
+schema while the marker says it held checkpoints (truncated to 0 bytes,
+deleted) is refused with CheckpointError naming both files. Crash points are
+safe by order: the marker is written only after the write it names is durable,
+so a crash leaves the database at or ahead of its marker, which is accepted; a
+new store's schema is folded into the main file (``wal_checkpoint(TRUNCATE)``)
+before its marker is created. The marker also carries the store's random id,
+so a different store's database copied over this one is refused as well.
+
+One container per job and store at a time, whatever path names the file: ``open``
+takes an exclusive ``flock`` on ``<db>.<job>.lock`` (which also records the
+holder's pid for the error message), and an open-file-description lock
+(``F_OFD_SETLK``) on a byte of the database file itself, at an offset derived
+from the job name far beyond anything SQLite locks. The second lock is keyed by
+the file (its inode), so a hard link, symlink or bind mount of the same database
+is refused too. And since SQLite names its ``-wal`` and ``-shm`` files after the
+path (symlinks resolved), a database in use under one real path is refused under
+any other (a hard link or bind mount), whatever the job: see ``_claim_name``.
+The locks are held until ``close``; the kernel drops them when the holder dies,
+so a crashed container never blocks the next one.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
 import logging
 import os
 import re
 import sqlite3
+import struct
+import threading
 import time
+import uuid
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +92,172 @@ def lock_path(db: Path, job_name: str) -> Path:
     return db.with_name(f"{db.name}.{safe}-{zlib.crc32(job_name.encode()):08x}.lock")
 
 
+def marker_path(db: Path) -> Path:
+    """The generation marker of store ``db`` (see module doc)."""
+    return db.with_name(f"{db.name}.generation")
+
+
+# -- the generation marker ------------------------------------------------------
+# Two 32-byte slots, at offsets 0 and 4096 (different pages, so a torn write of one
+# never touches the other); generation g is written to slot g % 2. A slot is:
+# magic, the store id (16 bytes), the generation, and a CRC-32 of those.
+_MARKER = struct.Struct("<4s16sQI")
+_MARKER_MAGIC = b"TRgn"
+_MARKER_SLOTS = (0, 4096)
+
+
+class GenerationMarker:
+    """The ``<db>.generation`` file of one store: the store id and the highest
+    generation known durable (a lower bound of the database's own)."""
+
+    def __init__(self, path: Path, store_id: bytes, generation: int) -> None:
+        self.path = path
+        self.store_id = store_id
+        self.generation = generation
+
+    @classmethod
+    def read(cls, path: Path) -> GenerationMarker | None:
+        """The marker at ``path``; None when there is none; CheckpointError when it is damaged."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise CheckpointError(f"cannot read checkpoint marker {path}: {e}") from None
+        best: GenerationMarker | None = None
+        for at in _MARKER_SLOTS:
+            raw = data[at : at + _MARKER.size]
+            if len(raw) < _MARKER.size:
+                continue
+            magic, store_id, gen, crc = _MARKER.unpack(raw)
+            if magic != _MARKER_MAGIC or crc != zlib.crc32(raw[:-4]):
+                continue
+            if best is not None and store_id != best.store_id:
+                raise CheckpointError(f"checkpoint marker {path} names two different stores")
+            if best is None or gen > best.generation:
+                best = cls(path, store_id, gen)
+        if best is None:
+            raise CheckpointError(
+                f"checkpoint marker {path} is damaged (no valid slot); it guards {path.name[:-11]} "
+                "against silent restarts: delete it only if that database is known to be intact"
+            )
+        return best
+
+    @staticmethod
+    def _slot(store_id: bytes, generation: int) -> bytes:
+        head = _MARKER.pack(_MARKER_MAGIC, store_id, generation, 0)[:-4]
+        return head + struct.pack("<I", zlib.crc32(head))
+
+    @classmethod
+    def create(cls, path: Path, store_id: bytes, generation: int) -> GenerationMarker:
+        """Write a new marker atomically (temporary file, fsync, rename, fsync of the directory)."""
+        data = bytearray(_MARKER_SLOTS[1] + _MARKER.size)
+        for at in _MARKER_SLOTS:
+            data[at : at + _MARKER.size] = cls._slot(store_id, generation)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, bytes(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return cls(path, store_id, generation)
+
+    def record(self, generation: int) -> None:
+        """Record a generation the database has made durable (slot ``generation % 2``)."""
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # containers of other jobs may share the store
+            os.pwrite(fd, self._slot(self.store_id, generation), _MARKER_SLOTS[generation % 2])
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self.generation = max(self.generation, generation)
+
+
+# -- the per-file job lock --------------------------------------------------------
+# An OFD lock belongs to an open file description, so it conflicts between
+# processes and between descriptors, but is released only when that descriptor
+# closes. Closing *any* descriptor of a file also drops the process's POSIX
+# locks on it, which is how SQLite locks: so each process keeps one descriptor
+# per database inode, shared by every store of that process, and closes it only
+# when the last of them closes (after its own SQLite connection).
+_LOCK_BASE = 1 << 62  # far above SQLite's lock bytes (around 2**30)
+_FLOCK = struct.Struct("=hh4xqqi4x")  # struct flock on Linux (l_type, l_whence, l_start, l_len, l_pid)
+
+
+def _lock_byte(job_name: str) -> int:
+    return _LOCK_BASE + int.from_bytes(hashlib.blake2b(job_name.encode(), digest_size=5).digest(), "big")
+
+
+class _InodeLock:
+    def __init__(self, fd: int, name: str) -> None:
+        self.fd = fd
+        self.name = name  # the real path this process uses for the file
+        self.jobs: set[str] = set()
+
+
+_inode_locks: dict[tuple[int, int], _InodeLock] = {}
+_inode_locks_guard = threading.Lock()
+
+
+def _ofd_range(fd: int, kind: int, start: int, length: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, start, length, 0))
+
+
+def _ofd(fd: int, kind: int, job_name: str) -> None:
+    _ofd_range(fd, kind, _lock_byte(job_name), 1)
+
+
+# -- one name per database at a time ----------------------------------------------
+# SQLite names its -wal and -shm files after the path it was given (symlinks
+# resolved): two processes using one database under two names (hard links, bind
+# mounts) would each keep a write-ahead log of their own and corrupt it. Every
+# process holding the file takes a read lock on the whole name range except the
+# byte of its own name; a newcomer first takes a write lock on the byte of its
+# name, which only a holder under another name can block, then its own read
+# ranges, then drops the write lock.
+_NAME_BASE = 1 << 61
+_NAME_SPAN = (1 << 40) - 1
+
+
+def _name_byte(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % _NAME_SPAN
+
+
+def _claim_name(fd: int, name: str) -> bool:
+    """Register ``name`` as this process's name of the file behind ``fd``; False when another
+    process uses the file under another name."""
+    n = _name_byte(name)
+    for _ in range(50):  # a holder under the same name blocks the byte only for a moment
+        try:
+            _ofd_range(fd, fcntl.F_WRLCK, _NAME_BASE + n, 1)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            time.sleep(0.005)
+    else:
+        return False
+    try:
+        if n > 0:
+            _ofd_range(fd, fcntl.F_RDLCK, _NAME_BASE, n)
+        _ofd_range(fd, fcntl.F_RDLCK, _NAME_BASE + n + 1, _NAME_SPAN - n - 1)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        _ofd_range(fd, fcntl.F_UNLCK, _NAME_BASE, _NAME_SPAN)
+        return False
+    _ofd_range(fd, fcntl.F_UNLCK, _NAME_BASE + n, 1)
+    return True
+
+
 class SqliteCheckpointStore(CheckpointStore):
     """Committed offsets in a SQLite file (see module doc). Loop-thread use only."""
 
@@ -71,6 +266,8 @@ class SqliteCheckpointStore(CheckpointStore):
         self._conn: sqlite3.Connection | None = None
         self._job: str | None = None
         self._lock_fd: int | None = None
+        self._inode: tuple[int, int] | None = None  # the database file's (st_dev, st_ino) we lock
+        self._marker: GenerationMarker | None = None
         self._writes = 0
         stall = os.environ.get(_STALL_AFTER_ENV)
         self._stall_after = int(stall) if stall else None
@@ -82,9 +279,10 @@ class SqliteCheckpointStore(CheckpointStore):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._take_lock(job_name)
         try:
-            self._conn = connect(self.path, create=True)
+            self._take_inode_lock(job_name)
+            self._conn, self._marker = _open_checked(self.path, create=True)
         except BaseException:
-            self._release_lock()
+            self._release_lock(job_name)
             raise
         self._job = job_name
 
@@ -107,7 +305,70 @@ class SqliteCheckpointStore(CheckpointStore):
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
 
-    def _release_lock(self) -> None:
+    def _take_inode_lock(self, job_name: str) -> None:
+        """Lock ``job_name`` on the database file itself (any path to it: see module doc)."""
+        other_name = CheckpointError(
+            f"checkpoint store {self.path} is open under another name (a hard link or bind mount of "
+            "the same database file) by another container; SQLite keeps a write-ahead log per name, "
+            "so one database used under two names would be corrupted: use one path everywhere"
+        )
+        in_use = CheckpointError(
+            f"checkpoint store {self.path} is in use by another container for job {job_name!r}: "
+            "the same database file is open under another name (a hard link, symlink or bind mount); "
+            "stop that container first"
+        )
+        try:
+            with _inode_locks_guard:  # also orders creation: one stat/open per inode in this process
+                fd = -1
+                try:
+                    st = os.stat(self.path)
+                except FileNotFoundError:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # a new, empty store
+                    st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino)
+                name = os.path.realpath(self.path)
+                entry = _inode_locks.get(key)
+                if entry is None:
+                    entry = _InodeLock(fd if fd >= 0 else os.open(self.path, os.O_RDWR), name)
+                    try:
+                        claimed = _claim_name(entry.fd, name)
+                    except BaseException:
+                        os.close(entry.fd)
+                        raise
+                    if not claimed:
+                        os.close(entry.fd)
+                        raise other_name
+                    _inode_locks[key] = entry
+                elif entry.name != name:
+                    raise other_name
+                if job_name in entry.jobs:
+                    raise in_use  # another store of this process (OFD locks of one descriptor never conflict)
+                try:
+                    _ofd(entry.fd, fcntl.F_WRLCK, job_name)
+                except OSError as e:
+                    if not entry.jobs:
+                        del _inode_locks[key]
+                        os.close(entry.fd)
+                    if e.errno in (errno.EAGAIN, errno.EACCES):
+                        raise in_use from None
+                    raise CheckpointError(f"cannot lock checkpoint store {self.path}: {e}") from None
+                entry.jobs.add(job_name)
+                self._inode = key
+        except OSError as e:
+            raise CheckpointError(f"cannot open checkpoint store {self.path}: {e}") from None
+
+    def _release_lock(self, job_name: str | None) -> None:
+        key, self._inode = self._inode, None
+        if key is not None and job_name is not None:
+            with _inode_locks_guard:
+                entry = _inode_locks.get(key)
+                if entry is not None and job_name in entry.jobs:
+                    entry.jobs.discard(job_name)
+                    if entry.jobs:
+                        _ofd(entry.fd, fcntl.F_UNLCK, job_name)
+                    else:  # the last store of this file in this process: its SQLite connection is closed
+                        del _inode_locks[key]
+                        os.close(entry.fd)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
@@ -156,12 +417,25 @@ class SqliteCheckpointStore(CheckpointStore):
                     " committed_offset = excluded.committed_offset, updated_at = excluded.updated_at",
                     rows,
                 )
+                generation = _bump_generation(db)
                 self._test_stall()
         except sqlite3.Error as e:
             raise CheckpointError(
                 f"checkpoint store {self.path}: writing task {task_name!r} failed: {e}"
             ) from e
         self._writes += 1
+        self._record_generation(generation)
+
+    def _record_generation(self, generation: int) -> None:
+        """After a write is durable: raise the marker's lower bound to it (see module doc)."""
+        if self._marker is None:
+            return
+        try:
+            self._marker.record(generation)
+        except OSError as e:  # the write itself is durable: the database is ahead, which is safe
+            log.warning(
+                "checkpoint marker %s not updated (%s); the checkpoint is written", self._marker.path, e
+            )
 
     def _test_stall(self) -> None:
         if self._stall_after is None or self._writes < self._stall_after:
@@ -178,10 +452,10 @@ class SqliteCheckpointStore(CheckpointStore):
                 self._conn.close()
             finally:
                 self._conn = None
-                self._job = None
-                self._release_lock()
+                job, self._job = self._job, None
+                self._release_lock(job)
         else:
-            self._release_lock()
+            self._release_lock(None)
 
     # -- tools (CLI) ----------------------------------------------------------
     def committed(self, job_name: str | None = None) -> dict[str, dict[SystemStreamPartition, Offset]]:
@@ -191,7 +465,9 @@ class SqliteCheckpointStore(CheckpointStore):
         close = False
         if db is None:
             if not self.path.exists():
-                return {}
+                marker = GenerationMarker.read(marker_path(self.path))
+                if marker is None or marker.generation == 0:
+                    return {}  # never created, or never committed
             db = connect(self.path, create=False)
             close = True
         try:
@@ -217,9 +493,12 @@ class SqliteCheckpointStore(CheckpointStore):
         db = self._db()
         try:
             with db:
+                db.execute("BEGIN IMMEDIATE")
                 cur = db.execute("DELETE FROM checkpoints WHERE job = ?", (self._job,))
+                generation = _bump_generation(db)
         except sqlite3.Error as e:
             raise CheckpointError(f"checkpoint store {self.path}: reset failed: {e}") from e
+        self._record_generation(generation)
         return cur.rowcount
 
 
@@ -229,9 +508,35 @@ def _offset(path: Path, value: Any) -> Offset:
     raise CheckpointError(f"checkpoint store {path} holds an offset of unexpected type: {value!r}")
 
 
+def _bump_generation(db: sqlite3.Connection) -> int:
+    """Count one more write in ``meta`` (inside the write's transaction); the new generation."""
+    row = db.execute(
+        "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'generation' RETURNING value"
+    ).fetchone()
+    return int(row[0])
+
+
+def _restore_hint(path: Path) -> str:
+    return (
+        f"restore {path.name} together with its -wal file from a backup, or delete {path.name} and "
+        f"{marker_path(path).name} to start again from the beginning of every input"
+    )
+
+
 def connect(path: Path, *, create: bool) -> sqlite3.Connection:
-    """Open ``path``, check it is an intact tailrace store of a known schema (creating it if asked)."""
+    """Open ``path``, check it is an intact tailrace store of a known schema that did not lose
+    writes its generation marker knows of (creating it if asked); CheckpointError otherwise."""
+    return _open_checked(path, create=create)[0]
+
+
+def _open_checked(path: Path, *, create: bool) -> tuple[sqlite3.Connection, GenerationMarker | None]:
+    marker = GenerationMarker.read(marker_path(path))
     if not create and not path.exists():
+        if marker is not None and marker.generation > 0:
+            raise CheckpointError(
+                f"checkpoint store {path} is missing, but its marker {marker.path} says it held "
+                f"checkpoints (generation {marker.generation}); {_restore_hint(path)}"
+            )
         raise CheckpointError(f"checkpoint store {path} does not exist")
     try:
         conn = sqlite3.connect(path, isolation_level=None, timeout=10.0, check_same_thread=False)
@@ -248,16 +553,31 @@ def connect(path: Path, *, create: bool) -> sqlite3.Connection:
             )
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
+            if marker is not None and marker.generation > 0:
+                raise CheckpointError(
+                    f"checkpoint store {path} is empty (no schema: truncated, replaced, or its -wal file "
+                    f"was lost before it was folded into the main file), but its marker {marker.path} says "
+                    f"it held checkpoints (generation {marker.generation}); {_restore_hint(path)}"
+                )
             if not create:
-                return conn  # created, then killed before the schema was written: no checkpoints
+                return conn, marker  # created, then killed before the schema was written: no checkpoints
+            store_id = uuid.uuid4().bytes
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         conn.execute(stmt)
-                conn.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                conn.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    [
+                        ("schema_version", str(SCHEMA_VERSION)),
+                        ("store_id", store_id.hex()),
+                        ("generation", "0"),
+                    ],
                 )
+            # the main file alone must hold the schema and id before a marker names them
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            marker = GenerationMarker.create(marker_path(path), store_id, 0)
         elif "meta" not in tables or "checkpoints" not in tables:
             raise CheckpointError(f"{path} is a SQLite database but not a tailrace checkpoint store")
         else:
@@ -268,13 +588,55 @@ def connect(path: Path, *, create: bool) -> sqlite3.Connection:
                     f"checkpoint store {path} has schema version {found}; this tailrace reads "
                     f"version {SCHEMA_VERSION} (written by a different tailrace version?)"
                 )
+            marker = _check_generation(conn, path, marker, create=create)
     except sqlite3.DatabaseError as e:
         conn.close()
         raise CheckpointError(
             f"checkpoint store {path} is corrupt or not a SQLite database ({e}); "
             "restore it from a backup or delete it to start again from the beginning of every input"
         ) from e
+    except OSError as e:
+        conn.close()
+        raise CheckpointError(f"checkpoint store {path}: cannot write its marker: {e}") from e
     except BaseException:
         conn.close()
         raise
-    return conn
+    return conn, marker
+
+
+def _check_generation(
+    conn: sqlite3.Connection, path: Path, marker: GenerationMarker | None, *, create: bool
+) -> GenerationMarker | None:
+    """Compare the store's id and generation with its marker's (see module doc)."""
+    meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('store_id', 'generation')"))
+    if "store_id" not in meta:  # written before stores had markers: adopt it now
+        if not create:
+            return marker
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', ?)", (uuid.uuid4().hex,)
+            )
+            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('generation', '0')")
+        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('store_id', 'generation')"))
+    store_id, generation = bytes.fromhex(meta["store_id"]), int(meta["generation"])
+    if marker is None:
+        if not create:
+            return None
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return GenerationMarker.create(marker_path(path), store_id, generation)
+    if marker.store_id != store_id:
+        raise CheckpointError(
+            f"checkpoint store {path} is not the store its marker {marker.path} belongs to (store id "
+            f"{store_id.hex()}, marker {marker.store_id.hex()}): the database was replaced by another "
+            f"store's; {_restore_hint(path)}"
+        )
+    if generation < marker.generation:
+        raise CheckpointError(
+            f"checkpoint store {path} is older than its marker {marker.path} (generation {generation} < "
+            f"{marker.generation}): its -wal file was lost or overwritten before being folded into the main "
+            f"file, or the main file was restored alone from a backup, so it lacks the latest checkpoints. "
+            f"Restore {path.name} together with its -wal file; to resume from these older checkpoints on "
+            f"purpose (replaying more input), delete {marker.path.name}"
+        )
+    return marker

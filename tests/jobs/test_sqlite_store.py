@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tailrace.errors import CheckpointError
-from tailrace.sqlite import SqliteCheckpointStore, connect
+from tailrace.sqlite import GenerationMarker, SqliteCheckpointStore, connect, marker_path
 from tailrace.types import SystemStreamPartition as SSP
 
 A0 = SSP("files", "a", 0)
@@ -175,3 +177,197 @@ def test_store_killed_before_its_schema_was_written_has_no_checkpoints(tmp_path:
     s.write("t", {A0: 3})
     s.close()
     assert SqliteCheckpointStore(db).committed("job") == {"t": {A0: 3}}
+
+
+# -- one container per job, whatever path names the file (issue 13, defect 10) ------------------
+def _hold(db: Path, job: str = "job") -> subprocess.Popen[str]:
+    """A real second process holding ``job`` in store ``db`` until killed."""
+    code = textwrap.dedent(
+        f"""
+        import time
+        from tailrace.sqlite import SqliteCheckpointStore
+        s = SqliteCheckpointStore({str(db)!r}); s.open({job!r})
+        print("locked", flush=True); time.sleep(60)
+        """
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "locked"
+    return p
+
+
+@pytest.mark.parametrize("alias", ["hardlink", "symlink"])
+def test_the_same_file_under_another_path_is_refused(tmp_path: Path, alias: str) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    db = tmp_path / "a" / "c.db"
+    s = SqliteCheckpointStore(db)
+    s.open("job")
+    s.write("t", {A0: 1})
+    s.close()
+    other = tmp_path / "b" / "other-name.db"
+    if alias == "hardlink":
+        os.link(db, other)
+    else:
+        other.symlink_to(db)
+    holder = _hold(db)
+    try:
+        if alias == "hardlink":  # another name of the file: SQLite would keep a second WAL
+            for job in ("job", "another job"):
+                with pytest.raises(
+                    CheckpointError, match=r"other-name.db is open under another name .* one path everywhere"
+                ):
+                    SqliteCheckpointStore(other).open(job)
+        else:  # SQLite resolves symlinks: the same name, so only the same job is refused
+            with pytest.raises(
+                CheckpointError, match=r"other-name.db is in use by another container for job 'job'"
+            ):
+                SqliteCheckpointStore(other).open("job")
+            different_job = SqliteCheckpointStore(other)
+            different_job.open("another job")
+            different_job.close()
+            mine = SqliteCheckpointStore(other)  # the same process, two store objects
+            mine.open("job 2")
+            with pytest.raises(CheckpointError, match="in use by another container for job 'job 2'"):
+                SqliteCheckpointStore(db).open("job 2")
+            mine.close()
+    finally:
+        holder.kill()
+        holder.wait()
+    s2 = SqliteCheckpointStore(other)  # released when the holder died
+    s2.open("job")
+    assert s2.load("t") == {A0: 1}
+    s2.close()
+
+
+# -- a damaged store never looks empty or older (issue 13, defect 9) ----------------------------
+def _crashed_store(db: Path, commits: int = 20) -> None:
+    """Commit ``commits`` times in a real process and kill -9 it: the WAL keeps the commits."""
+    code = textwrap.dedent(
+        f"""
+        import time
+        from tailrace.sqlite import SqliteCheckpointStore
+        from tailrace.types import SystemStreamPartition as SSP
+        s = SqliteCheckpointStore({str(db)!r}); s.open("job")
+        for i in range(1, {commits} + 1):
+            s.write("t", {{SSP("files", "a", 0): i * 100}})
+        print("written", flush=True); time.sleep(60)
+        """
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "written"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    wal = db.with_name(db.name + "-wal")
+    assert wal.exists() and wal.stat().st_size > 0  # the commits live only in the WAL
+
+
+def _resumes_at(db: Path, offset: int) -> None:
+    s = SqliteCheckpointStore(db)
+    s.open("job")
+    assert s.load("t") == {A0: offset}
+    s.close()
+
+
+def test_a_crash_leaves_a_store_that_resumes(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    _crashed_store(db)
+    _resumes_at(db, 2000)
+    assert marker_path(db).exists()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "overwritten", "main file restored alone"])
+def test_a_lost_wal_is_refused(tmp_path: Path, damage: str) -> None:
+    db = tmp_path / "c.db"
+    _crashed_store(db)
+    wal, shm = db.with_name("c.db-wal"), db.with_name("c.db-shm")
+    if damage == "deleted":
+        wal.unlink()
+        shm.unlink()
+    elif damage == "overwritten":
+        wal.write_bytes(os.urandom(wal.stat().st_size))
+    else:  # a backup of the main file alone, taken while the job ran, copied back later
+        backup = tmp_path / "backup.db"
+        shutil.copyfile(db, backup)
+        _resumes_at(db, 2000)  # the store itself is fine
+        shutil.copyfile(backup, db)
+    with pytest.raises(CheckpointError, match=r"c.db is older than its marker .*c.db.generation"):
+        SqliteCheckpointStore(db).open("job")
+    with pytest.raises(CheckpointError, match=r"c.db is older than its marker"):
+        SqliteCheckpointStore(db).committed("job")  # tailrace checkpoints show, too
+
+
+@pytest.mark.parametrize("damage", ["truncated to 0 bytes", "deleted"])
+def test_an_emptied_store_is_refused(tmp_path: Path, damage: str) -> None:
+    db = tmp_path / "c.db"
+    _crashed_store(db)
+    _resumes_at(db, 2000)  # clean close: SQLite folds the WAL in
+    assert not db.with_name("c.db-wal").exists()
+    if damage == "deleted":
+        db.unlink()
+        with pytest.raises(CheckpointError, match=r"c.db is missing, but its marker"):
+            SqliteCheckpointStore(db).committed("job")
+    else:
+        db.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"c.db is empty .* held checkpoints"):
+        SqliteCheckpointStore(db).open("job")
+
+
+def test_another_stores_database_is_refused(tmp_path: Path) -> None:
+    db, other = tmp_path / "c.db", tmp_path / "other" / "c.db"
+    _resumes_at_after_write(db, 5)
+    _resumes_at_after_write(other, 7)
+    shutil.copyfile(other, db)
+    with pytest.raises(CheckpointError, match=r"c.db is not the store its marker"):
+        SqliteCheckpointStore(db).open("job")
+
+
+def _resumes_at_after_write(db: Path, offset: int) -> None:
+    s = SqliteCheckpointStore(db)
+    s.open("job")
+    s.write("t", {A0: offset})
+    s.close()
+
+
+def test_a_store_ahead_of_its_marker_or_without_one_is_fine(tmp_path: Path) -> None:
+    """What crashes leave (the marker is written after the write it names) is accepted."""
+    db = tmp_path / "c.db"
+    _crashed_store(db)
+    m = GenerationMarker.read(marker_path(db))
+    assert m is not None and m.generation == 20
+    GenerationMarker.create(marker_path(db), m.store_id, 17)  # killed before the last marker updates
+    _resumes_at(db, 2000)
+    marker_path(db).unlink()  # killed between the schema and the marker's creation
+    _resumes_at(db, 2000)
+    m2 = GenerationMarker.read(marker_path(db))
+    assert m2 is not None and m2.store_id == m.store_id and m2.generation == 20
+    with open(marker_path(db), "r+b") as f:  # a torn marker update: the other slot holds
+        f.seek(0)
+        f.write(b"\xff" * 8)
+    _resumes_at(db, 2000)
+    # a new store killed before its first commit and then emptied: nothing was committed
+    fresh = tmp_path / "fresh.db"
+    new = SqliteCheckpointStore(fresh)
+    new.open("job")
+    new.close()
+    fresh.write_bytes(b"")
+    s = SqliteCheckpointStore(fresh)
+    s.open("job")
+    assert s.load("t") == {}
+    s.close()
+
+
+def test_deleting_the_marker_resumes_from_the_older_checkpoint_on_purpose(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    _crashed_store(db)
+    shutil.copyfile(db, tmp_path / "backup.db")
+    _resumes_at(db, 2000)
+    shutil.copyfile(tmp_path / "backup.db", db)
+    with pytest.raises(CheckpointError, match="older than its marker"):
+        SqliteCheckpointStore(db).open("job")
+    marker_path(db).unlink()
+    s = SqliteCheckpointStore(db)
+    s.open("job")
+    assert s.load("t") == {}  # the backup predates every commit: all replayed, as asked
+    s.close()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -81,7 +82,86 @@ def connect(url: str, *, cluster: bool = False, socket_timeout: float = 10.0) ->
             raise ConfigError("a Redis Cluster is reached over TCP, not a unix socket", key="url")
         # Our own retry loops handle outages; keep redis-py's own attempts short.
         return r.cluster.RedisCluster.from_url(url, **kw)
-    return r.Redis.from_url(url, **kw)
+    # No attempts of redis-py's own (its default retries a command 3 times, each up to
+    # socket_timeout, with backoff): retrying() is the one retry loop, so that retry_s
+    # and a stop's deadline (StopDeadline) bound how long a call to a dead Redis waits.
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return r.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kw)
+
+
+class StopDeadline:
+    """How long a graceful stop may still wait for Redis (``task.shutdown.ms``).
+
+    ``arm(seconds)`` (any thread, signal handlers) starts the clock once; at the
+    deadline ``due()`` turns true, so every ``retrying`` loop given ``stop=due``
+    gives up instead of starting another attempt, and the registered ``on_due``
+    callbacks run (on a timer thread): they shut down the sockets of calls blocked
+    on a paused or vanished Redis, so those fail at once instead of after their
+    socket timeout. ``reason`` says why (for the error message).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._due = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self.seconds = 0.0
+
+    def arm(self, seconds: float) -> None:
+        """Start the countdown (the first call wins)."""
+        with self._lock:
+            if self._at is not None:
+                return
+            self.seconds = seconds
+            self._at = time.monotonic() + seconds
+        timer = threading.Timer(seconds, self._fire)
+        timer.daemon = True
+        timer.name = "tailrace-redis-stop-deadline"
+        timer.start()
+
+    def armed(self) -> bool:
+        return self._at is not None
+
+    def due(self) -> bool:
+        """True once the deadline passed: stop waiting for Redis."""
+        return self._due.is_set()
+
+    def on_due(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at the deadline (at once if it passed); it must not block."""
+        with self._lock:
+            run_now = self._due.is_set()
+            if not run_now:
+                self._callbacks.append(fn)
+        if run_now:
+            _call_quietly(fn)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._due.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            _call_quietly(fn)
+
+
+def _call_quietly(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # a best-effort abort must not stop the others
+        log.exception("aborting Redis calls at the stop deadline failed")
+
+
+def abort_client(client: Any) -> None:
+    """Shut down every socket of a redis-py client (blocked calls fail at once)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        pool.disconnect(inuse_connections=True)
+    else:  # a cluster: each node's pool
+        for node in getattr(client, "get_nodes", lambda: [])():
+            rc = getattr(node, "redis_connection", None)
+            if rc is not None:
+                rc.connection_pool.disconnect(inuse_connections=True)
 
 
 def check(client: Any, url: str, error: Callable[[str], BaseException]) -> None:
@@ -103,12 +183,15 @@ def retrying(
 ) -> T:
     """Call ``fn`` until it succeeds, backing off (10 ms doubling to 1 s) while Redis is
     unreachable, for at most ``deadline_s``; then re-raise the last connection error.
-    Any other error is raised at once. ``stop()`` true aborts the wait early."""
+    Any other error is raised at once. ``stop()`` true aborts the wait early, and
+    once it is true no attempt is started at all (a ConnectionError saying so)."""
     errors = connection_errors()
     delay = 0.01
     give_up = time.monotonic() + deadline_s
     warned = False
     while True:
+        if stop is not None and stop():
+            raise _redis().exceptions.ConnectionError(f"{what}: gave up waiting for Redis (stopping)")
         try:
             return fn()
         except errors as e:
@@ -480,6 +563,16 @@ class RespConnection:
             try:
                 sock.close()
             except OSError:  # pragma: no cover - closing never matters here
+                pass
+
+    def abort(self) -> None:
+        """Shut the socket down from any thread: a call blocked on it fails at once (its
+        thread then drops the connection)."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
                 pass
 
     def send_packed_command(self, data: bytes | list[bytes]) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -49,6 +49,7 @@ from ._io import (
     SCAN_LIMIT,
     Keys,
     Scripts,
+    StopDeadline,
     check,
     connect,
     connection_errors,
@@ -86,7 +87,15 @@ class Leases:
     """
 
     def __init__(
-        self, client: Any, keys: Keys, job: str, member: str, ttl_ms: int, *, retry_s: float = 60.0
+        self,
+        client: Any,
+        keys: Keys,
+        job: str,
+        member: str,
+        ttl_ms: int,
+        *,
+        retry_s: float = 60.0,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         if "|" in member:
             raise ValueError(f"member id {member!r} must not contain '|'")
@@ -96,6 +105,7 @@ class Leases:
         self.member = member
         self.ttl_ms = ttl_ms
         self.retry_s = retry_s
+        self._stop = stop  # true: a stop's deadline passed, give up waiting for Redis
         self._scripts = Scripts(client)
         self._held: dict[SystemStreamPartition, str] = {}
         self._lock = threading.Lock()
@@ -116,6 +126,7 @@ class Leases:
             ),
             f"acquiring the lease of {ssp}",
             deadline_s=self.retry_s,
+            stop=self._stop,
         )
         if token is None:
             return False
@@ -137,6 +148,7 @@ class Leases:
                 ),
                 f"releasing the lease of {ssp}",
                 deadline_s=min(self.retry_s, self.ttl_ms / 1000),
+                stop=self._stop,
             )
             log.info("member %s released %s", self.member, ssp)
         except connection_errors() as e:
@@ -186,7 +198,12 @@ class RedisCheckpointStore(CheckpointStore):
     """Committed entry ids in Redis, each write fenced by the partition's lease.
 
     Options (also the keys of a job file's ``[checkpoints]`` table with ``type =
-    "redis"``): ``url``, ``cluster``, ``prefix``, ``lease_ms``, ``retry_s``.
+    "redis"``): ``url``, ``cluster``, ``prefix``, ``lease_ms``, ``retry_s`` (how long
+    Redis may stay unreachable before a call fails; a member applies it to every
+    Redis call of the job, its systems' included).
+
+    ``stop_deadline``: once due (a member's graceful stop ran out of
+    ``task.shutdown.ms``), writes give up at once instead of retrying.
 
     ``leases``: the lease values (``ssp -> "member|token"``) this container writes
     with, as held by a distributed member. Without it, ``inputs`` names the
@@ -213,6 +230,7 @@ class RedisCheckpointStore(CheckpointStore):
         inputs: Sequence[SystemStreamPartition] | None = None,
         lease_ms: int = 10000,
         retry_s: float = 60.0,
+        stop_deadline: StopDeadline | None = None,
     ) -> None:
         for key, value, low in (("lease_ms", lease_ms, 100), ("retry_s", retry_s, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
@@ -222,6 +240,7 @@ class RedisCheckpointStore(CheckpointStore):
         self.keys = Keys(prefix)
         self.retry_s = retry_s
         self.lease_ms = lease_ms
+        self.stop_deadline = stop_deadline
         self._own_client = client is None
         self.client = client if client is not None else connect(url, cluster=cluster)
         self._scripts = Scripts(self.client)
@@ -254,7 +273,15 @@ class RedisCheckpointStore(CheckpointStore):
         import uuid
 
         member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        leases = Leases(self.client, self.keys, job_name, member, self.lease_ms, retry_s=self.retry_s)
+        leases = Leases(
+            self.client,
+            self.keys,
+            job_name,
+            member,
+            self.lease_ms,
+            retry_s=self.retry_s,
+            stop=self._giving_up,
+        )
         for ssp in self._inputs:
             if not leases.acquire(ssp):
                 leases.release_all()
@@ -272,6 +299,10 @@ class RedisCheckpointStore(CheckpointStore):
         assert self._own_leases is not None
         while not self._stop.wait(self.lease_ms / 3000):
             self._own_leases.renew()
+
+    def _giving_up(self) -> bool:
+        d = self.stop_deadline
+        return d is not None and d.due()
 
     def _require_job(self) -> str:
         if self._job is None:
@@ -359,6 +390,7 @@ class RedisCheckpointStore(CheckpointStore):
                 lambda: self._scripts.commit(keys=keys, args=args),
                 f"committing {task_name}",
                 deadline_s=self.retry_s,
+                stop=self._giving_up,
             )
         except connection_errors() as e:
             raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
@@ -444,7 +476,12 @@ class RedisCheckpointStore(CheckpointStore):
             return old
 
         try:
-            old = retrying(check, f"reading the state anchor of {task_name}", deadline_s=self.retry_s)
+            old = retrying(
+                check,
+                f"reading the state anchor of {task_name}",
+                deadline_s=self.retry_s,
+                stop=self._giving_up,
+            )
         except connection_errors() as e:
             raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
         if old is None:
@@ -470,6 +507,7 @@ class RedisCheckpointStore(CheckpointStore):
                     partial(self.client.hgetall, layout.tckpt),
                     f"reading the checkpoint of {task_name}",
                     deadline_s=self.retry_s,
+                    stop=self._giving_up,
                 )
             except connection_errors() as e:
                 raise CheckpointError(f"Redis at {self.url} is unreachable: {e}") from e
@@ -552,7 +590,7 @@ class RedisCheckpointStore(CheckpointStore):
 
         try:
             # A retry after a lost reply re-applies the same changes: same checks, same values.
-            replies = retrying(run, f"committing {task_name}", deadline_s=self.retry_s)
+            replies = retrying(run, f"committing {task_name}", deadline_s=self.retry_s, stop=self._giving_up)
         except connection_errors() as e:
             raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
         reply = next((r for r in replies if int(r[0]) != 0), replies[0])
@@ -626,6 +664,7 @@ class RedisCheckpointStore(CheckpointStore):
                 partial(self.client.hget, hkey, key),
                 f"reading {store!r} of {task_name}",
                 deadline_s=self.retry_s,
+                stop=self._giving_up,
             )
         except connection_errors() as e:
             raise CheckpointError(
@@ -654,6 +693,7 @@ class RedisCheckpointStore(CheckpointStore):
                     partial(self._scripts.state_scan, keys=[zkey, hkey], args=[low, high, limit]),
                     f"scanning {store!r} of {task_name}",
                     deadline_s=self.retry_s,
+                    stop=self._giving_up,
                 )
             except connection_errors() as e:
                 raise CheckpointError(

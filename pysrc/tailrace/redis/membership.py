@@ -44,9 +44,22 @@ from ..config import parse_config
 from ..container import Container
 from ..errors import CheckpointError, ConfigError, FencedError, TailraceError
 from ..interfaces import System
+from ..metrics import TaskMetrics
 from ..types import SystemStreamPartition, parse_system_stream
-from ._io import DEFAULT_URL, Keys, Scripts, check, connect, connection_errors, retrying, text
+from ._io import (
+    DEFAULT_URL,
+    Keys,
+    Scripts,
+    StopDeadline,
+    abort_client,
+    check,
+    connect,
+    connection_errors,
+    retrying,
+    text,
+)
 from .checkpoint import Leases, RedisCheckpointStore
+from .system import RedisSystem
 
 log = logging.getLogger("tailrace.redis.membership")
 
@@ -79,7 +92,7 @@ class MemberSpec:
     heartbeat_ms: int | None = None  # default: lease_ms / 3, at most 1000
     member_id: str | None = None
     exit_when_done: bool = True
-    retry_s: float = 60.0
+    retry_s: float = 60.0  # every Redis call of the member: its systems', checkpoints, leases, membership
 
 
 @dataclass
@@ -101,6 +114,12 @@ class Member:
     ``exit_when_done``, until every partition is done. Raises CheckpointError
     naming the URL when Redis does not answer at start, and the container's error
     (TaskError, ...) when user code fails; leases are released either way.
+
+    A stop is bounded by ``task.shutdown.ms`` even while Redis is down or paused:
+    in-flight work, the final flush and commit, releasing leases and leaving all
+    happen within it; at the deadline every retry gives up, calls blocked on Redis
+    are aborted, and ``run()`` raises CheckpointError saying which partitions were
+    not committed (what a restart processes again).
     """
 
     WATCH_S = 0.1  # between heartbeats, how often membership and wanted partitions are looked at
@@ -124,13 +143,25 @@ class Member:
         self.client = connect(spec.url, cluster=spec.cluster)
         check(self.client, spec.url, CheckpointError)
         self._scripts = Scripts(self.client)
-        self.leases = Leases(self.client, self.keys, self.job, self.id, spec.lease_ms, retry_s=spec.retry_s)
+        self.deadline = StopDeadline()
+        self.deadline.on_due(lambda: abort_client(self.client))
+        self.leases = Leases(
+            self.client,
+            self.keys,
+            self.job,
+            self.id,
+            spec.lease_ms,
+            retry_s=spec.retry_s,
+            stop=self.deadline.due,
+        )
         self.groups = self._resolve_partitions()
         self.result = MemberResult(self.id)
         self._members: list[str] = []
         self._done: set[int] = set()
         self._running: set[int] = set()
         self._container: Container | None = None
+        self._last_container: Container | None = None
+        self._systems: list[System] = []
         self._stopping = False
         self._wake = threading.Event()
         self._lease_lock = threading.Lock()
@@ -198,7 +229,10 @@ class Member:
             for s in ssps
         ]
         values = retrying(
-            lambda: [self.client.get(k) for _, k in keys], "reading done marks", deadline_s=self.spec.retry_s
+            lambda: [self.client.get(k) for _, k in keys],
+            "reading done marks",
+            deadline_s=self.spec.retry_s,
+            stop=self.deadline.due,
         )
         undone = {p for (p, _), v in zip(keys, values) if v is None}
         self._done = set(self.groups) - undone
@@ -214,7 +248,12 @@ class Member:
                     self.keys.lease(s.stream, s.partition, self.job),
                     self.keys.done(s.stream, s.partition, self.job),
                 ]
-                ok = retrying(partial(self._scripts.mark_done, keys=keys, args=[value]), f"marking {s} done")
+                ok = retrying(
+                    partial(self._scripts.mark_done, keys=keys, args=[value]),
+                    f"marking {s} done",
+                    deadline_s=self.spec.retry_s,
+                    stop=self.deadline.due,
+                )
                 if int(ok) != 1:
                     log.warning(
                         "member %s: %s ended but its lease was lost before it was marked done", self.id, s
@@ -235,6 +274,8 @@ class Member:
     def _heartbeat_loop(self) -> None:
         next_beat = time.monotonic() + self.heartbeat_s
         while not self._hb_stop.wait(min(self.WATCH_S, max(next_beat - time.monotonic(), 0.0))):
+            if self.deadline.due():
+                return  # a stop ran out of time: no more calls to an unresponsive Redis
             beat = time.monotonic() >= next_beat
             try:
                 if beat:  # renew leases and membership
@@ -301,18 +342,24 @@ class Member:
                     continue
                 self._run_container(owned)
         except connection_errors() as e:
+            if self.deadline.due():
+                raise CheckpointError(self.gave_up_message(f"Redis at {self.spec.url}: {e}")) from e
             raise CheckpointError(
                 f"Redis at {self.spec.url} stayed unreachable for {self.spec.retry_s} s: {e}"
             ) from e
         finally:
             self._hb_stop.set()
-            hb.join()
+            # (a heartbeat blocked on Redis is aborted at the stop's deadline)
+            hb.join(timeout=2.0 if self.deadline.due() else None)
             for p in list(self.groups):
                 self._release(p)
-            try:
-                self._heartbeat(0)  # leave: the others rebalance at their next heartbeat
-            except connection_errors() as e:
-                log.warning("member %s: could not leave cleanly (%r); its entry expires", self.id, e)
+            if self.deadline.due():
+                log.warning("member %s: left without telling Redis; its entry expires", self.id)
+            else:
+                try:
+                    self._heartbeat(0)  # leave: the others rebalance at their next heartbeat
+                except connection_errors() as e:
+                    log.warning("member %s: could not leave cleanly (%r); its entry expires", self.id, e)
             self.client.close()
             log.info("member %s left job %r: %s", self.id, self.job, self.result)
         return self.result
@@ -326,11 +373,18 @@ class Member:
             client=self.client,
             leases={s: v for s, v in self.leases.held().items() if s in set(ssps)},
             retry_s=self.spec.retry_s,
+            stop_deadline=self.deadline,
         )
+        systems = list(self.spec.systems())
+        for system in systems:
+            if isinstance(system, RedisSystem):  # one retry setting, one stop deadline
+                system.retry_s = self.spec.retry_s
+                system.use_stop_deadline(self.deadline)
+        self._systems = systems
         container = Container(
             self.spec.task,
             inputs=ssps,
-            systems=list(self.spec.systems()),
+            systems=systems,
             config=self.config,
             checkpoints=store,
             engine=self.spec.engine,
@@ -345,8 +399,10 @@ class Member:
             container.stop()
         try:
             result = container.run()
-        except TailraceError as e:
-            if _fenced(e) is None:
+        except Exception as e:
+            if self.deadline.due():
+                raise CheckpointError(self.gave_up_message(f"{type(e).__name__}: {e}")) from e
+            if not isinstance(e, TailraceError) or _fenced(e) is None:
                 raise
             self.result.fenced += 1
             log.warning("member %s: %s; re-planning", self.id, e)
@@ -356,6 +412,7 @@ class Member:
             return
         finally:
             with self._state_lock:
+                self._last_container = container
                 self._container = None
                 self._running = set()
         self.result.processed += result.processed
@@ -366,13 +423,48 @@ class Member:
             self._stopping = True
 
     def stop(self) -> None:
-        """Leave gracefully: the running container finishes and commits, leases are released.
-        Safe from any thread and from signal handlers."""
+        """Leave gracefully: the running container finishes and commits, leases are released,
+        all within ``task.shutdown.ms`` (see the class doc). Safe from any thread and from
+        signal handlers."""
         self._stopping = True
+        self.deadline.arm(self.config.shutdown_ms / 1000)
         self._wake.set()
         c = self._container
         if c is not None:
             c.stop()
+
+    def not_committed(self) -> list[str]:
+        """What the last (or running) container processed but did not commit, per partition,
+        and output Redis has not acknowledged (for a stop that gave up)."""
+        container = self._container or self._last_container
+        snap = container.metrics() if container is not None else None
+        out: list[str] = []
+        if snap is not None:
+            for t in snap[0].values():
+                out += _uncommitted(t)
+        pending = sum(s.unacknowledged() for s in self._systems if isinstance(s, RedisSystem))
+        if pending:
+            out.append(f"{pending} output entries not acknowledged by Redis (sent again after a restart)")
+        return out
+
+    def gave_up_message(self, cause: str) -> str:
+        """The error of a stop that ran out of ``task.shutdown.ms`` while Redis did not answer."""
+        lost = self.not_committed()
+        what = "; ".join(lost) if lost else "nothing (every processed message was committed)"
+        return (
+            f"member {self.id} of job {self.job!r}: stop gave up after task.shutdown.ms = "
+            f"{self.config.shutdown_ms} ms ({cause}); not committed, processed again after a restart: {what}"
+        )
+
+
+def _uncommitted(t: TaskMetrics) -> list[str]:
+    out = []
+    for ssp, low in sorted(t.low_watermark.items()):
+        committed = t.committed.get(ssp)
+        if low != committed:
+            since = "nothing committed" if committed is None else f"committed {committed}"
+            out.append(f"{ssp} processed through {low} ({since})")
+    return out
 
 
 def _fenced(error: BaseException) -> FencedError | None:
@@ -388,18 +480,52 @@ def _fenced(error: BaseException) -> FencedError | None:
 
 
 def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult:
-    """Run one member until stopped or done; SIGINT/SIGTERM leave gracefully
-    (when called on the main thread with ``handle_signals``)."""
+    """Run one member until stopped or done (when called on the main thread with
+    ``handle_signals``): the first SIGINT/SIGTERM leaves gracefully within
+    ``task.shutdown.ms`` (see :class:`Member`), a second one exits at once (status
+    128 + N, no final commit). Should the graceful stop still hang past its deadline
+    plus :data:`GRACE_S`, the process exits with status 1 after printing what was not
+    committed."""
     member = Member(spec)
     restore: list[tuple[signal.Signals, Any]] = []
+    finished = threading.Event()
     if handle_signals and threading.current_thread() is threading.main_thread():
+        stops = 0
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            nonlocal stops
+            stops += 1
+            name = signal.Signals(signum).name
+            if stops > 1:
+                print(f"\ntailrace: {name} again: forced stop", file=sys.stderr, flush=True)
+                os._exit(128 + signum)
+            print(
+                f"\ntailrace: {name}: leaving gracefully (final checkpoint, leases released) within "
+                f"task.shutdown.ms = {member.config.shutdown_ms} ms; again to force",
+                file=sys.stderr,
+                flush=True,
+            )
+            member.stop()
+
+        def backstop() -> None:
+            if not finished.wait(GRACE_S):
+                msg = member.gave_up_message("the stop itself did not finish")
+                print(f"tailrace: error: {msg}", file=sys.stderr, flush=True)
+                os._exit(1)
+
+        member.deadline.on_due(lambda: threading.Thread(target=backstop, daemon=True).start())
         for sig in (signal.SIGINT, signal.SIGTERM):
-            restore.append((sig, signal.signal(sig, lambda *_: member.stop())))
+            restore.append((sig, signal.signal(sig, on_signal)))
     try:
         return member.run()
     finally:
+        finished.set()
         for sig, old in restore:
             signal.signal(sig, old)
+
+
+GRACE_S = 5.0
+"""How long past a stop's deadline ``run_member`` waits before exiting the process."""
 
 
 def run_local_containers(
@@ -461,6 +587,15 @@ def member_spec_from_job(job: Any, reload: Callable[[], Any]) -> MemberSpec:
             source=str(job.source),
         )
     store.close()
+    systems = job.tree.get("systems") if isinstance(getattr(job, "tree", None), dict) else None
+    for name, table in (systems or {}).items():
+        if isinstance(table, dict) and table.get("type") == "redis" and "retry_s" in table:
+            raise ConfigError(
+                "set retry_s in [checkpoints] instead: with Redis checkpoints it bounds every Redis "
+                "call of the job (reads, writes, commits, leases, membership)",
+                key=f"systems.{name}.retry_s",
+                source=str(job.source),
+            )
     return MemberSpec(
         task=job.load_task(),
         inputs=list(job.inputs),

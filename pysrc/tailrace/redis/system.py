@@ -37,6 +37,8 @@ from ._io import (
     Keys,
     RespConnection,
     Scripts,
+    StopDeadline,
+    abort_client,
     check,
     connect,
     connection_errors,
@@ -133,6 +135,15 @@ class _Fetcher:
         self._params = RespConnection.usable_for(system.client) if self._raw else None
         self._kind = _KINDS[system.codec]
         self._decode = _decoder(system.codec)
+        self._conns: list[Any] = []  # the reading thread's own connection, made on first use
+
+    def abort(self) -> None:
+        """Fail a read blocked on an unresponsive Redis at once (any thread)."""
+        for conn in list(self._conns):
+            if isinstance(conn, RespConnection):
+                conn.abort()
+            else:
+                conn.disconnect()
 
     def add(self, reader: _RedisReader) -> None:
         with self.cond:
@@ -180,7 +191,7 @@ class _Fetcher:
     def _run(self) -> None:
         system = self.system
         batch = system.batch
-        conns: list[Any] = []  # this thread's own connection, made on first use
+        conns = self._conns
         try:
             while True:
                 with self.cond:
@@ -200,7 +211,7 @@ class _Fetcher:
                     lambda: self._xread(conns, keys, ids, batch, block),  # noqa: B023
                     f"reading {', '.join(str(r.ssp) for r in ready)}",
                     deadline_s=system.retry_s,
-                    stop=lambda: not self.readers,
+                    stop=lambda: not self.readers or system.giving_up(),
                 )
                 for key, got, got_keys, messages, eos, error in reply:
                     reader = self.readers.get(key)
@@ -217,6 +228,7 @@ class _Fetcher:
         finally:
             for conn in conns:
                 conn.disconnect()
+            conns.clear()
 
 
 class _RedisReader(PartitionReader):
@@ -436,6 +448,7 @@ class _RedisProducer(Producer):
                     partial(self._script, keys=[self._key(dest)], args=[len(args) // 2, *args]),
                     f"writing {len(args) // 2} entries to {self._system.name}",
                     deadline_s=self._system.retry_s,
+                    stop=self._system.giving_up,
                 )
                 del self._pending[dest]
                 self._count -= len(args) // 2
@@ -476,6 +489,7 @@ class _RedisProducer(Producer):
             self._settle_once,
             f"writing {self._inflight[1]} entries to {self._system.name}",
             deadline_s=self._system.retry_s,
+            stop=self._system.giving_up,
         )
 
     def _settle_once(self) -> None:
@@ -506,6 +520,20 @@ class _RedisProducer(Producer):
         self._inflight = None
         self.sent += entries
 
+    def unacknowledged(self) -> int:
+        """Entries sent but not yet acknowledged by Redis (buffered or in flight)."""
+        if self._batch is not None:
+            return self._batch.count + (self._inflight[1] if self._inflight is not None else 0)
+        return self._count
+
+    def abort(self) -> None:
+        """Fail a write blocked on an unresponsive Redis at once (any thread)."""
+        conn = self._conn
+        if isinstance(conn, RespConnection):
+            conn.abort()
+        elif conn is not None:
+            conn.disconnect()
+
     def close(self) -> None:
         try:
             self.flush()
@@ -528,6 +556,8 @@ class RedisSystem(System):
     ``output_partitions``: count for an output stream Redis does not know yet.
     ``batch``: entries per XREAD (per partition) and per producer script call;
     ``buffer``: entries read ahead per partition; ``codec``: ``json`` (default), ``str`` or ``bytes``.
+    ``retry_s``: how long Redis may stay unreachable before a read or write fails (a
+    member of a job with Redis checkpoints sets it to the checkpoints' ``retry_s``).
 
     The keyword arguments are also the options of a job file's ``[systems.NAME]``
     table with ``type = "redis"``. Raises InputError naming the URL when Redis does not answer at start.
@@ -571,6 +601,9 @@ class RedisSystem(System):
         self._streams = dict(streams or {})
         self._default_output_partitions = output_partitions
         self._fetcher: _Fetcher | None = None
+        self._fetchers: list[_Fetcher] = []
+        self._producers: list[_RedisProducer] = []
+        self.stop_deadline: StopDeadline | None = None
         self._own_client = client is None
         self.client = client if client is not None else connect(url, cluster=cluster)
         check(self.client, url, lambda msg: InputError(msg, source=f"system {name!r}"))
@@ -662,10 +695,37 @@ class RedisSystem(System):
         if self._fetcher is None or not self._fetcher._raw:
             # standalone: one fetcher (thread, connection) for every reader of this system
             self._fetcher = _Fetcher(self)
+            self._fetchers.append(self._fetcher)
         return _RedisReader(self, ssp, self._fetcher)
 
     def producer(self) -> Producer:
-        return _RedisProducer(self)
+        producer = _RedisProducer(self)
+        self._producers.append(producer)
+        return producer
+
+    # -- bounded stops ------------------------------------------------------------
+    def use_stop_deadline(self, deadline: StopDeadline) -> None:
+        """Stop waiting for Redis once ``deadline`` is due (a member's graceful stop,
+        bounded by ``task.shutdown.ms``): retries give up and blocked calls are aborted."""
+        self.stop_deadline = deadline
+        deadline.on_due(self.abort)
+
+    def giving_up(self) -> bool:
+        """True once a stop's deadline passed: no more waiting for Redis."""
+        d = self.stop_deadline
+        return d is not None and d.due()
+
+    def abort(self) -> None:
+        """Fail every call of this system blocked on Redis at once (any thread)."""
+        for producer in self._producers:
+            producer.abort()
+        for fetcher in self._fetchers:
+            fetcher.abort()
+        abort_client(self.client)
+
+    def unacknowledged(self) -> int:
+        """Output entries sent by this system's producers that Redis has not acknowledged."""
+        return sum(p.unacknowledged() for p in self._producers)
 
     def close(self) -> None:
         if self._own_client:

@@ -1,0 +1,202 @@
+"""A Redis-mode stop is bounded by ``task.shutdown.ms`` while Redis is down (issue 13, defect 13).
+
+Real ``tailrace run`` processes against a real redis-server that the test pauses
+(SIGSTOP) or kills while the job runs; the job is then stopped with SIGTERM / SIGINT
+and must exit non-zero within the bound, saying what was not committed. One retry
+setting (``[checkpoints] retry_s``) bounds every Redis call of the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from redis_support import RedisServer
+
+from tailrace.container import ENGINES
+from tailrace.redis.system import RedisSystem
+
+TASK = """
+from tailrace import StreamTask
+
+
+class Forward(StreamTask):
+    def process(self, envelope, collector, coordinator):
+        collector.send("redis.out", envelope.message, key=envelope.partition)
+"""
+
+SHUTDOWN_MS = 1500
+
+
+def write_job(
+    tmp_path: Path, url: str, *, retry_s: float = 60, system_extra: str = "", engine: str = "python"
+) -> Path:
+    (tmp_path / "forward.py").write_text(TASK)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f"""
+[job]
+name = "bounded"
+task = "forward.py:Forward"
+inputs = ["redis.in"]
+engine = "{engine}"
+
+[config]
+"task.commit.ms" = 600000
+"task.shutdown.ms" = {SHUTDOWN_MS}
+
+[systems.redis]
+type = "redis"
+url = "{url}"
+batch = 50
+{system_extra}
+
+[checkpoints]
+type = "redis"
+url = "{url}"
+lease_ms = 3000
+retry_s = {retry_s}
+"""
+    )
+    return job
+
+
+def start_job(job: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tailrace", "run", str(job), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def wait_output(system: RedisSystem, proc: subprocess.Popen[str], at_least: int) -> None:
+    deadline = time.monotonic() + 60
+    key = system.keys.stream("out", 0)
+    while system.client.xlen(key) < at_least:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the job produced no output"
+        time.sleep(0.05)
+
+
+def fill(system: RedisSystem) -> None:
+    system.create_stream("in", 2)
+    system.create_stream("out", 1)
+    for p in range(2):
+        pipe = system.client.pipeline(transaction=False)
+        for i in range(3000):
+            pipe.xadd(system.keys.stream("in", p), {"m": f'{{"p": {p}, "i": {i}}}'})
+        pipe.execute()  # no end marker: the job runs until stopped
+
+
+@pytest.mark.parametrize(
+    ("outage", "signum", "engine"),
+    [
+        ("paused", signal.SIGTERM, "python"),
+        ("paused", signal.SIGINT, "c"),
+        ("killed", signal.SIGTERM, "python"),
+        ("killed", signal.SIGINT, "c"),
+    ],
+)
+def test_a_stop_while_redis_is_down_is_bounded_and_says_what_was_not_committed(
+    redis_server: RedisServer, tmp_path: Path, outage: str, signum: int, engine: str
+) -> None:
+    pytest.importorskip(ENGINES[engine].partition(":")[0])
+    system = RedisSystem("redis", redis_server.url)
+    fill(system)
+    proc = start_job(write_job(tmp_path, redis_server.url, engine=engine))
+    assert redis_server.proc is not None
+    redis_pid = redis_server.proc.pid
+    try:
+        wait_output(system, proc, 1000)
+        if outage == "paused":
+            os.kill(redis_pid, signal.SIGSTOP)
+        else:
+            redis_server.kill()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signum)
+        try:
+            _, err = proc.communicate(timeout=SHUTDOWN_MS / 1000 + 20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"the stop did not end within 20 s of task.shutdown.ms: {err[-3000:]}")
+        took = time.monotonic() - t0
+    finally:
+        if outage == "paused":
+            os.kill(redis_pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    assert took < SHUTDOWN_MS / 1000 + 4.0, (took, err[-3000:])
+    assert f"stop gave up after task.shutdown.ms = {SHUTDOWN_MS} ms" in err, err[-3000:]
+    assert "not committed, processed again after a restart: redis.in[" in err, err[-3000:]
+    assert "processed through" in err and "(nothing committed)" in err, err[-3000:]
+
+
+def test_checkpoints_retry_s_bounds_every_redis_call(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Redis lost while running, no stop: reads and writes give up after [checkpoints] retry_s."""
+    system = RedisSystem("redis", redis_server.url)
+    fill(system)
+    proc = start_job(write_job(tmp_path, redis_server.url, retry_s=1))
+    try:
+        wait_output(system, proc, 1000)
+        redis_server.kill()
+        t0 = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"retry_s = 1 did not bound the outage: {err[-3000:]}")
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    assert took < 1 + 6, (took, err[-3000:])
+
+
+def test_a_retry_setting_on_the_system_is_refused_with_redis_checkpoints(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    job = write_job(tmp_path, redis_server.url, system_extra="retry_s = 5")
+    done = subprocess.run(
+        [sys.executable, "-m", "tailrace", "run", str(job), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "systems.redis.retry_s" in done.stderr and "set retry_s in [checkpoints]" in done.stderr
+
+
+def test_a_second_signal_forces_the_exit_at_once(redis_server: RedisServer, tmp_path: Path) -> None:
+    system = RedisSystem("redis", redis_server.url)
+    fill(system)
+    proc = start_job(write_job(tmp_path, redis_server.url))
+    assert redis_server.proc is not None
+    redis_pid = redis_server.proc.pid
+    try:
+        wait_output(system, proc, 1000)
+        os.kill(redis_pid, signal.SIGSTOP)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(redis_pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert took < 1.0, took
+    assert "SIGINT again: forced stop" in err
