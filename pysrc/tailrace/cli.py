@@ -470,7 +470,7 @@ def _is_distributed(spec: JobSpec) -> bool:
 def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     """Checkpoints in Redis: run as a member of the job (see tailrace.redis.membership),
     or start ``--containers`` member processes whose lines are prefixed ``[container i]``."""
-    from .redis.membership import Member, member_spec_from_job
+    from .redis.membership import Member, arm_backstop, member_spec_from_job
 
     member_spec = member_spec_from_job(spec, lambda: _load(args))  # checks [checkpoints] is Redis
     if args.containers != 1:
@@ -492,6 +492,7 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
 
     started = time.monotonic()
     worker = threading.Thread(target=target, name="tailrace-member")
+    arm_backstop(member, done)
     _SIGNALS.attach(member.stop)
     with _reporter(args, spec, view) as (reporter, interval):
         worker.start()

@@ -507,13 +507,7 @@ def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult
             )
             member.stop()
 
-        def backstop() -> None:
-            if not finished.wait(GRACE_S):
-                msg = member.gave_up_message("the stop itself did not finish")
-                print(f"tailrace: error: {msg}", file=sys.stderr, flush=True)
-                os._exit(1)
-
-        member.deadline.on_due(lambda: threading.Thread(target=backstop, daemon=True).start())
+        arm_backstop(member, finished)
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore.append((sig, signal.signal(sig, on_signal)))
     try:
@@ -526,6 +520,20 @@ def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult
 
 GRACE_S = 5.0
 """How long past a stop's deadline ``run_member`` waits before exiting the process."""
+
+
+def arm_backstop(member: Member, finished: threading.Event) -> None:
+    """Once ``member``'s stop deadline is due, give the stop :data:`GRACE_S` more to
+    finish (``finished`` set); past that, print what was not committed and exit the
+    process with status 1 (a stop blocked on Redis must not hang the process)."""
+
+    def backstop() -> None:
+        if not finished.wait(GRACE_S):
+            msg = member.gave_up_message("the stop itself did not finish")
+            print(f"tailrace: error: {msg}", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    member.deadline.on_due(lambda: threading.Thread(target=backstop, daemon=True).start())
 
 
 def run_local_containers(
