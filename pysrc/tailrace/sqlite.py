@@ -22,9 +22,10 @@ import logging
 import os
 import re
 import sqlite3
+import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ log = logging.getLogger("tailrace.sqlite")
 
 SCHEMA_VERSION = 1
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE checkpoints (
     job TEXT NOT NULL,
@@ -49,6 +51,25 @@ CREATE TABLE checkpoints (
     PRIMARY KEY (job, task, system, stream, partition)
 );
 """
+    + "\n"
+)
+
+# Key-value state of the tasks' stores (rules 25-29), written in the same transaction as
+# the task's checkpoint rows. Keys compare as BLOBs (memcmp): range scans follow the
+# order of the encoded keys. Created on open when missing (stores written before
+# state existed have none).
+_STATE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS state (
+    job TEXT NOT NULL,
+    task TEXT NOT NULL,
+    store TEXT NOT NULL,
+    key BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (job, task, store, key)
+) WITHOUT ROWID
+"""
+_SCHEMA += _STATE_SCHEMA + ";\n"
+_SCAN_BATCH = 1024  # rows per query of a range scan
 
 # Test hook (fault tests only): after this many successful writes, the next write
 # creates the marker file and stalls inside its open transaction (so a test can kill
@@ -72,6 +93,11 @@ class SqliteCheckpointStore(CheckpointStore):
         self._job: str | None = None
         self._lock_fd: int | None = None
         self._writes = 0
+        # state readers: one connection per reading thread (WAL: they never block the writer)
+        self._readers_lock = threading.Lock()
+        self._readers: list[sqlite3.Connection] = []
+        self._local = threading.local()
+        self._generation = 0  # bumped on close: a thread's old reader is not reused
         stall = os.environ.get(_STALL_AFTER_ENV)
         self._stall_after = int(stall) if stall else None
 
@@ -83,6 +109,7 @@ class SqliteCheckpointStore(CheckpointStore):
         self._lock_fd = self._take_lock(job_name)
         try:
             self._conn = connect(self.path, create=True)
+            self._conn.execute(_STATE_SCHEMA)
         except BaseException:
             self._release_lock()
             raise
@@ -136,8 +163,6 @@ class SqliteCheckpointStore(CheckpointStore):
         offsets: Mapping[SystemStreamPartition, Offset],
         state: StateChanges | None = None,
     ) -> None:
-        if state:  # state stores land in their own commit (issue: durable state)
-            raise CheckpointError(f"{type(self).__name__} cannot store state yet")
         db = self._db()
         now = time.time()
         rows = []
@@ -156,12 +181,107 @@ class SqliteCheckpointStore(CheckpointStore):
                     " committed_offset = excluded.committed_offset, updated_at = excluded.updated_at",
                     rows,
                 )
+                if state:
+                    self._write_state(db, task_name, state)
                 self._test_stall()
         except sqlite3.Error as e:
             raise CheckpointError(
                 f"checkpoint store {self.path}: writing task {task_name!r} failed: {e}"
             ) from e
         self._writes += 1
+
+    def _write_state(self, db: sqlite3.Connection, task_name: str, state: StateChanges) -> None:
+        """The task's store changes, inside the checkpoint's transaction (rule 26)."""
+        job = self._job
+        for store, changes in state.items():
+            puts = [(job, task_name, store, k, v) for k, v in changes.items() if v is not None]
+            if puts:
+                db.executemany(
+                    "INSERT OR REPLACE INTO state (job, task, store, key, value) VALUES (?, ?, ?, ?, ?)",
+                    puts,
+                )
+            if len(puts) != len(changes):
+                db.executemany(
+                    "DELETE FROM state WHERE job = ? AND task = ? AND store = ? AND key = ?",
+                    [(job, task_name, store, k) for k, v in changes.items() if v is None],
+                )
+
+    # -- state reads (any thread) ----------------------------------------------------
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read connection to the store."""
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is not None and local.generation == self._generation:
+            return conn
+        if self._conn is None:
+            raise CheckpointError(f"checkpoint store {self.path} is not open")
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=10.0, check_same_thread=False)
+            conn.execute("PRAGMA query_only = 1")
+        except sqlite3.Error as e:
+            raise CheckpointError(f"checkpoint store {self.path}: cannot open a state reader: {e}") from e
+        with self._readers_lock:
+            self._readers.append(conn)
+        local.conn = conn
+        local.generation = self._generation
+        return conn
+
+    def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
+        try:
+            row = (
+                self._reader()
+                .execute(
+                    "SELECT value FROM state WHERE job = ? AND task = ? AND store = ? AND key = ?",
+                    (self._job, task_name, store, key),
+                )
+                .fetchone()
+            )
+        except sqlite3.Error as e:
+            raise CheckpointError(
+                f"checkpoint store {self.path}: reading store {store!r} of task {task_name!r} failed: {e}"
+            ) from e
+        return None if row is None else bytes(row[0])
+
+    def state_scan(
+        self, task_name: str, store: str, start: bytes | None = None, end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        job = self._job
+        reader = self._reader()
+        where = "job = ? AND task = ? AND store = ?"
+        args: list[Any] = [job, task_name, store]
+        if end is not None:
+            where += " AND key < ?"
+            args.append(end)
+        first_op, after = ">=", start
+        while True:
+            sql = f"SELECT key, value FROM state WHERE {where}"
+            params = list(args)
+            if after is not None:
+                sql += f" AND key {first_op} ?"
+                params.append(after)
+            sql += f" ORDER BY key LIMIT {_SCAN_BATCH}"
+            try:
+                rows = reader.execute(sql, params).fetchall()
+            except sqlite3.Error as e:
+                raise CheckpointError(
+                    f"checkpoint store {self.path}: scanning store {store!r} "
+                    f"of task {task_name!r} failed: {e}"
+                ) from e
+            for k, v in rows:
+                yield bytes(k), bytes(v)
+            if len(rows) < _SCAN_BATCH:
+                return
+            first_op, after = ">", bytes(rows[-1][0])
+
+    def _close_readers(self) -> None:
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+            self._generation += 1
+        for conn in readers:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                log.warning("closing a state reader of %s failed", self.path)
 
     def _test_stall(self) -> None:
         if self._stall_after is None or self._writes < self._stall_after:
@@ -173,6 +293,7 @@ class SqliteCheckpointStore(CheckpointStore):
         time.sleep(3600)
 
     def close(self) -> None:
+        self._close_readers()
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -218,6 +339,7 @@ class SqliteCheckpointStore(CheckpointStore):
         try:
             with db:
                 cur = db.execute("DELETE FROM checkpoints WHERE job = ?", (self._job,))
+                db.execute("DELETE FROM state WHERE job = ?", (self._job,))
         except sqlite3.Error as e:
             raise CheckpointError(f"checkpoint store {self.path}: reset failed: {e}") from e
         return cur.rowcount

@@ -210,7 +210,16 @@ class NativeEngine:
         s = self._slots[i]
         self._refresh(i)
         parts = s.parts
-        if not any(p.low_watermark != p.committed for p in parts):
+        if s.plan.stores:
+            # Stores: a commit writes offsets and state together, so it runs only when the
+            # state holds exactly the released prefix (nothing invoked and unreleased;
+            # rule 27). Otherwise (a held tail after a commit request, or the final
+            # commit after a failure) it writes nothing; the next commit carries it.
+            if self._runner.task_stats(i)[2]:
+                return
+            if not s.plan.state_dirty() and not any(p.low_watermark != p.committed for p in parts):
+                return
+        elif not any(p.low_watermark != p.committed for p in parts):
             return
         offsets = {p.ssp: p.low_watermark for p in parts if p.low_watermark is not None}
         try:

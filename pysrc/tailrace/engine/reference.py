@@ -588,7 +588,14 @@ class ReferenceEngine:
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
         offsets = {p.ssp: p.low_watermark for p in t.parts if p.low_watermark is not None}
-        if not any(p.low_watermark != p.committed for p in t.parts):
+        if t.plan.stores:
+            # Stores: offsets and state go together, so a commit runs only when the state
+            # holds exactly the released prefix (rule 27); else the next commit carries it.
+            if t.outstanding:
+                return
+            if not t.plan.state_dirty() and not any(p.low_watermark != p.committed for p in t.parts):
+                return
+        elif not any(p.low_watermark != p.committed for p in t.parts):
             return
         try:
             self.plan.commit(t.plan, offsets)
