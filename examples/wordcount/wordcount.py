@@ -25,7 +25,7 @@ class WordCount(tailrace.StreamTask):
         # words changed since the last window; their counts are emitted by the next one.
         # Kept in the store too, so a stop between a change and its window loses nothing.
         self.changed = context.store("changed")
-        self.words = 0  # words read by this run (for the summary line)
+        self.words = 0  # words read by this run (the summary line; the top five are over all runs)
 
     def process(
         self, envelope: tailrace.Envelope, collector: tailrace.Collector, coordinator: tailrace.Coordinator
@@ -52,7 +52,4 @@ class WordCount(tailrace.StreamTask):
             print(f"{self.task}: no new lines since the last checkpoint", flush=True)
             return
         top = Counter(dict(self.counts.items())).most_common(5)
-        print(
-            f"{self.task}: {self.words} new words, top: {', '.join(f'{w} {n}' for w, n in top)}",
-            flush=True,
-        )
+        print(f"{self.task}: {self.words} words, top: {', '.join(f'{w} {n}' for w, n in top)}", flush=True)
