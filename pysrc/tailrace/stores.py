@@ -41,7 +41,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class _Absent:
+class _PyAbsent:
     """Cache marker: the key is known not to exist (deleted, or missing in the backend)."""
 
     __slots__ = ()
@@ -50,17 +50,93 @@ class _Absent:
         return "<absent>"
 
 
-_ABSENT: Final = _Absent()
-_MISSING: Final = object()
-
-
-class _Encoded:
+class _PyEncoded:
     """A cached value kept as its encoded bytes (decoded at each read: value semantics)."""
 
     __slots__ = ("data",)
 
     def __init__(self, data: bytes) -> None:
         self.data = data
+
+
+class _PyStoreCore:
+    """The pure-Python twin of ``tailrace._stores.StoreCore`` (cache hits of get/put
+    under the store's lock); used where the compiled module is missing, and by the tests.
+    KeyValueStore.__init__ sets the attributes."""
+
+    _entries: dict[Any, Any]
+    _dirty: dict[Any, None]
+    _trusted: frozenset[type]
+    _int_bits: bool
+    _lock: Any
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key``, or ``default`` when absent. Any thread."""
+        with self._lock:
+            entries = self._entries
+            try:
+                value = entries.pop(key, _MISSING)
+            except TypeError as e:
+                raise self._unhashable(key, e) from None  # type: ignore[attr-defined]
+            if value is _MISSING:
+                value = self._load(key)  # type: ignore[attr-defined]
+            entries[key] = value  # most recently used last
+        if value is _ABSENT:
+            return default
+        if type(value) is _Encoded:
+            return self._decode(key, value.data)  # type: ignore[attr-defined]
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def put(self, key: Any, value: Any) -> None:
+        """Set ``key`` to ``value`` (durable at the task's next commit). Any thread."""
+        t = type(value)
+        if t not in self._trusted or (t is int and self._int_bits and not _INT_MIN <= value < _INT_MAX):
+            value = self._cacheable(key, value)  # type: ignore[attr-defined]
+        with self._lock:
+            entries = self._entries
+            # an overwrite keeps the key's place in the recency order (reads move it)
+            try:
+                known = key in entries
+            except TypeError as e:
+                raise self._unhashable(key, e) from None  # type: ignore[attr-defined]
+            if not known:
+                self._new_key(key)  # type: ignore[attr-defined]
+            entries[key] = value
+            self._dirty[key] = None
+
+    __setitem__ = put
+
+    def __delitem__(self, key: Any) -> None:
+        if not self.delete(key):  # type: ignore[attr-defined]
+            raise KeyError(key)
+
+
+_PY_ABSENT: Final = _PyAbsent()
+_PY_MISSING: Final = object()
+
+
+try:
+    from ._stores import ABSENT as _ABSENT
+    from ._stores import MISSING as _MISSING
+    from ._stores import Encoded as _Encoded
+    from ._stores import StoreCore as _StoreCore
+    from ._stores import StoreLock as _StoreLock
+except ImportError:  # pragma: no cover - a build without the compiled store path
+    _ABSENT = _PY_ABSENT
+    _MISSING = _PY_MISSING
+    _Encoded = _PyEncoded  # type: ignore[assignment, misc]
+    _StoreCore = _PyStoreCore  # type: ignore[assignment, misc]
+    _StoreLock = threading.Lock  # type: ignore[assignment, misc]
+COMPILED: Final = _StoreCore is not _PyStoreCore
 
 
 # Types a serde round-trips to an equal object of the same type: cached as is.
@@ -77,13 +153,15 @@ _TRUSTED: Final[dict[str, frozenset[type]]] = {
     "json": frozenset({str, int, float, bool, type(None)}),
     "str": frozenset({str}),
     "bytes": frozenset({bytes}),
-    "int": frozenset(),  # range-checked by encoding
+    "int": frozenset({int}),  # range-checked in put
     "pickle": frozenset({str, int, float, bool, type(None), bytes}),
     "msgpack": frozenset({str, float, bool, type(None), bytes}),  # ints are range-limited
 }
+_INT_MIN: Final = -(1 << 63)
+_INT_MAX: Final = 1 << 63  # the int serde's range (msgpack's is wider: it encodes or refuses)
 
 
-class KeyValueStore(Generic[K, V]):
+class KeyValueStore(_StoreCore, Generic[K, V]):
     """A task's key-value store: the mapping protocol, bulk writes and ordered range scans.
 
     ``store[k]`` (KeyError when absent), ``store.get(k, default)``, ``store[k] = v``,
@@ -102,9 +180,11 @@ class KeyValueStore(Generic[K, V]):
         self._vserde: Serde = serde(spec.value_serde)
         self._exact = _EXACT.get(spec.value_serde, frozenset())
         self._trusted = _TRUSTED.get(spec.value_serde, frozenset())
+        self._int_bits = spec.value_serde == "int"  # trusted ints still need the range check
+        # get/put/[]/in/del on cache hits: tailrace._stores.StoreCore (or _PyStoreCore)
         self._backend = backend
         self._cache_size = spec.cache_size
-        self._lock = threading.Lock()
+        self._lock = _StoreLock()
         # key -> value, _Encoded or _ABSENT; insertion order is recency (LRU first).
         self._entries: dict[Any, Any] = {}
         self._dirty: dict[Any, None] = {}  # written since the last commit began
@@ -130,36 +210,6 @@ class KeyValueStore(Generic[K, V]):
         return TypeError(f"{self._where(key)}: keys must be hashable ({e})")
 
     # -- reads --------------------------------------------------------------------------
-    def get(self, key: K, default: Any = None) -> Any:
-        """The value of ``key``, or ``default`` when absent. Any thread."""
-        lock = self._lock
-        lock.acquire()
-        try:
-            entries = self._entries
-            try:
-                value = entries.pop(key)
-            except KeyError:
-                value = self._load(key)
-            except TypeError as e:
-                raise self._unhashable(key, e) from None
-            entries[key] = value  # most recently used last
-        finally:
-            lock.release()
-        if value is _ABSENT:
-            return default
-        if type(value) is _Encoded:
-            return self._decode(key, value.data)
-        return value
-
-    def __getitem__(self, key: K) -> V:
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key, _MISSING) is not _MISSING  # type: ignore[arg-type]
-
     def _load(self, key: Any) -> Any:
         """A cache miss (lock held): read the committed value through, cache it (rule 29).
 
@@ -191,33 +241,15 @@ class KeyValueStore(Generic[K, V]):
     def _cacheable(self, key: Any, value: Any) -> Any:
         """What the cache keeps for ``value``; raises SerdeError naming store and key."""
         t = type(value)
-        if t in self._trusted:
+        if t in self._trusted and t is not int:
+            return value
+        if t is int and self._int_bits and _INT_MIN <= value < _INT_MAX:
             return value
         try:
             data = self._vserde.encode(value)
         except SerdeError as e:
             raise SerdeError(f"{self._where(key)}: {e}") from e
         return value if t in self._exact else _Encoded(data)
-
-    def put(self, key: K, value: V) -> None:
-        """Set ``key`` to ``value`` (durable at the task's next commit). Any thread."""
-        cached = self._cacheable(key, value)
-        lock = self._lock
-        lock.acquire()
-        try:
-            entries = self._entries
-            try:
-                known = entries.pop(key, _MISSING)
-            except TypeError as e:
-                raise self._unhashable(key, e) from None
-            if known is _MISSING:
-                self._new_key(key)
-            entries[key] = cached
-            self._dirty[key] = None
-        finally:
-            lock.release()
-
-    __setitem__ = put
 
     def _new_key(self, key: Any) -> None:
         """A key not cached (lock held): refuse one the serde cannot encode or dict
@@ -244,10 +276,6 @@ class KeyValueStore(Generic[K, V]):
             if value is not _ABSENT:
                 self._dirty[key] = None
             return value is not _ABSENT
-
-    def __delitem__(self, key: K) -> None:
-        if not self.delete(key):
-            raise KeyError(key)
 
     def put_all(self, items: Mapping[K, V] | Iterable[tuple[K, V]]) -> None:
         """``put`` of every pair (a mapping or an iterable of pairs), under one lock."""
@@ -404,13 +432,24 @@ class KeyValueStore(Generic[K, V]):
                 self._evict()
 
 
+class _PyKeyValueStore(_PyStoreCore, KeyValueStore[K, V]):
+    """KeyValueStore on the pure-Python hot path (the tests run both)."""
+
+
 class TaskStores:
     """The stores of one task, by name, and their part of the task's commit."""
 
-    def __init__(self, task_name: str, specs: Mapping[str, StoreSpec], backend: CheckpointStore) -> None:
+    def __init__(
+        self,
+        task_name: str,
+        specs: Mapping[str, StoreSpec],
+        backend: CheckpointStore,
+        store_class: type[KeyValueStore[Any, Any]] | None = None,
+    ) -> None:
         self.task_name = task_name
+        cls = store_class or KeyValueStore
         self.stores: dict[str, KeyValueStore[Any, Any]] = {
-            name: KeyValueStore(name, task_name, spec, backend) for name, spec in specs.items()
+            name: cls(name, task_name, spec, backend) for name, spec in specs.items()
         }
 
     def __bool__(self) -> bool:

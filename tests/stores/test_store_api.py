@@ -4,6 +4,7 @@ range scans over cache and backend together, eviction, errors naming store and k
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +15,30 @@ from tailrace.config import StoreSpec, parse_config
 from tailrace.interfaces import CheckpointStore
 from tailrace.serdes import SerdeError
 from tailrace.sqlite import SqliteCheckpointStore
-from tailrace.stores import KeyValueStore, TaskStores
+from tailrace.stores import COMPILED, KeyValueStore, TaskStores, _PyKeyValueStore
+
+_IMPLS: dict[str, type[KeyValueStore[Any, Any]]] = {"compiled": KeyValueStore, "python": _PyKeyValueStore}
+_impl: list[type[KeyValueStore[Any, Any]]] = [KeyValueStore]
+
+
+@pytest.fixture(autouse=True, params=list(_IMPLS))
+def impl(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test body runs on the compiled hot path and on its pure-Python twin."""
+    if request.param == "compiled" and not COMPILED:
+        pytest.skip("tailrace._stores is not built")
+    _impl[0] = _IMPLS[request.param]
+    yield
+    _impl[0] = KeyValueStore
 
 
 def _store(backend: CheckpointStore, **spec: Any) -> tuple[TaskStores, KeyValueStore[Any, Any]]:
     backend.open("job")
-    stores = TaskStores("Partition 0", {"s": StoreSpec(**spec)}, backend)
+    stores = TaskStores("Partition 0", {"s": StoreSpec(**spec)}, backend, _impl[0])
     return stores, stores.get("s")
 
 
 def _store_named(backend: CheckpointStore, name: str) -> tuple[TaskStores, KeyValueStore[Any, Any]]:
-    stores = TaskStores("Partition 0", {name: StoreSpec()}, backend)
+    stores = TaskStores("Partition 0", {name: StoreSpec()}, backend, _impl[0])
     return stores, stores.get(name)
 
 
@@ -58,6 +72,11 @@ def test_mapping_protocol_reads_own_writes(backend: CheckpointStore) -> None:
     _commit(backend, stores)
     assert dict(s.items()) == {"b": {"x": [1, 2]}, "d": 4, "e": 5}
     backend.close()
+
+
+def test_the_compiled_hot_path_is_built() -> None:
+    # the project builds tailrace._stores; without it stores fall back to the Python twin
+    assert COMPILED
 
 
 def test_values_have_value_semantics(backend: CheckpointStore) -> None:
