@@ -27,7 +27,7 @@ calls of one task is the user's to guard (rule 21).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, TypeVar
 
 from .config import StoreSpec
@@ -405,19 +405,27 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
             if self._committing:  # a failed commit's leftovers (cannot happen: _end_commit clears)
                 dirty = {**self._committing, **dirty}
             self._committing = dirty
-            entries = self._entries
-            kenc = self._kserde.encode
-            venc = self._vserde.encode
-            changes: dict[bytes, bytes | None] = {}
-            for key in dirty:
-                value = entries[key]
-                if value is _ABSENT:
-                    changes[kenc(key)] = None
-                elif type(value) is _Encoded:
-                    changes[kenc(key)] = value.data
-                else:
-                    changes[kenc(key)] = venc(value)
-            return changes
+            try:
+                return self._encode_changes(dirty, self._kserde._encode, self._vserde._encode)
+            except Exception:  # noqa: BLE001 - cannot happen (put checked them); say which
+                return self._encode_changes(dirty, self._kserde.encode, self._vserde.encode)
+
+    def _encode_changes(
+        self, dirty: dict[Any, None], kenc: Callable[[Any], bytes], venc: Callable[[Any], bytes]
+    ) -> dict[bytes, bytes | None]:
+        """Encoded key -> encoded value (None: deleted) of ``dirty`` (lock held). The raw
+        serde functions on the commit path: every key and value was checked at its put."""
+        entries = self._entries
+        changes: dict[bytes, bytes | None] = {}
+        for key in dirty:
+            value = entries[key]
+            if value is _ABSENT:
+                changes[kenc(key)] = None
+            elif type(value) is _Encoded:
+                changes[kenc(key)] = value.data
+            else:
+                changes[kenc(key)] = venc(value)
+        return changes
 
     def _end_commit(self, ok: bool) -> None:
         """After the atomic write: on success the committed entries turn clean; on failure
