@@ -30,7 +30,9 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
 - A commit writes the low watermark of every partition of the task that has
   one, and only when some partition's watermark moved past its committed
   offset; a commit with nothing new writes nothing (no store write, metric
-  ``commits`` unchanged). ``commits`` counts checkpoint writes.
+  ``commits`` unchanged). ``commits`` counts checkpoint writes. A task with state
+  stores also commits when they hold uncommitted writes, and only with nothing
+  unreleased (docs/state.md).
 - Requests from window, timers and ``end_of_stream`` take effect at once
   (nothing is outstanding then). A commit requested by ``end_of_stream`` runs
   right after the hook, before the task is done.
