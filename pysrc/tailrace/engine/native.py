@@ -8,7 +8,8 @@ run operations (window, commit, timers, end of stream) are the methods
 
 Behaviour matches the reference engine (``engine/reference.py``) decision for
 decision, including where SEMANTICS.md leaves room: commits write only when a
-watermark moved, ``commits`` counts store writes, requests from window, timers
+watermark moved (or, with state stores, when they hold uncommitted writes, and then
+only with nothing unreleased: docs/state.md), ``commits`` counts store writes, requests from window, timers
 and end of stream take effect at once, a task at end of stream counts as having
 voted for shutdown, and a failure stops the loop at once, then each task's low
 watermark is committed and every task is closed before the error is raised.
