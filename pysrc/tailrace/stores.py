@@ -190,8 +190,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         self._dirty: dict[Any, None] = {}  # written since the last commit began
         self._committing: dict[Any, None] = {}  # written into the commit in flight
         self._evict_at = spec.cache_size  # len(_entries) that triggers an eviction pass
-        self.hits = 0
-        self.misses = 0
+        self.misses = 0  # reads that went to the backend (tests, tuning cache.size)
 
     def __repr__(self) -> str:
         return f"KeyValueStore({self.name!r}, task={self.task_name!r})"
