@@ -85,19 +85,20 @@ def bench_job(rounds: int, messages: int) -> dict[str, float]:
 
 
 def _raw_sqlite(path: Path, keys: int) -> float:
-    """The floor: the same rows through one bare executemany + COMMIT (WAL, synchronous=FULL)."""
+    """The floor: the same rows (tailrace's state schema) through one bare executemany +
+    COMMIT (WAL, synchronous=FULL)."""
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = FULL")
     db.execute(
-        "CREATE TABLE state (job TEXT NOT NULL, task TEXT NOT NULL, store TEXT NOT NULL, key BLOB NOT NULL,"
-        " value BLOB NOT NULL, PRIMARY KEY (job, task, store, key)) WITHOUT ROWID"
+        "CREATE TABLE state (scope INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL,"
+        " PRIMARY KEY (scope, key)) WITHOUT ROWID"
     )
-    rows = [("bench", "Partition 0", "s", f"key-{i:08d}".encode(), i.to_bytes(8, "big")) for i in range(keys)]
+    rows = [(1, f"key-{i:08d}".encode(), i.to_bytes(8, "big")) for i in range(keys)]
     gc.collect()
     t0 = time.perf_counter()
     db.execute("BEGIN IMMEDIATE")
-    db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?, ?)", rows)
+    db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?, ?)", rows)
     db.execute("COMMIT")
     seconds = time.perf_counter() - t0
     db.close()

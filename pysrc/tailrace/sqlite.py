@@ -55,17 +55,23 @@ CREATE TABLE checkpoints (
 )
 
 # Key-value state of the tasks' stores (rules 25-29), written in the same transaction as
-# the task's checkpoint rows. Keys compare as BLOBs (memcmp): range scans follow the
-# order of the encoded keys. Created on open when missing (stores written before
-# state existed have none).
+# the task's checkpoint rows. A scope is one store of one task of one job; state rows
+# carry its integer id (short rows, cheap key compares: the commit flush rate). Keys
+# compare as BLOBs (memcmp): range scans follow the order of the encoded keys. Created
+# on open when missing (stores written before state existed have none).
 _STATE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS state (
+CREATE TABLE IF NOT EXISTS state_scopes (
+    id INTEGER PRIMARY KEY,
     job TEXT NOT NULL,
     task TEXT NOT NULL,
     store TEXT NOT NULL,
+    UNIQUE (job, task, store)
+);
+CREATE TABLE IF NOT EXISTS state (
+    scope INTEGER NOT NULL,
     key BLOB NOT NULL,
     value BLOB NOT NULL,
-    PRIMARY KEY (job, task, store, key)
+    PRIMARY KEY (scope, key)
 ) WITHOUT ROWID
 """
 _SCHEMA += _STATE_SCHEMA + ";\n"
@@ -98,6 +104,8 @@ class SqliteCheckpointStore(CheckpointStore):
         self._readers: list[sqlite3.Connection] = []
         self._local = threading.local()
         self._generation = 0  # bumped on close: a thread's old reader is not reused
+        self._scopes: dict[tuple[str, str], int] = {}  # (task, store) -> state_scopes.id
+        self._new_scopes: dict[tuple[str, str], int] = {}  # created by the write in progress
         stall = os.environ.get(_STALL_AFTER_ENV)
         self._stall_after = int(stall) if stall else None
 
@@ -109,7 +117,7 @@ class SqliteCheckpointStore(CheckpointStore):
         self._lock_fd = self._take_lock(job_name)
         try:
             self._conn = connect(self.path, create=True)
-            self._conn.execute(_STATE_SCHEMA)
+            self._conn.executescript(_STATE_SCHEMA)
         except BaseException:
             self._release_lock()
             raise
@@ -182,29 +190,53 @@ class SqliteCheckpointStore(CheckpointStore):
                     rows,
                 )
                 if state:
+                    self._new_scopes.clear()
                     self._write_state(db, task_name, state)
                 self._test_stall()
         except sqlite3.Error as e:
             raise CheckpointError(
                 f"checkpoint store {self.path}: writing task {task_name!r} failed: {e}"
             ) from e
+        if state and self._new_scopes:
+            self._scopes.update(self._new_scopes)
         self._writes += 1
 
     def _write_state(self, db: sqlite3.Connection, task_name: str, state: StateChanges) -> None:
         """The task's store changes, inside the checkpoint's transaction (rule 26)."""
-        job = self._job
         for store, changes in state.items():
-            puts = [(job, task_name, store, k, v) for k, v in changes.items() if v is not None]
-            if puts:
-                db.executemany(
-                    "INSERT OR REPLACE INTO state (job, task, store, key, value) VALUES (?, ?, ?, ?, ?)",
-                    puts,
+            scope = self._scopes.get((task_name, store))
+            if scope is None:
+                db.execute(
+                    "INSERT OR IGNORE INTO state_scopes (job, task, store) VALUES (?, ?, ?)",
+                    (self._job, task_name, store),
                 )
+                scope = self._scope_id(db, task_name, store, cache=False)
+                if scope is None:
+                    raise sqlite3.DatabaseError(f"state scope of store {store!r} vanished")
+                self._new_scopes[task_name, store] = scope  # cached once the transaction commits
+            puts = [(scope, k, v) for k, v in changes.items() if v is not None]
+            if puts:
+                db.executemany("INSERT OR REPLACE INTO state (scope, key, value) VALUES (?, ?, ?)", puts)
             if len(puts) != len(changes):
                 db.executemany(
-                    "DELETE FROM state WHERE job = ? AND task = ? AND store = ? AND key = ?",
-                    [(job, task_name, store, k) for k, v in changes.items() if v is None],
+                    "DELETE FROM state WHERE scope = ? AND key = ?",
+                    [(scope, k) for k, v in changes.items() if v is None],
                 )
+
+    def _scope_id(
+        self, db: sqlite3.Connection, task_name: str, store: str, *, cache: bool = True
+    ) -> int | None:
+        """The scope id of a task's store (cached once known), or None if it never held state."""
+        row = db.execute(
+            "SELECT id FROM state_scopes WHERE job = ? AND task = ? AND store = ?",
+            (self._job, task_name, store),
+        ).fetchone()
+        if row is None:
+            return None
+        scope: int = row[0]
+        if cache:
+            self._scopes[task_name, store] = scope
+        return scope
 
     # -- state reads (any thread) ----------------------------------------------------
     def _reader(self) -> sqlite3.Connection:
@@ -228,14 +260,14 @@ class SqliteCheckpointStore(CheckpointStore):
 
     def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
         try:
-            row = (
-                self._reader()
-                .execute(
-                    "SELECT value FROM state WHERE job = ? AND task = ? AND store = ? AND key = ?",
-                    (self._job, task_name, store, key),
-                )
-                .fetchone()
-            )
+            reader = self._reader()
+            scope = self._scopes.get((task_name, store))
+            if scope is None:
+                scope = self._scope_id(reader, task_name, store)
+                if scope is None:
+                    return None
+            sql = "SELECT value FROM state WHERE scope = ? AND key = ?"
+            row = reader.execute(sql, (scope, key)).fetchone()
         except sqlite3.Error as e:
             raise CheckpointError(
                 f"checkpoint store {self.path}: reading store {store!r} of task {task_name!r} failed: {e}"
@@ -245,10 +277,17 @@ class SqliteCheckpointStore(CheckpointStore):
     def state_scan(
         self, task_name: str, store: str, start: bytes | None = None, end: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
-        job = self._job
         reader = self._reader()
-        where = "job = ? AND task = ? AND store = ?"
-        args: list[Any] = [job, task_name, store]
+        try:
+            scope = self._scopes.get((task_name, store)) or self._scope_id(reader, task_name, store)
+        except sqlite3.Error as e:
+            raise CheckpointError(
+                f"checkpoint store {self.path}: scanning store {store!r} of task {task_name!r} failed: {e}"
+            ) from e
+        if scope is None:
+            return
+        where = "scope = ?"
+        args: list[Any] = [scope]
         if end is not None:
             where += " AND key < ?"
             args.append(end)
@@ -338,8 +377,14 @@ class SqliteCheckpointStore(CheckpointStore):
         db = self._db()
         try:
             with db:
+                db.execute("BEGIN IMMEDIATE")
                 cur = db.execute("DELETE FROM checkpoints WHERE job = ?", (self._job,))
-                db.execute("DELETE FROM state WHERE job = ?", (self._job,))
+                db.execute(
+                    "DELETE FROM state WHERE scope IN (SELECT id FROM state_scopes WHERE job = ?)",
+                    (self._job,),
+                )
+                db.execute("DELETE FROM state_scopes WHERE job = ?", (self._job,))
+            self._scopes.clear()
         except sqlite3.Error as e:
             raise CheckpointError(f"checkpoint store {self.path}: reset failed: {e}") from e
         return cur.rowcount

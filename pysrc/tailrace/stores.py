@@ -190,7 +190,12 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         self._dirty: dict[Any, None] = {}  # written since the last commit began
         self._committing: dict[Any, None] = {}  # written into the commit in flight
         self._evict_at = spec.cache_size  # len(_entries) that triggers an eviction pass
-        self.misses = 0  # reads that went to the backend (tests, tuning cache.size)
+        self.misses = 0  # reads that missed the cache (tests, tuning cache.size)
+        # True while the cache holds the whole state: the backend had none for this store
+        # at start and nothing was evicted since (what a commit wrote stays cached until
+        # evicted). A miss is then a key that does not exist: no backend read (a fresh
+        # task's first touch of each key costs no query).
+        self._complete = next(iter(backend.state_scan(task_name, name)), None) is None
 
     def __repr__(self) -> str:
         return f"KeyValueStore({self.name!r}, task={self.task_name!r})"
@@ -220,7 +225,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         except TypeError as e:
             raise self._unhashable(key, e) from None
         self.misses += 1
-        data = self._backend.state_get(self.task_name, self.name, kb)
+        data = None if self._complete else self._backend.state_get(self.task_name, self.name, kb)
         if data is None:
             value: Any = _ABSENT
         else:
@@ -383,6 +388,8 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
                         break
             for key in victims:
                 del entries[key]
+            if victims:
+                self._complete = False  # evicted entries live only in the backend now
         self._evict_at = max(size, len(entries) + max(1, size // 10))
 
     def cached(self) -> int:
