@@ -290,6 +290,17 @@ def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
                 at_least=True,
             )
         )
+    # state stores (issue 12): the same counting job with a store instead of a dict
+    checks.append(
+        _check(
+            "c on sync_state_16tasks_store within 2x per message of sync_state_16tasks",
+            _ratio(
+                _rate(results, "sync_state_16tasks", "c"), _rate(results, "sync_state_16tasks_store", "c")
+            ),
+            2.0,
+            at_least=False,
+        )
+    )
     return checks
 
 

@@ -34,7 +34,9 @@ from .files import FileSystem
 from .interfaces import CheckpointStore, PartitionReader, Producer, System
 from .memory import MemoryCheckpointStore, MemorySystem
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
+from .serdes import SerdeError
 from .sqlite import SqliteCheckpointStore
+from .stores import KeyValueStore
 from .types import Scope, SystemStream, SystemStreamPartition
 
 __version__ = "0.1.0"
@@ -56,6 +58,7 @@ __all__ = [
     "Envelope",
     "FileSystem",
     "InputError",
+    "KeyValueStore",
     "MemoryCheckpointStore",
     "MemorySystem",
     "PartitionReader",
@@ -64,6 +67,7 @@ __all__ = [
     "RedisSystem",
     "RunResult",
     "Scope",
+    "SerdeError",
     "SqliteCheckpointStore",
     "StreamTask",
     "System",

@@ -24,6 +24,7 @@ from .types import Scope, SystemStreamPartition
 if TYPE_CHECKING:
     from .config import Config
     from .metrics import TaskMetrics
+    from .stores import KeyValueStore, TaskStores
 
 __all__ = [
     "AsyncStreamTask",
@@ -95,6 +96,7 @@ class TaskContext:
         timers: TimerService,
         metrics: Callable[[], TaskMetrics],
         loop: asyncio.AbstractEventLoop | None = None,
+        stores: TaskStores | None = None,
     ) -> None:
         self.task_name = task_name
         self.partitions: tuple[SystemStreamPartition, ...] = tuple(partitions)
@@ -102,6 +104,23 @@ class TaskContext:
         self.loop = loop
         self._timers = timers
         self._metrics = metrics
+        self._stores = stores
+
+    def store(self, name: str) -> KeyValueStore[Any, Any]:
+        """The task's store ``name`` (declared with ``[stores.NAME]`` / ``stores.NAME.*``).
+
+        Its writes become durable at the task's commit, atomically with its offsets
+        (rule 26). ConfigError naming the declared stores when there is no such store.
+        """
+        if self._stores is None:
+            from .errors import ConfigError
+
+            raise ConfigError(
+                f"task {self.task_name!r} has no store {name!r}",
+                key=f"stores.{name}",
+                allowed="no stores declared ([stores.NAME] in the job file, Container(stores=...))",
+            )
+        return self._stores.get(name)
 
     @property
     def metrics(self) -> TaskMetrics:

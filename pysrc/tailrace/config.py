@@ -9,6 +9,7 @@ naming the key and the allowed values. Nothing starts with a half-valid config.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,6 +146,112 @@ KEYS: tuple[_Key, ...] = (
 _BY_NAME = {k.name: k for k in KEYS}
 _BY_SNAKE = {k.name.replace(".", "_"): k for k in KEYS}
 
+# -- state stores (rules 25-29): ``stores.NAME.<option>`` --------------------------------
+DEFAULT_CACHE_SIZE = 100_000
+_STORE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+STORE_OPTIONS: dict[str, str] = {
+    "key.serde": "the serde of keys (range scans follow the order of the encoded keys)",
+    "value.serde": "the serde of values",
+    "cache.size": f"entries cached per task (default {DEFAULT_CACHE_SIZE}); writes wait in memory to commit",
+}
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """One declared key-value store: serde names and the per-task cache size (entries)."""
+
+    key_serde: str = "json"
+    value_serde: str = "json"
+    cache_size: int = DEFAULT_CACHE_SIZE
+
+    def as_options(self) -> dict[str, Any]:
+        return {"key.serde": self.key_serde, "value.serde": self.value_serde, "cache.size": self.cache_size}
+
+
+def _serde_name(key: str, value: Any) -> str:
+    from .serdes import NAMES, SerdeError, serde
+
+    if not isinstance(value, str) or value not in NAMES:
+        raise ConfigError(f"unknown serde {value!r}", key=key, allowed=", ".join(NAMES))
+    try:
+        serde(value)
+    except SerdeError as e:  # msgpack without msgpack installed
+        raise ConfigError(str(e), key=key, allowed=", ".join(NAMES)) from None
+    return value
+
+
+def _store_name(key: str, name: Any) -> str:
+    if not isinstance(name, str) or not _STORE_NAME.fullmatch(name):
+        raise ConfigError(
+            f"bad store name {name!r}",
+            key=key,
+            allowed="a name of letters, digits, '_' and '-', not starting with a digit or '-'",
+        )
+    return name
+
+
+def _store_option(store: str, option: str, value: Any) -> tuple[str, Any]:
+    key = f"stores.{store}.{option}"
+    if option == "key.serde":
+        return "key_serde", _serde_name(key, value)
+    if option == "value.serde":
+        return "value_serde", _serde_name(key, value)
+    if option == "cache.size":
+        return "cache_size", _int(key, value, 1, 1 << 40, "an integer >= 1 (entries)")
+    raise ConfigError(
+        "unknown store option", key=key, allowed=", ".join(f"stores.{store}.{o}" for o in STORE_OPTIONS)
+    )
+
+
+def _store_tables(key: str, value: Any) -> dict[str, dict[str, Any]]:
+    """The structured form ``stores = {NAME: {option: value}}`` (job files, Container(stores=...));
+    a list of names declares stores with defaults."""
+    if isinstance(value, (list, tuple)):
+        return {_store_name(key, n): {} for n in value}
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"expected a table of stores, got {value!r}", key=key, allowed="{NAME: {option: value}}"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for name, options in value.items():
+        _store_name(f"{key}.{name}", name)
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise ConfigError(
+                f"expected a table of options, got {options!r}",
+                key=f"{key}.{name}",
+                allowed=", ".join(STORE_OPTIONS),
+            )
+        flat: dict[str, Any] = {}
+        for opt, v in options.items():
+            # TOML reads `key.serde = "str"` as a nested table {"key": {"serde": "str"}}
+            if isinstance(v, Mapping):
+                for sub, w in v.items():
+                    flat[f"{opt}.{sub}"] = w
+            else:
+                flat[str(opt)] = v
+        out[name] = flat
+    return out
+
+
+def _parse_stores(entries: list[tuple[str, str, str, Any]]) -> dict[str, StoreSpec]:
+    """``(source key, store, option, value)`` tuples into validated specs (option "" declares)."""
+    found: dict[str, dict[str, Any]] = {}
+    seen: dict[tuple[str, str], str] = {}
+    for raw, store, option, value in entries:
+        fields = found.setdefault(store, {})
+        if not option:
+            continue
+        if (store, option) in seen:
+            raise ConfigError(
+                f"given twice (as {seen[store, option]!r} and {raw!r})", key=f"stores.{store}.{option}"
+            )
+        seen[store, option] = raw
+        attr, parsed = _store_option(store, option, value)
+        fields[attr] = parsed
+    return {name: StoreSpec(**fields) for name, fields in found.items()}
+
 
 @dataclass(frozen=True)
 class Config:
@@ -161,11 +268,16 @@ class Config:
     shutdown_ms: int = 30000
     ignored_exceptions: tuple[str, ...] = ()
     input_buffer_size: int = 1024
+    stores: Mapping[str, StoreSpec] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def as_samza(self) -> dict[str, Any]:
         """The config as Samza-style ``key: value`` pairs."""
-        return {k.name: getattr(self, k.attr) for k in KEYS}
+        out = {k.name: getattr(self, k.attr) for k in KEYS}
+        for name, spec in self.stores.items():
+            for option, value in spec.as_options().items():
+                out[f"stores.{name}.{option}"] = value
+        return out
 
     def ignores(self, exc: BaseException) -> bool:
         """True when ``exc`` is listed in ``task.ignored.exceptions`` (rule 16)."""
@@ -205,10 +317,19 @@ def parse_config(
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     seen: dict[str, str] = {}
+    store_entries: list[tuple[str, str, str, Any]] = []
     items = list(base.items()) + list(kwargs.items())
     for raw_key, value in items:
         if not isinstance(raw_key, str):
             raise ConfigError(f"config keys must be strings, got {raw_key!r}", source=source)
+        if raw_key == "stores" or raw_key.startswith("stores."):
+            try:
+                store_entries.extend(_store_keys(raw_key, value))
+            except ConfigError as e:
+                if source and not e.source:
+                    raise ConfigError(e.reason, key=e.key, allowed=e.allowed, source=source) from None
+                raise
+            continue
         key = _BY_NAME.get(raw_key) or _BY_SNAKE.get(raw_key)
         if key is None:
             if any(raw_key.startswith(p) for p in allow_prefixes):
@@ -217,7 +338,7 @@ def parse_config(
             raise ConfigError(
                 "unknown key",
                 key=raw_key,
-                allowed=", ".join(k.name for k in KEYS),
+                allowed=", ".join([k.name for k in KEYS] + [f"stores.NAME.{o}" for o in STORE_OPTIONS]),
                 source=source,
             )
         if key.name in seen and seen[key.name] != raw_key:
@@ -231,11 +352,50 @@ def parse_config(
             if source and not e.source:
                 raise ConfigError(e.reason, key=e.key, allowed=e.allowed, source=source) from None
             raise
-    return dataclasses.replace(Config(), extra=extra, **values)
+    try:
+        stores = _parse_stores(store_entries)
+    except ConfigError as e:
+        if source and not e.source:
+            raise ConfigError(e.reason, key=e.key, allowed=e.allowed, source=source) from None
+        raise
+    if stores and values.get("async_commit"):  # rule 27: the project refuses the combination
+        raise ConfigError(
+            f"task.async.commit=true cannot be combined with state stores ({', '.join(sorted(stores))}): "
+            "a store commit must not include the effect of a message above the low watermark",
+            key="task.async.commit",
+            allowed="false while stores.* are declared (or declare no stores.NAME.*)",
+            source=source,
+        )
+    return dataclasses.replace(Config(), extra=extra, stores=stores, **values)
+
+
+def _store_keys(raw_key: str, value: Any) -> list[tuple[str, str, str, Any]]:
+    """``stores`` (structured), ``stores.NAME`` (a table) or ``stores.NAME.OPTION`` into entries."""
+    if raw_key == "stores":
+        tables = _store_tables("stores", value)
+    else:
+        rest = raw_key[len("stores.") :]
+        name, dot, option = rest.partition(".")
+        if not dot:
+            tables = _store_tables("stores", {name: value})
+        else:
+            _store_name(raw_key, name)
+            if option not in STORE_OPTIONS:
+                _store_option(name, option, value)  # raises, naming the allowed options
+            tables = {name: {option: value}}
+    entries: list[tuple[str, str, str, Any]] = []
+    for name, options in tables.items():
+        entries.append((raw_key, name, "", None))
+        for option, v in options.items():
+            entries.append((f"stores.{name}.{option}", name, option, v))
+    return entries
 
 
 def describe_keys(skip: tuple[str, ...] = ()) -> str:
     """A table of every key (but those in ``skip``), its default and meaning (for ``--help``)."""
     keys = [k for k in KEYS if k.name not in skip]
     width = max(len(k.name) for k in keys)
-    return "\n".join(f"  {k.name:<{width}}  default {k.default!r}: {k.doc}" for k in keys)
+    lines = [f"  {k.name:<{width}}  default {k.default!r}: {k.doc}" for k in keys]
+    for option, doc in STORE_OPTIONS.items():
+        lines.append(f"  {'stores.NAME.' + option:<{width}}  {doc}")
+    return "\n".join(lines)

@@ -23,6 +23,7 @@ from .errors import ConfigError, InputError
 from .interfaces import CheckpointStore, PartitionReader, Producer, System
 from .memory import MemoryCheckpointStore
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
+from .stores import TaskStores
 from .types import Offset, SystemStreamPartition, parse_system_stream
 
 log = logging.getLogger("tailrace")
@@ -48,6 +49,7 @@ class TaskPlan:
     readers: list[PartitionReader]
     start_offsets: dict[SystemStreamPartition, Offset]
     collector: Collector
+    stores: TaskStores | None = None  # the task's key-value stores (rules 25-29)
 
     def make_context(
         self,
@@ -56,7 +58,11 @@ class TaskPlan:
         metrics: Callable[[], TaskMetrics],
         loop: Any = None,
     ) -> TaskContext:
-        return TaskContext(self.name, self.partitions, config, timers, metrics, loop)
+        return TaskContext(self.name, self.partitions, config, timers, metrics, loop, self.stores)
+
+    def state_dirty(self) -> bool:
+        """True when the task's stores hold writes no commit has carried yet."""
+        return self.stores is not None and self.stores.dirty()
 
 
 @dataclass
@@ -72,15 +78,28 @@ class JobPlan:
 
     def commit(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
         """Flush every producer (output covering the commit is durable first), then
-        write the task's checkpoint atomically (rules 9, 13). Raises on failure."""
+        write the task's checkpoint and its store changes in one atomic write (rules
+        9, 13, 26). On success the stores' written entries turn clean; on failure they
+        stay dirty for the next commit. Raises on failure."""
         with self._commit_lock:
             for producer in self.producers.values():
                 producer.flush()
-            if offsets:
-                self.store.write(task.name, dict(offsets))
-                for ssp, reader in zip(task.partitions, task.readers):
-                    if ssp in offsets:
-                        reader.committed(offsets[ssp])
+            stores = task.stores
+            if not stores:
+                if offsets:
+                    self.store.write(task.name, dict(offsets))
+            else:
+                state = stores.begin_commit()
+                ok = False
+                try:
+                    if offsets or state:
+                        self.store.write(task.name, dict(offsets), state)
+                    ok = True
+                finally:
+                    stores.end_commit(ok)
+            for ssp, reader in zip(task.partitions, task.readers):
+                if ssp in offsets:
+                    reader.committed(offsets[ssp])
 
     def close(self) -> None:
         """Close readers, producers, systems and the store (idempotent, best effort)."""
@@ -135,6 +154,9 @@ class Container:
     GroupByPartition): task "Partition N" owns partition N of every input.
     ``config``: Samza keys (or snake_case keywords). ``checkpoints``: a
     CheckpointStore (default: in memory). ``engine``: "c" (default) or "python".
+    ``stores``: key-value stores of every task (rules 25-29), ``{NAME: {option:
+    value}}`` with the options of ``stores.NAME.*`` (``{}`` for the defaults) or a
+    list of names; tasks get them with ``context.store(NAME)`` in ``init``.
 
     ``run()`` blocks until end of stream, shutdown or error, and returns a
     RunResult; an error raises TaskError (or another TailraceError) after the
@@ -151,8 +173,11 @@ class Container:
         checkpoints: CheckpointStore | None = None,
         engine: str = "c",
         default_output_system: str | None = None,
+        stores: Mapping[str, Mapping[str, Any] | None] | Sequence[str] | None = None,
         **config_kwargs: Any,
     ) -> None:
+        if stores is not None:
+            config_kwargs["stores"] = stores
         self.config = parse_config(config, **config_kwargs)
         self._engine_cls = load_engine(engine)
         self.engine_name = engine
@@ -203,6 +228,14 @@ class Container:
         by_partition: dict[int, list[SystemStreamPartition]] = {}
         for ssp in ssps:
             by_partition.setdefault(ssp.partition, []).append(ssp)
+        specs = self.config.stores
+        if specs and type(self._store).state_get is CheckpointStore.state_get:
+            raise ConfigError(
+                f"checkpoint store {type(self._store).__name__} keeps no state; stores "
+                f"({', '.join(sorted(specs))}) need one that does",
+                key="checkpoints",
+                allowed="sqlite, memory, redis",
+            )
         producers = {name: s.producer() for name, s in self.systems.items()}
         self._store.open(self.config.job_name)
         tasks: list[TaskPlan] = []
@@ -228,7 +261,8 @@ class Container:
                 readers = [self.systems[s.system].reader(s) for s in parts]
                 start = {s: committed[s] for s in parts if s in committed}
                 collector = Collector(producers, self._default_output_system)
-                tasks.append(TaskPlan(name, index, instance, kind, parts, readers, start, collector))
+                stores = TaskStores(name, specs, self._store) if specs else None
+                tasks.append(TaskPlan(name, index, instance, kind, parts, readers, start, collector, stores))
         except Exception:
             self._store.close()
             if runner is not None:

@@ -16,6 +16,10 @@ Layout (paths are relative to the job file)::
     type = "file"                       # "file", "memory" or "redis"; other keys are its options
     path = "data"
 
+    [stores.counts]                     # optional: a key-value store of every task (docs/state.md)
+    "value.serde" = "int"               # key.serde / value.serde (default json), cache.size;
+                                        # an empty table is a store with the defaults
+
     [checkpoints]                       # optional; default: sqlite at state/checkpoints.db
     type = "sqlite"                     # "sqlite", "memory" or "redis"
     path = "state/checkpoints.db"
@@ -46,7 +50,7 @@ from .interfaces import CheckpointStore, System
 JOB_FILE = "job.toml"
 DEFAULT_CHECKPOINTS = "state/checkpoints.db"
 
-_TOP = ("job", "config", "systems", "checkpoints")
+_TOP = ("job", "config", "systems", "stores", "checkpoints")
 _JOB_KEYS = ("name", "task", "inputs", "engine", "default_output")
 _CONFIG_NAMES = {k.name for k in KEYS} | {k.name.replace(".", "_") for k in KEYS}
 _PATH_OPTIONS = ("path", "output_path")  # options resolved relative to the job file
@@ -231,6 +235,11 @@ def load_job(
     if "job.name" in config_t or "job_name" in config_t:
         raise ConfigError("set the job name in [job] name, not in [config]", key="job.name", source=src)
     config_t["job.name"] = name
+    stores_t = tree.get("stores")
+    if stores_t is not None:
+        if not isinstance(stores_t, dict):
+            raise ConfigError("expected a table of [stores.NAME] tables", key="stores", source=src)
+        config_t["stores"] = stores_t
     config = parse_config(config_t, source=src)
 
     systems: dict[str, System] = {}
@@ -338,7 +347,7 @@ def _apply_overrides(tree: dict[str, Any], overrides: dict[str, Any], src: str) 
             tree.setdefault("job", {})["name"] = value
         elif key in _CONFIG_NAMES:
             tree.setdefault("config", {})[key] = value
-        elif key.startswith(("job.", "systems.", "checkpoints.")):
+        elif key.startswith(("job.", "systems.", "checkpoints.", "stores.")):
             parts = key.split(".")
             node = tree
             for part in parts[:-1]:
@@ -352,7 +361,8 @@ def _apply_overrides(tree: dict[str, Any], overrides: dict[str, Any], src: str) 
             raise ConfigError(
                 "unknown key given with --config",
                 key=key,
-                allowed="a config key (see tailrace --help), or job.*, systems.<name>.*, checkpoints.*",
+                allowed="a config key (see tailrace --help), or job.*, systems.<name>.*, stores.<name>.*, "
+                "checkpoints.*",
             )
     return tree
 

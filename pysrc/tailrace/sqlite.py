@@ -53,7 +53,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,8 @@ log = logging.getLogger("tailrace.sqlite")
 
 SCHEMA_VERSION = 1
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE checkpoints (
     job TEXT NOT NULL,
@@ -78,6 +79,31 @@ CREATE TABLE checkpoints (
     PRIMARY KEY (job, task, system, stream, partition)
 );
 """
+    + "\n"
+)
+
+# Key-value state of the tasks' stores (rules 25-29), written in the same transaction as
+# the task's checkpoint rows. A scope is one store of one task of one job; state rows
+# carry its integer id (short rows, cheap key compares: the commit flush rate). Keys
+# compare as BLOBs (memcmp): range scans follow the order of the encoded keys. Created
+# on open when missing (stores written before state existed have none).
+_STATE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS state_scopes (
+    id INTEGER PRIMARY KEY,
+    job TEXT NOT NULL,
+    task TEXT NOT NULL,
+    store TEXT NOT NULL,
+    UNIQUE (job, task, store)
+);
+CREATE TABLE IF NOT EXISTS state (
+    scope INTEGER NOT NULL,
+    key BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID
+"""
+_SCHEMA += _STATE_SCHEMA + ";\n"
+_SCAN_BATCH = 1024  # rows per query of a range scan
 
 # Test hook (fault tests only): after this many successful writes, the next write
 # creates the marker file and stalls inside its open transaction (so a test can kill
@@ -269,6 +295,13 @@ class SqliteCheckpointStore(CheckpointStore):
         self._inode: tuple[int, int] | None = None  # the database file's (st_dev, st_ino) we lock
         self._marker: GenerationMarker | None = None
         self._writes = 0
+        # state readers: one connection per reading thread (WAL: they never block the writer)
+        self._readers_lock = threading.Lock()
+        self._readers: list[sqlite3.Connection] = []
+        self._local = threading.local()
+        self._generation = 0  # bumped on close: a thread's old reader is not reused
+        self._scopes: dict[tuple[str, str], int] = {}  # (task, store) -> state_scopes.id
+        self._new_scopes: dict[tuple[str, str], int] = {}  # created by the write in progress
         stall = os.environ.get(_STALL_AFTER_ENV)
         self._stall_after = int(stall) if stall else None
 
@@ -281,6 +314,7 @@ class SqliteCheckpointStore(CheckpointStore):
         try:
             self._take_inode_lock(job_name)
             self._conn, self._marker = _open_checked(self.path, create=True)
+            self._conn.executescript(_STATE_SCHEMA)  # stores created before state existed
         except BaseException:
             self._release_lock(job_name)
             raise
@@ -397,8 +431,6 @@ class SqliteCheckpointStore(CheckpointStore):
         offsets: Mapping[SystemStreamPartition, Offset],
         state: StateChanges | None = None,
     ) -> None:
-        if state:  # state stores land in their own commit (issue: durable state)
-            raise CheckpointError(f"{type(self).__name__} cannot store state yet")
         db = self._db()
         now = time.time()
         rows = []
@@ -417,12 +449,17 @@ class SqliteCheckpointStore(CheckpointStore):
                     " committed_offset = excluded.committed_offset, updated_at = excluded.updated_at",
                     rows,
                 )
+                if state:
+                    self._new_scopes.clear()
+                    self._write_state(db, task_name, state)
                 generation = _bump_generation(db)
                 self._test_stall()
         except sqlite3.Error as e:
             raise CheckpointError(
                 f"checkpoint store {self.path}: writing task {task_name!r} failed: {e}"
             ) from e
+        if state and self._new_scopes:
+            self._scopes.update(self._new_scopes)
         self._writes += 1
         self._record_generation(generation)
 
@@ -437,6 +474,127 @@ class SqliteCheckpointStore(CheckpointStore):
                 "checkpoint marker %s not updated (%s); the checkpoint is written", self._marker.path, e
             )
 
+    def _write_state(self, db: sqlite3.Connection, task_name: str, state: StateChanges) -> None:
+        """The task's store changes, inside the checkpoint's transaction (rule 26)."""
+        for store, changes in state.items():
+            scope = self._scopes.get((task_name, store))
+            if scope is None:
+                db.execute(
+                    "INSERT OR IGNORE INTO state_scopes (job, task, store) VALUES (?, ?, ?)",
+                    (self._job, task_name, store),
+                )
+                scope = self._scope_id(db, task_name, store, cache=False)
+                if scope is None:
+                    raise sqlite3.DatabaseError(f"state scope of store {store!r} vanished")
+                self._new_scopes[task_name, store] = scope  # cached once the transaction commits
+            puts = [(scope, k, v) for k, v in changes.items() if v is not None]
+            if puts:
+                db.executemany("INSERT OR REPLACE INTO state (scope, key, value) VALUES (?, ?, ?)", puts)
+            if len(puts) != len(changes):
+                db.executemany(
+                    "DELETE FROM state WHERE scope = ? AND key = ?",
+                    [(scope, k) for k, v in changes.items() if v is None],
+                )
+
+    def _scope_id(
+        self, db: sqlite3.Connection, task_name: str, store: str, *, cache: bool = True
+    ) -> int | None:
+        """The scope id of a task's store (cached once known), or None if it never held state."""
+        row = db.execute(
+            "SELECT id FROM state_scopes WHERE job = ? AND task = ? AND store = ?",
+            (self._job, task_name, store),
+        ).fetchone()
+        if row is None:
+            return None
+        scope: int = row[0]
+        if cache:
+            self._scopes[task_name, store] = scope
+        return scope
+
+    # -- state reads (any thread) ----------------------------------------------------
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read connection to the store."""
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is not None and local.generation == self._generation:
+            return conn
+        if self._conn is None:
+            raise CheckpointError(f"checkpoint store {self.path} is not open")
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=10.0, check_same_thread=False)
+            conn.execute("PRAGMA query_only = 1")
+        except sqlite3.Error as e:
+            raise CheckpointError(f"checkpoint store {self.path}: cannot open a state reader: {e}") from e
+        with self._readers_lock:
+            self._readers.append(conn)
+        local.conn = conn
+        local.generation = self._generation
+        return conn
+
+    def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
+        try:
+            reader = self._reader()
+            scope = self._scopes.get((task_name, store))
+            if scope is None:
+                scope = self._scope_id(reader, task_name, store)
+                if scope is None:
+                    return None
+            sql = "SELECT value FROM state WHERE scope = ? AND key = ?"
+            row = reader.execute(sql, (scope, key)).fetchone()
+        except sqlite3.Error as e:
+            raise CheckpointError(
+                f"checkpoint store {self.path}: reading store {store!r} of task {task_name!r} failed: {e}"
+            ) from e
+        return None if row is None else bytes(row[0])
+
+    def state_scan(
+        self, task_name: str, store: str, start: bytes | None = None, end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        reader = self._reader()
+        try:
+            scope = self._scopes.get((task_name, store)) or self._scope_id(reader, task_name, store)
+        except sqlite3.Error as e:
+            raise CheckpointError(
+                f"checkpoint store {self.path}: scanning store {store!r} of task {task_name!r} failed: {e}"
+            ) from e
+        if scope is None:
+            return
+        where = "scope = ?"
+        args: list[Any] = [scope]
+        if end is not None:
+            where += " AND key < ?"
+            args.append(end)
+        first_op, after = ">=", start
+        while True:
+            sql = f"SELECT key, value FROM state WHERE {where}"
+            params = list(args)
+            if after is not None:
+                sql += f" AND key {first_op} ?"
+                params.append(after)
+            sql += f" ORDER BY key LIMIT {_SCAN_BATCH}"
+            try:
+                rows = reader.execute(sql, params).fetchall()
+            except sqlite3.Error as e:
+                raise CheckpointError(
+                    f"checkpoint store {self.path}: scanning store {store!r} "
+                    f"of task {task_name!r} failed: {e}"
+                ) from e
+            for k, v in rows:
+                yield bytes(k), bytes(v)
+            if len(rows) < _SCAN_BATCH:
+                return
+            first_op, after = ">", bytes(rows[-1][0])
+
+    def _close_readers(self) -> None:
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+            self._generation += 1
+        for conn in readers:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                log.warning("closing a state reader of %s failed", self.path)
+
     def _test_stall(self) -> None:
         if self._stall_after is None or self._writes < self._stall_after:
             return
@@ -447,6 +605,7 @@ class SqliteCheckpointStore(CheckpointStore):
         time.sleep(3600)
 
     def close(self) -> None:
+        self._close_readers()
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -496,6 +655,12 @@ class SqliteCheckpointStore(CheckpointStore):
                 db.execute("BEGIN IMMEDIATE")
                 cur = db.execute("DELETE FROM checkpoints WHERE job = ?", (self._job,))
                 generation = _bump_generation(db)
+                db.execute(
+                    "DELETE FROM state WHERE scope IN (SELECT id FROM state_scopes WHERE job = ?)",
+                    (self._job,),
+                )
+                db.execute("DELETE FROM state_scopes WHERE job = ?", (self._job,))
+            self._scopes.clear()
         except sqlite3.Error as e:
             raise CheckpointError(f"checkpoint store {self.path}: reset failed: {e}") from e
         self._record_generation(generation)

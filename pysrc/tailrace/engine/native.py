@@ -8,7 +8,8 @@ run operations (window, commit, timers, end of stream) are the methods
 
 Behaviour matches the reference engine (``engine/reference.py``) decision for
 decision, including where SEMANTICS.md leaves room: commits write only when a
-watermark moved, ``commits`` counts store writes, requests from window, timers
+watermark moved (or, with state stores, when they hold uncommitted writes, and then
+only with nothing unreleased: docs/state.md), ``commits`` counts store writes, requests from window, timers
 and end of stream take effect at once, a task at end of stream counts as having
 voted for shutdown, and a failure stops the loop at once, then each task's low
 watermark is committed and every task is closed before the error is raised.
@@ -210,7 +211,16 @@ class NativeEngine:
         s = self._slots[i]
         self._refresh(i)
         parts = s.parts
-        if not any(p.low_watermark != p.committed for p in parts):
+        if s.plan.stores:
+            # Stores: a commit writes offsets and state together, so it runs only when the
+            # state holds exactly the released prefix (nothing invoked and unreleased;
+            # rule 27). Otherwise (a held tail after a commit request, or the final
+            # commit after a failure) it writes nothing; the next commit carries it.
+            if self._runner.task_stats(i)[2]:
+                return
+            if not s.plan.state_dirty() and not any(p.low_watermark != p.committed for p in parts):
+                return
+        elif not any(p.low_watermark != p.committed for p in parts):
             return
         offsets = {p.ssp: p.low_watermark for p in parts if p.low_watermark is not None}
         try:

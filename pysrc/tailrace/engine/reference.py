@@ -30,7 +30,9 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
 - A commit writes the low watermark of every partition of the task that has
   one, and only when some partition's watermark moved past its committed
   offset; a commit with nothing new writes nothing (no store write, metric
-  ``commits`` unchanged). ``commits`` counts checkpoint writes.
+  ``commits`` unchanged). ``commits`` counts checkpoint writes. A task with state
+  stores also commits when they hold uncommitted writes, and only with nothing
+  unreleased (docs/state.md).
 - Requests from window, timers and ``end_of_stream`` take effect at once
   (nothing is outstanding then). A commit requested by ``end_of_stream`` runs
   right after the hook, before the task is done.
@@ -588,7 +590,14 @@ class ReferenceEngine:
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
         offsets = {p.ssp: p.low_watermark for p in t.parts if p.low_watermark is not None}
-        if not any(p.low_watermark != p.committed for p in t.parts):
+        if t.plan.stores:
+            # Stores: offsets and state go together, so a commit runs only when the state
+            # holds exactly the released prefix (rule 27); else the next commit carries it.
+            if t.outstanding:
+                return
+            if not t.plan.state_dirty() and not any(p.low_watermark != p.committed for p in t.parts):
+                return
+        elif not any(p.low_watermark != p.committed for p in t.parts):
             return
         try:
             self.plan.commit(t.plan, offsets)

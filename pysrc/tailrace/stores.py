@@ -1,0 +1,503 @@
+"""Key-value state stores of a task (SEMANTICS rules 25-29; docs/state.md).
+
+A :class:`KeyValueStore` belongs to one task. Reads see the task's own writes at
+once (rule 25). Writes stay in a per-task write-back cache until the task's next
+commit, which hands them, encoded, to the checkpoint store together with the
+task's offsets in **one atomic write** (rule 26): after any stop or crash the
+task resumes with exactly the state of its last committed offsets.
+
+The cache holds decoded keys and values (a hit costs no serde work). Entries
+written since the last commit (*dirty*) stay in memory until that commit
+succeeds; clean entries are evicted least recently used beyond ``cache.size``
+entries, and a read that misses asks the backend (``state_get``), so the state
+of a task may be far larger than memory (rule 29). Range scans merge the dirty
+entries with the backend's committed entries in the order of the encoded keys.
+
+Values keep value semantics: an immutable scalar the serde round-trips exactly
+(``str``, ``int``, ``float``, ``bool``, ``None`` for json...) is cached as is;
+anything else is encoded at ``put`` and decoded at each ``get``, so mutating an
+object after ``put`` (or one returned by ``get``) never changes the store.
+
+Thread-safety: every method may be called from the task's pool threads,
+callbacks and coroutines; one lock per store keeps the store consistent. A
+read-modify-write (``store[k] = store.get(k, 0) + 1``) spanning concurrent
+calls of one task is the user's to guard (rule 21).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Final, Generic, TypeVar
+
+from .config import StoreSpec
+from .errors import ConfigError
+from .interfaces import CheckpointStore, StateChanges
+from .serdes import Serde, SerdeError, serde
+
+__all__ = ["KeyValueStore", "TaskStores"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _PyAbsent:
+    """Cache marker: the key is known not to exist (deleted, or missing in the backend)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+class _PyEncoded:
+    """A cached value kept as its encoded bytes (decoded at each read: value semantics)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _PyStoreCore:
+    """The pure-Python twin of ``tailrace._stores.StoreCore`` (cache hits of get/put
+    under the store's lock); used where the compiled module is missing, and by the tests.
+    KeyValueStore.__init__ sets the attributes."""
+
+    _entries: dict[Any, Any]
+    _dirty: dict[Any, None]
+    _trusted: frozenset[type]
+    _int_bits: bool
+    _lock: Any
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key``, or ``default`` when absent. Any thread."""
+        with self._lock:
+            entries = self._entries
+            try:
+                value = entries.pop(key, _MISSING)
+            except TypeError as e:
+                raise self._unhashable(key, e) from None  # type: ignore[attr-defined]
+            if value is _MISSING:
+                value = self._load(key)  # type: ignore[attr-defined]
+            entries[key] = value  # most recently used last
+        if value is _ABSENT:
+            return default
+        if type(value) is _Encoded:
+            return self._decode(key, value.data)  # type: ignore[attr-defined]
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def put(self, key: Any, value: Any) -> None:
+        """Set ``key`` to ``value`` (durable at the task's next commit). Any thread."""
+        t = type(value)
+        if t not in self._trusted or (t is int and self._int_bits and not _INT_MIN <= value < _INT_MAX):
+            value = self._cacheable(key, value)  # type: ignore[attr-defined]
+        with self._lock:
+            entries = self._entries
+            # an overwrite keeps the key's place in the recency order (reads move it)
+            try:
+                known = key in entries
+            except TypeError as e:
+                raise self._unhashable(key, e) from None  # type: ignore[attr-defined]
+            if not known:
+                self._new_key(key)  # type: ignore[attr-defined]
+            entries[key] = value
+            self._dirty[key] = None
+
+    __setitem__ = put
+
+    def __delitem__(self, key: Any) -> None:
+        if not self.delete(key):  # type: ignore[attr-defined]
+            raise KeyError(key)
+
+
+_PY_ABSENT: Final = _PyAbsent()
+_PY_MISSING: Final = object()
+
+
+try:
+    from ._stores import ABSENT as _ABSENT
+    from ._stores import MISSING as _MISSING
+    from ._stores import Encoded as _Encoded
+    from ._stores import StoreCore as _StoreCore
+    from ._stores import StoreLock as _StoreLock
+except ImportError:  # pragma: no cover - a build without the compiled store path
+    _ABSENT = _PY_ABSENT
+    _MISSING = _PY_MISSING
+    _Encoded = _PyEncoded  # type: ignore[assignment, misc]
+    _StoreCore = _PyStoreCore  # type: ignore[assignment, misc]
+    _StoreLock = threading.Lock  # type: ignore[assignment, misc]
+COMPILED: Final = _StoreCore is not _PyStoreCore
+
+
+# Types a serde round-trips to an equal object of the same type: cached as is.
+_EXACT: Final[dict[str, frozenset[type]]] = {
+    "json": frozenset({str, int, float, bool, type(None)}),
+    "str": frozenset({str}),
+    "bytes": frozenset({bytes}),
+    "int": frozenset({int}),
+    "pickle": frozenset({str, int, float, bool, type(None), bytes}),
+    "msgpack": frozenset({str, int, float, bool, type(None), bytes}),
+}
+# Of those, the types ``put`` may cache without encoding first (encoding cannot fail).
+_TRUSTED: Final[dict[str, frozenset[type]]] = {
+    "json": frozenset({str, int, float, bool, type(None)}),
+    "str": frozenset({str}),
+    "bytes": frozenset({bytes}),
+    "int": frozenset({int}),  # range-checked in put
+    "pickle": frozenset({str, int, float, bool, type(None), bytes}),
+    "msgpack": frozenset({str, float, bool, type(None), bytes}),  # ints are range-limited
+}
+_INT_MIN: Final = -(1 << 63)
+_INT_MAX: Final = 1 << 63  # the int serde's range (msgpack's is wider: it encodes or refuses)
+
+
+class KeyValueStore(_StoreCore, Generic[K, V]):
+    """A task's key-value store: the mapping protocol, bulk writes and ordered range scans.
+
+    ``store[k]`` (KeyError when absent), ``store.get(k, default)``, ``store[k] = v``,
+    ``del store[k]`` (KeyError when absent), ``k in store``, ``put_all``,
+    ``delete_all`` and ``items(start, end)`` / ``keys`` / ``values`` in the order of
+    the encoded keys. Errors name the store and the key: SerdeError for a key or
+    value the serde cannot encode (or stored bytes it cannot decode), TypeError
+    for an unhashable key. Safe from any thread (see the module docstring).
+    """
+
+    def __init__(self, name: str, task_name: str, spec: StoreSpec, backend: CheckpointStore) -> None:
+        self.name = name
+        self.task_name = task_name
+        self.spec = spec
+        self._kserde: Serde = serde(spec.key_serde)
+        self._vserde: Serde = serde(spec.value_serde)
+        self._exact = _EXACT.get(spec.value_serde, frozenset())
+        self._trusted = _TRUSTED.get(spec.value_serde, frozenset())
+        self._int_bits = spec.value_serde == "int"  # trusted ints still need the range check
+        # get/put/[]/in/del on cache hits: tailrace._stores.StoreCore (or _PyStoreCore)
+        self._backend = backend
+        self._cache_size = spec.cache_size
+        self._lock = _StoreLock()
+        # key -> value, _Encoded or _ABSENT; insertion order is recency (LRU first).
+        self._entries: dict[Any, Any] = {}
+        self._dirty: dict[Any, None] = {}  # written since the last commit began
+        self._committing: dict[Any, None] = {}  # written into the commit in flight
+        self._evict_at = spec.cache_size  # len(_entries) that triggers an eviction pass
+        self.misses = 0  # reads that missed the cache (tests, tuning cache.size)
+        # True while the cache holds the whole state: the backend had none for this store
+        # at start and nothing was evicted since (what a commit wrote stays cached until
+        # evicted). A miss is then a key that does not exist: no backend read (a fresh
+        # task's first touch of each key costs no query).
+        self._complete = next(iter(backend.state_scan(task_name, name)), None) is None
+
+    def __repr__(self) -> str:
+        return f"KeyValueStore({self.name!r}, task={self.task_name!r})"
+
+    # -- errors -----------------------------------------------------------------------
+    def _where(self, key: Any) -> str:
+        return f"store {self.name!r} of task {self.task_name!r}, key {key!r}"
+
+    def _encode_key(self, key: Any) -> bytes:
+        try:
+            return self._kserde.encode(key)
+        except SerdeError as e:
+            raise SerdeError(f"{self._where(key)}: {e}") from e
+
+    def _unhashable(self, key: Any, e: TypeError) -> TypeError:
+        return TypeError(f"{self._where(key)}: keys must be hashable ({e})")
+
+    # -- reads --------------------------------------------------------------------------
+    def _load(self, key: Any) -> Any:
+        """A cache miss (lock held): read the committed value through, cache it (rule 29).
+
+        The lock stays held so that no write or commit of this key can slip between
+        the backend read and the cache insert."""
+        kb = self._encode_key(key)
+        try:
+            hash(key)
+        except TypeError as e:
+            raise self._unhashable(key, e) from None
+        self.misses += 1
+        data = None if self._complete else self._backend.state_get(self.task_name, self.name, kb)
+        if data is None:
+            value: Any = _ABSENT
+        else:
+            obj = self._decode(key, data)
+            value = obj if type(obj) in self._exact else _Encoded(data)
+        if len(self._entries) >= self._evict_at:
+            self._evict()
+        return value
+
+    def _decode(self, key: Any, data: bytes) -> Any:
+        try:
+            return self._vserde.decode(data)
+        except SerdeError as e:
+            raise SerdeError(f"{self._where(key)}: {e}") from e
+
+    # -- writes -------------------------------------------------------------------------
+    def _cacheable(self, key: Any, value: Any) -> Any:
+        """What the cache keeps for ``value``; raises SerdeError naming store and key."""
+        t = type(value)
+        if t in self._trusted and t is not int:
+            return value
+        if t is int and self._int_bits and _INT_MIN <= value < _INT_MAX:
+            return value
+        try:
+            data = self._vserde.encode(value)
+        except SerdeError as e:
+            raise SerdeError(f"{self._where(key)}: {e}") from e
+        return value if t in self._exact else _Encoded(data)
+
+    def _new_key(self, key: Any) -> None:
+        """A key not cached (lock held): refuse one the serde cannot encode or dict
+        cannot hash now, not at the commit; make room."""
+        self._encode_key(key)
+        try:
+            hash(key)
+        except TypeError as e:
+            raise self._unhashable(key, e) from None
+        if len(self._entries) >= self._evict_at:
+            self._evict()
+
+    def delete(self, key: K) -> bool:
+        """Remove ``key``; True if it existed. Durable at the task's next commit. Any thread."""
+        with self._lock:
+            entries = self._entries
+            try:
+                value = entries.pop(key, _MISSING)
+            except TypeError as e:
+                raise self._unhashable(key, e) from None
+            if value is _MISSING:
+                value = self._load(key)
+            entries[key] = _ABSENT
+            if value is not _ABSENT:
+                self._dirty[key] = None
+            return value is not _ABSENT
+
+    def put_all(self, items: Mapping[K, V] | Iterable[tuple[K, V]]) -> None:
+        """``put`` of every pair (a mapping or an iterable of pairs), under one lock."""
+        pairs = list(items.items() if isinstance(items, Mapping) else items)
+        cached = [(k, self._cacheable(k, v)) for k, v in pairs]
+        with self._lock:
+            entries = self._entries
+            for key, value in cached:
+                try:
+                    known = entries.pop(key, _MISSING)
+                except TypeError as e:
+                    raise self._unhashable(key, e) from None
+                if known is _MISSING:
+                    self._new_key(key)
+                entries[key] = value
+                self._dirty[key] = None
+
+    def delete_all(self, keys: Iterable[K]) -> None:
+        """Remove every key of ``keys`` (absent ones are ignored)."""
+        with self._lock:
+            entries = self._entries
+            for key in keys:
+                try:
+                    known = entries.pop(key, _MISSING)
+                except TypeError as e:
+                    raise self._unhashable(key, e) from None
+                if known is _MISSING:
+                    self._new_key(key)
+                # a delete of a key absent from the backend writes a harmless tombstone
+                entries[key] = _ABSENT
+                self._dirty[key] = None
+
+    # -- range scans -------------------------------------------------------------------
+    def items(self, start: K | None = None, end: K | None = None) -> Iterator[tuple[K, V]]:
+        """``(key, value)`` pairs with ``start <= key < end`` (None: unbounded), in the
+        order of the encoded keys, merging uncommitted writes with the committed
+        state. Writes after the call may or may not be seen."""
+        lo = None if start is None else self._encode_key(start)
+        hi = None if end is None else self._encode_key(end)
+        with self._lock:
+            overlay = []
+            entries = self._entries
+            for key in (*self._committing, *self._dirty):
+                kb = self._encode_key(key)
+                if (lo is None or kb >= lo) and (hi is None or kb < hi):
+                    overlay.append((kb, key, entries[key]))
+        overlay.sort(key=lambda t: t[0])
+        return self._merge(overlay, self._backend.state_scan(self.task_name, self.name, lo, hi))
+
+    def _merge(
+        self, overlay: list[tuple[bytes, Any, Any]], committed: Iterator[tuple[bytes, bytes]]
+    ) -> Iterator[tuple[Any, Any]]:
+        i, n = 0, len(overlay)
+        kdecode = self._kserde.decode
+        for kb, vb in committed:
+            while i < n and overlay[i][0] < kb:
+                yield from self._overlay_item(overlay[i])
+                i += 1
+            if i < n and overlay[i][0] == kb:
+                yield from self._overlay_item(overlay[i])
+                i += 1
+                continue
+            try:
+                key = kdecode(kb)
+            except SerdeError as e:
+                raise SerdeError(f"store {self.name!r} of task {self.task_name!r}: {e}") from e
+            yield key, self._decode(key, vb)
+        while i < n:
+            yield from self._overlay_item(overlay[i])
+            i += 1
+
+    def _overlay_item(self, item: tuple[bytes, Any, Any]) -> Iterator[tuple[Any, Any]]:
+        _, key, value = item
+        if value is _ABSENT:
+            return
+        yield key, (self._decode(key, value.data) if type(value) is _Encoded else value)
+
+    def keys(self, start: K | None = None, end: K | None = None) -> Iterator[K]:
+        """Keys of ``items(start, end)``."""
+        return (k for k, _ in self.items(start, end))
+
+    def values(self, start: K | None = None, end: K | None = None) -> Iterator[V]:
+        """Values of ``items(start, end)``."""
+        return (v for _, v in self.items(start, end))
+
+    def __iter__(self) -> Iterator[K]:
+        return self.keys()
+
+    # -- cache --------------------------------------------------------------------------
+    def _evict(self) -> None:
+        """Drop least recently used clean entries down to 90% of ``cache.size`` (lock held).
+
+        Dirty entries stay until their commit; when they alone exceed the cache the
+        next pass waits until the cache grew by a tenth again (amortised O(1) per write)."""
+        size = self._cache_size
+        target = size - size // 10
+        entries = self._entries
+        excess = len(entries) - target
+        if excess > 0:
+            dirty, committing = self._dirty, self._committing
+            victims = []
+            for key in entries:
+                if key not in dirty and key not in committing:
+                    victims.append(key)
+                    if len(victims) >= excess:
+                        break
+            for key in victims:
+                del entries[key]
+            if victims:
+                self._complete = False  # evicted entries live only in the backend now
+        self._evict_at = max(size, len(entries) + max(1, size // 10))
+
+    def cached(self) -> int:
+        """Entries in the cache now (dirty ones included)."""
+        return len(self._entries)
+
+    def dirty(self) -> int:
+        """Entries written since the last commit began."""
+        return len(self._dirty)
+
+    # -- commit (engine side, loop thread) ------------------------------------------------
+    def _begin_commit(self) -> dict[bytes, bytes | None]:
+        """The encoded changes since the last commit; they stay pinned until ``_end_commit``."""
+        with self._lock:
+            dirty = self._dirty
+            if not dirty:
+                return {}
+            self._dirty = {}
+            if self._committing:  # a failed commit's leftovers (cannot happen: _end_commit clears)
+                dirty = {**self._committing, **dirty}
+            self._committing = dirty
+            try:
+                return self._encode_changes(dirty, self._kserde._encode, self._vserde._encode)
+            except Exception:  # noqa: BLE001 - cannot happen (put checked them); say which
+                return self._encode_changes(dirty, self._kserde.encode, self._vserde.encode)
+
+    def _encode_changes(
+        self, dirty: dict[Any, None], kenc: Callable[[Any], bytes], venc: Callable[[Any], bytes]
+    ) -> dict[bytes, bytes | None]:
+        """Encoded key -> encoded value (None: deleted) of ``dirty`` (lock held). The raw
+        serde functions on the commit path: every key and value was checked at its put."""
+        entries = self._entries
+        changes: dict[bytes, bytes | None] = {}
+        for key in dirty:
+            value = entries[key]
+            if value is _ABSENT:
+                changes[kenc(key)] = None
+            elif type(value) is _Encoded:
+                changes[kenc(key)] = value.data
+            else:
+                changes[kenc(key)] = venc(value)
+        return changes
+
+    def _end_commit(self, ok: bool) -> None:
+        """After the atomic write: on success the committed entries turn clean; on failure
+        they are dirty again and go into the next commit."""
+        with self._lock:
+            committing = self._committing
+            self._committing = {}
+            if not ok:
+                self._dirty = {**committing, **self._dirty}
+            elif len(self._entries) > self._cache_size:
+                self._evict_at = self._cache_size
+                self._evict()
+
+
+class _PyKeyValueStore(_PyStoreCore, KeyValueStore[K, V]):
+    """KeyValueStore on the pure-Python hot path (the tests run both)."""
+
+
+class TaskStores:
+    """The stores of one task, by name, and their part of the task's commit."""
+
+    def __init__(
+        self,
+        task_name: str,
+        specs: Mapping[str, StoreSpec],
+        backend: CheckpointStore,
+        store_class: type[KeyValueStore[Any, Any]] | None = None,
+    ) -> None:
+        self.task_name = task_name
+        cls = store_class or KeyValueStore
+        self.stores: dict[str, KeyValueStore[Any, Any]] = {
+            name: cls(name, task_name, spec, backend) for name, spec in specs.items()
+        }
+
+    def __bool__(self) -> bool:
+        return bool(self.stores)
+
+    def get(self, name: str) -> KeyValueStore[Any, Any]:
+        """The store called ``name``; ConfigError naming the declared ones when there is none."""
+        store = self.stores.get(name)
+        if store is None:
+            raise ConfigError(
+                f"task {self.task_name!r} has no store {name!r}",
+                key=f"stores.{name}",
+                allowed=", ".join(sorted(self.stores))
+                or "no stores declared ([stores.NAME] in the job file)",
+            )
+        return store
+
+    def dirty(self) -> bool:
+        """True when some store has writes its commit has not carried yet."""
+        return any(s._dirty for s in self.stores.values())
+
+    def begin_commit(self) -> StateChanges:
+        """Every store's encoded changes (only stores with changes appear)."""
+        changes: dict[str, dict[bytes, bytes | None]] = {}
+        try:
+            for name, store in self.stores.items():
+                c = store._begin_commit()
+                if c:
+                    changes[name] = c
+        except BaseException:
+            self.end_commit(False)
+            raise
+        return changes
+
+    def end_commit(self, ok: bool) -> None:
+        for store in self.stores.values():
+            store._end_commit(ok)

@@ -1,0 +1,317 @@
+"""The KeyValueStore API on a real backend (rules 25, 29): mapping protocol, serdes,
+range scans over cache and backend together, eviction, errors naming store and key."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailrace import ConfigError, Container, MemorySystem
+from tailrace.config import StoreSpec, parse_config
+from tailrace.interfaces import CheckpointStore
+from tailrace.serdes import SerdeError
+from tailrace.sqlite import SqliteCheckpointStore
+from tailrace.stores import COMPILED, KeyValueStore, TaskStores, _PyKeyValueStore
+
+_IMPLS: dict[str, type[KeyValueStore[Any, Any]]] = {"compiled": KeyValueStore, "python": _PyKeyValueStore}
+_impl: list[type[KeyValueStore[Any, Any]]] = [KeyValueStore]
+
+
+@pytest.fixture(autouse=True, params=list(_IMPLS))
+def impl(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test body runs on the compiled hot path and on its pure-Python twin."""
+    if request.param == "compiled" and not COMPILED:
+        pytest.skip("tailrace._stores is not built")
+    _impl[0] = _IMPLS[request.param]
+    yield
+    _impl[0] = KeyValueStore
+
+
+def _store(backend: CheckpointStore, **spec: Any) -> tuple[TaskStores, KeyValueStore[Any, Any]]:
+    backend.open("job")
+    stores = TaskStores("Partition 0", {"s": StoreSpec(**spec)}, backend, _impl[0])
+    return stores, stores.get("s")
+
+
+def _store_named(backend: CheckpointStore, name: str) -> tuple[TaskStores, KeyValueStore[Any, Any]]:
+    stores = TaskStores("Partition 0", {name: StoreSpec()}, backend, _impl[0])
+    return stores, stores.get(name)
+
+
+def _commit(backend: CheckpointStore, stores: TaskStores) -> None:
+    state = stores.begin_commit()
+    ok = False
+    try:
+        backend.write("Partition 0", {}, state)
+        ok = True
+    finally:
+        stores.end_commit(ok)
+
+
+def test_mapping_protocol_reads_own_writes(backend: CheckpointStore) -> None:
+    # rule 25: a task reads its own writes at once, committed or not
+    stores, s = _store(backend)
+    assert s.get("a") is None and s.get("a", 7) == 7 and "a" not in s
+    s["a"] = 1
+    s.put("b", {"x": [1, 2]})
+    assert s["a"] == 1 and s["b"] == {"x": [1, 2]} and "a" in s
+    with pytest.raises(KeyError):
+        s["zz"]
+    del s["a"]
+    assert "a" not in s
+    with pytest.raises(KeyError):
+        del s["a"]
+    s.put_all({"c": 3, "d": 4})
+    s.put_all([("e", 5)])
+    s.delete_all(["c", "nope"])
+    assert dict(s.items()) == {"b": {"x": [1, 2]}, "d": 4, "e": 5}
+    _commit(backend, stores)
+    assert dict(s.items()) == {"b": {"x": [1, 2]}, "d": 4, "e": 5}
+    backend.close()
+
+
+def test_the_compiled_hot_path_is_built() -> None:
+    # the project builds tailrace._stores; without it stores fall back to the Python twin
+    assert COMPILED
+
+
+def test_values_have_value_semantics(backend: CheckpointStore) -> None:
+    _, s = _store(backend)
+    v = {"n": 1}
+    s["k"] = v
+    v["n"] = 2  # mutating after put does not change the store
+    got = s["k"]
+    assert got == {"n": 1}
+    got["n"] = 3  # nor does mutating what get returned
+    assert s["k"] == {"n": 1}
+    backend.close()
+
+
+def test_restart_sees_committed_state_only(tmp_path: Path) -> None:
+    # rule 26: only committed writes survive; read-through after a restart (rule 29)
+    db = tmp_path / "c.db"
+    backend = SqliteCheckpointStore(db)
+    stores, s = _store(backend)
+    s["kept"] = 1
+    _commit(backend, stores)
+    s["lost"] = 2
+    s["kept"] = 99
+    backend.close()
+    backend = SqliteCheckpointStore(db)
+    _, s = _store(backend)
+    assert s.get("kept") == 1 and "lost" not in s
+    assert list(s.items()) == [("kept", 1)]
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("kserde", "vserde", "key", "value"),
+    [
+        ("json", "json", ["a", 1], {"x": None, "y": 1.5}),
+        ("str", "str", "clé", "välue"),
+        ("bytes", "bytes", b"\x00\xff", b"\x01"),
+        ("int", "int", -5, 2**62),
+        ("pickle", "pickle", ("t", 1), {1, 2}),
+        ("str", "msgpack", "k", {"a": [1, b"b"]}),
+    ],
+)
+def test_serdes_round_trip_through_the_backend(
+    tmp_path: Path, kserde: str, vserde: str, key: Any, value: Any
+) -> None:
+    if vserde == "msgpack":
+        pytest.importorskip("msgpack")
+    db = tmp_path / "c.db"
+    backend = SqliteCheckpointStore(db)
+    stores, s = _store(backend, key_serde=kserde, value_serde=vserde)
+    k = tuple(key) if isinstance(key, list) else key
+    s[k] = value
+    _commit(backend, stores)
+    backend.close()
+    backend = SqliteCheckpointStore(db)
+    _, s = _store(backend, key_serde=kserde, value_serde=vserde)
+    assert s[k] == value
+    ((got_key, got_value),) = list(s.items())
+    assert got_value == value
+    assert got_key == key  # json keys come back as JSON values (a tuple as a list)
+    backend.close()
+
+
+def test_range_scans_merge_cache_and_backend_in_key_order(backend: CheckpointStore) -> None:
+    # rule 29: range scans see cache and backend as one; order of the encoded keys
+    stores, s = _store(backend, key_serde="int", value_serde="json", cache_size=4)
+    for k in range(0, 40, 2):
+        s[k] = f"c{k}"  # committed, most evicted from the small cache
+    _commit(backend, stores)
+    assert s.cached() <= 4
+    for k in range(1, 40, 4):
+        s[k] = f"d{k}"  # dirty, not in the backend
+    s[10] = "d10"  # dirty overwrite of a committed key
+    del s[20]  # dirty delete of a committed key
+    s[-3] = "neg"
+    expected = {k: f"c{k}" for k in range(0, 40, 2)}
+    expected.update({k: f"d{k}" for k in range(1, 40, 4)})
+    expected[10] = "d10"
+    del expected[20]
+    expected[-3] = "neg"
+    assert list(s.items()) == sorted(expected.items())
+    assert list(s.items(5, 21)) == sorted((k, v) for k, v in expected.items() if 5 <= k < 21)
+    assert list(s.keys(start=30)) == sorted(k for k in expected if k >= 30)
+    assert list(s.values(end=0)) == ["neg"]
+    _commit(backend, stores)
+    assert list(s.items()) == sorted(expected.items())
+    backend.close()
+
+
+def test_scan_crosses_backend_batches(tmp_path: Path) -> None:
+    backend = SqliteCheckpointStore(tmp_path / "c.db")
+    stores, s = _store(backend, key_serde="int", value_serde="int", cache_size=10)
+    s.put_all((k, k * k) for k in range(3000))
+    _commit(backend, stores)
+    assert list(s.items()) == [(k, k * k) for k in range(3000)]
+    assert list(s.keys(1020, 1030)) == list(range(1020, 1030))
+    backend.close()
+
+
+def test_eviction_bounds_the_cache_and_reads_through(backend: CheckpointStore) -> None:
+    # rule 29: more keys than cache.size; clean entries evicted, dirty ones kept until commit
+    stores, s = _store(backend, key_serde="int", value_serde="int", cache_size=100)
+    for k in range(1000):
+        s[k] = k
+    assert s.cached() == 1000  # dirty entries stay until their commit
+    _commit(backend, stores)
+    assert s.cached() <= 100
+    for k in range(1000):
+        s[k] = s[k] + 1  # each read of an evicted key goes to the backend
+        if k % 100 == 99:
+            _commit(backend, stores)
+            assert s.cached() <= 100
+    assert s.misses >= 900
+    assert dict(s.items()) == {k: k + 1 for k in range(1000)}
+    backend.close()
+
+
+def test_lru_keeps_recently_read_keys(backend: CheckpointStore) -> None:
+    stores, s = _store(backend, key_serde="int", value_serde="int", cache_size=10)
+    for k in range(10):
+        s[k] = k
+    _commit(backend, stores)
+    for _ in range(5):
+        for k in range(10, 40):
+            s.get(0)  # key 0 stays hot
+            s.get(k)
+    misses = s.misses
+    s.get(0)
+    assert s.misses == misses  # still cached
+    backend.close()
+
+
+def test_failed_commit_keeps_writes_dirty(tmp_path: Path) -> None:
+    backend = SqliteCheckpointStore(tmp_path / "c.db")
+    stores, s = _store(backend, cache_size=1)
+    s["a"] = 1
+    state = stores.begin_commit()
+    assert state == {"s": {b'"a"': b"1"}}
+    s["b"] = 2  # written while the commit is in flight
+    stores.end_commit(False)
+    assert s.dirty() == 2
+    _commit(backend, stores)
+    assert s.dirty() == 0
+    assert backend.state_get("Partition 0", "s", b'"a"') == b"1"
+    assert backend.state_get("Partition 0", "s", b'"b"') == b"2"
+    backend.close()
+
+
+def test_bad_keys_and_values_name_store_and_key(backend: CheckpointStore) -> None:
+    _, s = _store(backend, key_serde="str", value_serde="int")
+    with pytest.raises(SerdeError, match=r"store 's' of task 'Partition 0', key 5"):
+        s[5] = 1  # type: ignore[index]
+    with pytest.raises(SerdeError, match=r"store 's'.*key 'k'.*int"):
+        s["k"] = "not an int"
+    with pytest.raises(SerdeError, match=r"key 'k'.*2\*\*63"):
+        s["k"] = 2**64
+    _, j = _store_named(backend, "j")
+    with pytest.raises(TypeError, match=r"store 'j'.*key \['list'\].*hashable"):
+        j[["list"]] = 1
+    with pytest.raises(TypeError, match=r"store 'j'.*hashable"):
+        j.get(["list"])
+    with pytest.raises(SerdeError, match=r"store 's'"):
+        s.get(b"bytes")  # type: ignore[arg-type]
+    assert list(s.items()) == []  # nothing half-written
+    backend.close()
+
+
+def test_json_refuses_unencodable_values(backend: CheckpointStore) -> None:
+    _, s = _store(backend)
+    with pytest.raises(SerdeError, match=r"store 's' of task 'Partition 0', key 'k'.*json"):
+        s["k"] = object()
+    backend.close()
+
+
+def test_concurrent_writers_from_threads(backend: CheckpointStore) -> None:
+    # one lock per store: pool threads and callbacks may call it at once
+    stores, s = _store(backend, key_serde="str", value_serde="int", cache_size=50)
+
+    def writer(t: int) -> None:
+        for i in range(2000):
+            s[f"{t}-{i % 300}"] = i
+            s.get(f"{(t + 1) % 4}-{i % 300}")
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    _commit(backend, stores)
+    got = dict(s.items())
+    assert got == {
+        f"{t}-{j}": max(i for i in range(2000) if i % 300 == j) for t in range(4) for j in range(300)
+    }
+    backend.close()
+
+
+# -- declaring stores ---------------------------------------------------------------------
+def test_config_keys_and_errors() -> None:
+    cfg = parse_config({"stores.a.key.serde": "str", "stores.a.cache.size": "10"}, stores={"b": {}})
+    assert cfg.stores == {"a": StoreSpec("str", "json", 10), "b": StoreSpec()}
+    assert parse_config(cfg.as_samza()).stores == cfg.stores
+    with pytest.raises(ConfigError, match=r"stores\.a\.value\.serde.*unknown serde 'yaml'.*json, str"):
+        parse_config({"stores.a.value.serde": "yaml"})
+    with pytest.raises(ConfigError, match=r"stores\.a\.size.*unknown store option.*stores\.a\.cache\.size"):
+        parse_config({"stores.a.size": 3})
+    with pytest.raises(ConfigError, match=r"stores\.a\.cache\.size.*out of range"):
+        parse_config({"stores.a.cache.size": 0})
+    with pytest.raises(ConfigError, match=r"bad store name"):
+        parse_config(stores={"a.b": {}})
+
+
+def test_async_commit_with_stores_is_refused() -> None:
+    # rule 27: the project refuses task.async.commit with stores at start-up, naming both keys
+    with pytest.raises(ConfigError, match=r"task\.async\.commit.*stores.*counts"):
+        parse_config({"task.async.commit": True}, stores=["counts"])
+
+
+class _Uses:
+    name = "counts"
+
+    def init(self, context: Any) -> None:
+        self.store = context.store(self.name)
+
+    def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+        pass
+
+
+def test_unknown_store_name_is_a_clear_error(engine: str) -> None:
+    class Other(_Uses):
+        name = "nope"
+
+    system = MemorySystem("mem").add_stream("in", [[1]])
+    c = Container(Other, inputs=["mem.in"], systems=[system], engine=engine, stores=["counts"])
+    with pytest.raises(Exception, match=r"task 'Partition 0' has no store 'nope'.*counts"):
+        c.run()
+    c = Container(Other, inputs=["mem.in"], systems=[system], engine=engine)
+    with pytest.raises(Exception, match=r"no store 'nope'.*no stores declared"):
+        c.run()
