@@ -1,12 +1,20 @@
 /* notifier.c: the event count described in tailrace/notifier.h.
  *
  * Implementation notes beyond the header essay:
- *   - `sleeping` is the only word producers touch on the fast path. It is written
- *     by the consumer at prepare/cancel/commit and by a slow-path notify (which
- *     clears it, so a burst of producers takes the mutex once per sleep, not once
- *     per message). Clearing it early is safe: a producer that then reads 0 did
- *     so before the consumer's next prepare_wait in the seq_cst order, so that
- *     consumer's re-check sees the producer's work.
+ *   - Every access to `sleeping` is seq_cst, so all of them sit in one total
+ *     order consistent with its modification order; the arguments below are
+ *     about that order.
+ *   - prepare_wait reads the epoch key BEFORE it stores sleeping = 1. A notify
+ *     takes the 1 with an exchange (so exactly one notifier pays the mutex for
+ *     each announcement) and bumps the epoch only after that exchange. If the
+ *     consumer's key already includes that bump, the exchange came before the
+ *     consumer's store of 1 (the bump happens-before the key load, which is
+ *     sequenced before the store), so the store's 1 survives and the next
+ *     producer sees it. If the key does not include the bump, commit_wait sees
+ *     the epoch differ and returns. Either way no announcement is swallowed.
+ *     (The old order, store then load, let a late notify clear the new 1 and
+ *     bump the epoch before the key was read: the consumer slept with
+ *     sleeping == 0 and no later notify woke it: the lost wake-up of issue 13.)
  *   - `epoch` changes only under the mutex, so commit_wait's check-then-wait is
  *     atomic with respect to a notify (no lost wake-up between them).
  *   - Spurious wake-ups are allowed by the contract: the consumer re-checks work.
@@ -48,17 +56,21 @@ void tr_notifier_destroy(tr_notifier *n) {
 }
 
 uint64_t tr_notifier_prepare_wait(tr_notifier *n) {
+    /* acquire: pairs with notify's release bump; if we read a bumped epoch, that
+     * producer's publication happens-before our re-check of work. Read before
+     * the store below (see the notes at the top). */
+    uint64_t key = atomic_load_explicit(&n->epoch, TR_ACQUIRE);
     /* seq_cst: ordered before the caller's seq_cst re-check of work and against
-     * the producer's seq_cst publication + load of `sleeping` (header protocol). */
+     * the producer's seq_cst publication + exchange of `sleeping` (header protocol). */
     atomic_store_explicit(&n->sleeping, 1, TR_SEQ_CST);
-    /* acquire: pairs with notify's release bump; if we read a bumped epoch, the
-     * producer's publication happens-before our re-check of work. */
-    return atomic_load_explicit(&n->epoch, TR_ACQUIRE);
+    return key;
 }
 
 void tr_notifier_cancel_wait(tr_notifier *n) {
-    /* relaxed: a producer that still reads 1 only pays a spurious slow path. */
-    atomic_store_explicit(&n->sleeping, 0, TR_RELAXED);
+    /* seq_cst: keeps every access to `sleeping` in the one total order the
+     * protocol argues about; the consumer is awake and re-checks before it
+     * announces again. */
+    atomic_store_explicit(&n->sleeping, 0, TR_SEQ_CST);
 }
 
 tr_status tr_notifier_commit_wait(tr_notifier *n, uint64_t key, int64_t timeout_ns) {
@@ -86,8 +98,8 @@ tr_status tr_notifier_commit_wait(tr_notifier *n, uint64_t key, int64_t timeout_
         }
     }
     pthread_mutex_unlock(&n->mutex);
-    /* relaxed: the next prepare_wait republishes the intent with seq_cst. */
-    atomic_store_explicit(&n->sleeping, 0, TR_RELAXED);
+    /* seq_cst: as in cancel_wait; the consumer is awake and re-checks work. */
+    atomic_store_explicit(&n->sleeping, 0, TR_SEQ_CST);
     return rc;
 }
 
@@ -96,10 +108,12 @@ void tr_notifier_notify(tr_notifier *n) {
      * publication precedes this load in the seq_cst order (queue: the tail CAS). */
     if (TR_LIKELY(atomic_load_explicit(&n->sleeping, TR_SEQ_CST) == 0))
         return;
+    /* seq_cst exchange: take the announcement; a producer that gets 0 was beaten
+     * by one that got the 1 and bumps the epoch below (so a burst of producers
+     * takes the mutex once per sleep, not once per message). */
+    if (atomic_exchange_explicit(&n->sleeping, 0, TR_SEQ_CST) == 0)
+        return;
     pthread_mutex_lock(&n->mutex);
-    /* seq_cst clear: a later producer reading 0 is ordered before the consumer's
-     * next prepare_wait store, whose re-check then sees that producer's work. */
-    atomic_store_explicit(&n->sleeping, 0, TR_SEQ_CST);
     /* release: pairs with prepare_wait's acquire load of the epoch. */
     atomic_fetch_add_explicit(&n->epoch, 1, TR_RELEASE);
     /* relaxed: a metrics counter, ordered by nothing. */

@@ -15,13 +15,16 @@
  *         tr_notifier_commit_wait(n, key, timeout);
  *     }
  *
- * Invariant: prepare_wait's store to `sleeping` and the consumer's re-check of
- * the work are ordered (seq_cst) against the producer's publication and its load
- * of `sleeping` (seq_cst), so at least one side sees the other: either the
- * consumer sees the work and does not sleep, or the producer sees `sleeping`
- * and bumps the epoch under the mutex, which makes commit_wait return.
- * A notify that lands between prepare_wait and commit_wait changes the epoch,
- * so commit_wait returns at once (no lost wake-up).
+ * Invariant: prepare_wait reads the epoch key and then stores `sleeping` = 1;
+ * that store and the consumer's re-check of the work are ordered (seq_cst)
+ * against the producer's publication and its load / exchange of `sleeping`
+ * (seq_cst), so at least one side sees the other: either the consumer sees the
+ * work and does not sleep, or the producer takes the 1 and bumps the epoch
+ * under the mutex, which makes commit_wait return. A notify that lands between
+ * prepare_wait and commit_wait changes the epoch, so commit_wait returns at
+ * once; a late notify (one that took an earlier announcement) can neither
+ * clear a newer announcement nor hide its bump from the newer key (see
+ * notifier.c), so no wake-up is lost.
  *
  * Threads: prepare/cancel/commit from the single consumer only; notify from any thread.
  */
