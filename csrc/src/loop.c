@@ -20,6 +20,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,6 +106,9 @@ typedef struct task {
     uint64_t buffered;    /* items in all rings */
     uint64_t acquired;    /* sequence numbers handed out */
     uint64_t completions; /* completions seen by the loop (inflight = acquired - completions) */
+    /* sequence numbers released from the sequencer; never more than `completions`
+     * (see release_task: the completion queue's bound rests on it) */
+    uint64_t seq_released;
     /* pool tasks: seqs [redo_from, redo_from + redo_count) came back unrun from the
      * worker (the tail of the acquired seqs); their items are pitem[seq & pmask] */
     uint32_t limit; /* sequencer window: max_concurrency, or POOL_WINDOW for pool tasks */
@@ -163,6 +167,11 @@ struct tr_loop {
     _Atomic uint32_t discard;  /* workers drop remaining ops */
     _Atomic uint32_t draining; /* graceful stop: workers hand queued ops back unrun */
     _Atomic uint64_t chosen, idle_wakeups, iterations, batches;
+    _Atomic uint64_t cq_high; /* most completion-queue items seen at one drain */
+    /* a broken invariant found off the loop thread (a completion queue push that
+     * found it full): the status, 0 while none; the loop stops with it */
+    _Atomic uint32_t broken;
+    uint64_t cq_bound; /* items the completion queue can hold at most (tr_loop_create) */
 
     /* ---- loop thread only ---- */
     uint32_t *ready;
@@ -470,7 +479,15 @@ static void release_task(tr_loop *L, uint32_t t, int all) {
     for (;;) {
         if (T->commit_hold && !all)
             break;
-        size_t n = tr_sequencer_release(T->seq, buf, 64);
+        /* Release no more than the loop has popped completions of this task: a
+         * seq completed in the sequencer whose queue item is still in a worker's
+         * buffer or in the queue stays outstanding, so a task never has more
+         * queue items than its window (the bound in tr_loop_create). */
+        uint64_t allow = T->completions - T->seq_released;
+        if (allow == 0)
+            break;
+        size_t n = tr_sequencer_release(T->seq, buf, allow < 64 ? (size_t)allow : 64);
+        T->seq_released += n;
         for (size_t i = 0; i < n; i++) {
             uint32_t p = (uint32_t)(buf[i].tag_a & PART_MASK);
             uint64_t pos = buf[i].tag_a >> PART_BITS;
@@ -508,6 +525,10 @@ static void process_dirty(tr_loop *L) {
 static void drain_completions(tr_loop *L) {
     tr_item items[64];
     size_t n;
+    uint64_t size = tr_queue_size_approx(L->cq);
+    /* relaxed: single writer (this thread); a metric and a test's probe */
+    if (size > atomic_load_explicit(&L->cq_high, TR_RELAXED))
+        atomic_store_explicit(&L->cq_high, size, TR_RELAXED);
     while ((n = tr_queue_try_pop_batch_sc(L->cq, items, 64)) > 0) {
         L->progress = 1;
         for (size_t i = 0; i < n; i++) {
@@ -828,6 +849,10 @@ static void build_batch(tr_loop *L) {
         finish(L, TR_STOP_ERROR);
         return;
     }
+    /* acquire: pairs with cq_push's release CAS */
+    uint32_t broken = atomic_load_explicit(&L->broken, TR_ACQUIRE);
+    if (broken && L->internal == TR_OK)
+        L->internal = (tr_status)broken;
     if (L->internal != TR_OK) {
         finish(L, TR_STOP_ERROR);
         return;
@@ -955,7 +980,15 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     for (uint32_t t = 0; t < cfg->ntasks; t++)
         nlimit +=
             (cfg->pool_size && (tasks[t].flags & TR_TASK_POOL)) ? pool_limit : cfg->max_concurrency;
-    /* one item per outstanding seq, per partition (wake), per task (timer) */
+    /* The completion queue never fills. Its items: CQ_WAKE, at most one per
+     * partition (the `woken` flag); CQ_TIMER, at most one per task
+     * (`timer_pending`); CQ_DONE / CQ_UNRUN, at most one per sequence number at a
+     * time (a seq completes once; one handed back unrun is handed out again only
+     * after the loop popped its CQ_UNRUN). Every seq with an item in flight
+     * (buffered by a worker or queued) is acquired and not yet popped, so there
+     * are at most acquired - popped of them; release_task releases no more seqs
+     * than it popped, so acquired - popped <= acquired - released <= the task's
+     * window. Summed: windows + partitions + tasks (+ slack). */
     uint64_t cq_cap = nlimit + total_parts + cfg->ntasks + 16;
     if (cq_cap > (1ull << 30))
         return TR_EINVAL;
@@ -964,6 +997,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     if (!L)
         return TR_ENOMEM;
     L->cfg = *cfg;
+    L->cq_bound = cq_cap;
     if (L->cfg.max_idle_ns < MIN_IDLE_NS)
         L->cfg.max_idle_ns = MIN_IDLE_NS;
     tr_status st = tr_notifier_init(&L->notifier);
@@ -1122,21 +1156,30 @@ static uint32_t seq_flags(uint32_t requests) {
     return f;
 }
 
-/* Worker: push the buffered completions to the loop in one go (one notify). */
-static void pool_flush(tr_loop *L, worker *W) {
-    const tr_item *p = W->pend;
-    size_t n = W->npend;
-    while (n) {
-        /* capacity covers every outstanding seq: only spins if that bound were wrong */
-        size_t k = tr_queue_try_push_batch_mpsc(L->cq, p, n);
-        p += k;
-        n -= k;
-        if (n)
-            tr_cpu_relax();
-    }
-    W->npend = 0;
+/* Worker: push the buffered completions to the loop in one go (one notify).
+ * Never spins: this runs with the runtime lock held (inside run_pool_batch),
+ * and the loop thread, the queue's only consumer, may be waiting for that lock.
+ * What does not fit stays buffered (the bound in tr_loop_create says nothing
+ * ever stays); tr_loop_pool_next hands out no op while the buffer is full, and
+ * worker_main waits for room only after run_pool_batch gave the lock back.
+ * Returns the completions still buffered. */
+static size_t pool_flush(tr_loop *L, worker *W) {
+    size_t k = tr_queue_try_push_batch_mpsc(L->cq, W->pend, W->npend);
+    if (k && k < W->npend)
+        memmove(W->pend, W->pend + k, (W->npend - k) * sizeof *W->pend);
+    W->npend -= k;
+    return W->npend;
 }
 
+/* Worker, runtime lock NOT held: push every buffered completion. The loop
+ * thread drains the queue without waiting for this worker, so waiting here
+ * ends (and with the bound, never starts). */
+static void pool_flush_all(tr_loop *L, worker *W) {
+    while (pool_flush(L, W))
+        sched_yield();
+}
+
+/* The caller made sure there is room (tr_loop_pool_next returns an op only then). */
 static inline void pool_note(tr_loop *L, worker *W, uint32_t kind, uint32_t t, uint64_t seq) {
     if (W->npend == 0)
         W->pend_t0 = tr_now_ns();
@@ -1164,7 +1207,7 @@ static void *worker_main(void *arg) {
         }
         W->budget = POOL_BUDGET;
         H->run_pool_batch(H->ctx, L, W->index);
-        pool_flush(L, W);
+        pool_flush_all(L, W);
     }
     if (H->worker_stopping)
         H->worker_stopping(H->ctx, W->index);
@@ -1186,6 +1229,11 @@ int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
             if (W->n == 0)
                 return 0;
         }
+        /* room for this op's completion (or its hand-back) first: if even a
+         * flush leaves the buffer full, end the batch (worker_main waits for
+         * room without the runtime lock) */
+        if (W->npend == POOL_PEND && pool_flush(L, W) == POOL_PEND)
+            return 0;
         tr_item it = W->items[W->pos++];
         if (it.a == 0) {
             if (it.b == 0) { /* the stop sentinel: pushed last */
@@ -1302,7 +1350,8 @@ static void wait_for_work(tr_loop *L) {
     /* seq_cst re-check (notifier protocol): a push, stop or error published
      * before our prepare_wait is seen here; one after it bumps the epoch */
     if (!tr_queue_empty_sc(L->cq) || atomic_load_explicit(&L->stop_requested, TR_SEQ_CST) ||
-        atomic_load_explicit(&L->error, TR_SEQ_CST)) {
+        atomic_load_explicit(&L->error, TR_SEQ_CST) ||
+        atomic_load_explicit(&L->broken, TR_SEQ_CST)) {
         tr_notifier_cancel_wait(&L->notifier);
         return;
     }
@@ -1650,6 +1699,21 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     maybe_control(L, t);
 }
 
+/* Any thread (the binding may hold its runtime lock): push one item onto the
+ * completion queue. Never spins: by the bound in tr_loop_create the queue has
+ * room; if it had none, that bound is broken, and the loop stops with
+ * TR_EAGAIN rather than this thread waiting for a consumer that may be
+ * waiting for the lock it holds. */
+static void cq_push(tr_loop *L, tr_item it) {
+    if (TR_LIKELY(tr_queue_try_push_mpsc(L->cq, it) == TR_OK))
+        return;
+    uint32_t none = 0;
+    /* release: pairs with build_batch's acquire load; seq_cst would add nothing */
+    atomic_compare_exchange_strong_explicit(&L->broken, &none, (uint32_t)TR_EAGAIN, TR_RELEASE,
+                                            TR_RELAXED);
+    tr_notifier_notify(&L->notifier);
+}
+
 /* Any thread: resolve seq in the task's sequencer, then hand the completion to
  * the loop through the completion queue (the push notifies a parked loop). */
 static tr_status complete_remote(tr_loop *L, uint32_t t, uint64_t seq, uint32_t flags) {
@@ -1658,11 +1722,7 @@ static tr_status complete_remote(tr_loop *L, uint32_t t, uint64_t seq, uint32_t 
     tr_status st = tr_sequencer_complete(L->tasks[t].seq, seq, flags);
     if (st != TR_OK)
         return st;
-    tr_item it = {((uint64_t)CQ_DONE << CQ_KIND_SHIFT) | t, seq};
-    /* capacity covers every outstanding seq, so this only spins if the bound
-     * analysis in tr_loop_create were wrong */
-    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
-        tr_cpu_relax();
+    cq_push(L, (tr_item){((uint64_t)CQ_DONE << CQ_KIND_SHIFT) | t, seq});
     return TR_OK;
 }
 
@@ -1710,9 +1770,7 @@ void tr_loop_wake_partition(tr_loop *L, uint32_t t, uint32_t p) {
     /* acq_rel: pairs with the loop's exchange in drain_completions */
     if (atomic_exchange_explicit(&P->woken, 1, TR_ACQ_REL))
         return;
-    tr_item it = {((uint64_t)CQ_WAKE << CQ_KIND_SHIFT) | t, p};
-    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
-        tr_cpu_relax();
+    cq_push(L, (tr_item){((uint64_t)CQ_WAKE << CQ_KIND_SHIFT) | t, p});
 }
 
 void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
@@ -1723,9 +1781,7 @@ void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
     atomic_store_explicit(&T->timer_when, when_ns, TR_RELEASE);
     if (atomic_exchange_explicit(&T->timer_pending, 1, TR_ACQ_REL))
         return;
-    tr_item it = {((uint64_t)CQ_TIMER << CQ_KIND_SHIFT) | t, 0};
-    while (tr_queue_try_push_mpsc(L->cq, it) != TR_OK)
-        tr_cpu_relax();
+    cq_push(L, (tr_item){((uint64_t)CQ_TIMER << CQ_KIND_SHIFT) | t, 0});
 }
 
 void tr_loop_stop(tr_loop *L) {
@@ -1777,6 +1833,8 @@ void tr_loop_get_stats(const tr_loop *L, tr_loop_stats *out) {
     out->idle_wakeups = atomic_load_explicit(&L->idle_wakeups, TR_RELAXED);
     out->loop_iterations = atomic_load_explicit(&L->iterations, TR_RELAXED);
     out->batches = atomic_load_explicit(&L->batches, TR_RELAXED);
+    out->cq_high_water = atomic_load_explicit(&L->cq_high, TR_RELAXED);
+    out->cq_bound = L->cq_bound;
 }
 
 tr_stop_reason tr_loop_stop_reason(const tr_loop *L) {

@@ -575,7 +575,7 @@ cdef class LoopRunner:
         """
         cdef uint64_t items[256]
         cdef uint64_t handles[256]
-        cdef Py_ssize_t start, end, i, j, m
+        cdef Py_ssize_t start, end, i, j, k, m
         cdef Envelope env
         cdef capi.tr_status st
         messages, keys, start, end = ps.poll_range(free_slots)
@@ -608,15 +608,29 @@ cdef class LoopRunner:
             ps.read_n += end - start
             ps.newest_read = end - 1
             return 0
+        # eager envelopes: the module indexes without bounds checks, so the
+        # lengths the lazy path's test rejected must be refused here, not read past
+        if len(messages) < end or (keys is not None and len(keys) < end):
+            raise RuntimeError(
+                f"reader of {ps.ssp} (partition {ps.partition}) returned offsets {start}..{end - 1} "
+                f"but only {len(messages)} messages"
+                + ("" if keys is None else f" and {len(keys)} keys"))
         i = start
         while i < end:
             m = end - i if end - i < 256 else 256
-            for j in range(m):
-                env = new_envelope(ps.system, ps.stream, ps.partition, i + j,
-                                   None if keys is None else keys[i + j], messages[i + j])
-                Py_INCREF(env)  # the ring's pin: see _take_item, _drain
-                items[j] = <uint64_t><PyObject *>env
-                handles[j] = (<uint64_t>(i + j)) << 1
+            j = 0
+            try:
+                while j < m:
+                    env = new_envelope(ps.system, ps.stream, ps.partition, i + j,
+                                       None if keys is None else keys[i + j], messages[i + j])
+                    Py_INCREF(env)  # the ring's pin: see _take_item, _drain
+                    items[j] = <uint64_t><PyObject *>env
+                    handles[j] = (<uint64_t>(i + j)) << 1
+                    j += 1
+            except BaseException:
+                for k in range(j):  # the pins taken for this chunk: nothing leaks
+                    Py_DECREF(<object><PyObject *>items[k])
+                raise
             st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
             if st != capi.TR_OK:
                 for j in range(m):

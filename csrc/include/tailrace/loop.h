@@ -61,7 +61,9 @@
  * double completion is detected exactly), then pushes the task index onto the
  * loop's MPSC completion queue, whose notifier wakes a parked loop. The queue's
  * capacity covers every outstanding sequence number plus one wake item per
- * partition and one timer item per task, so a push never finds it full.
+ * partition and one timer item per task, and the loop releases no more of a
+ * task's sequence numbers than it has popped completions of, so a push never
+ * finds it full (if it did, the loop stops with TR_EAGAIN; nobody spins).
  *
  * Errors: the first error object posted (tr_loop_post_error) wins; the loop
  * stops without dispatching anything more. The binding takes the object back
@@ -193,6 +195,8 @@ typedef struct tr_loop_stats {
     uint64_t idle_wakeups;
     uint64_t loop_iterations;
     uint64_t batches;
+    uint64_t cq_high_water; /* most items seen in the completion queue at one drain */
+    uint64_t cq_bound;      /* the most it can ever hold (see tr_loop_create); never reached */
 } tr_loop_stats;
 
 typedef struct tr_loop_task {
