@@ -50,3 +50,68 @@ def test_pool_wide_window_many_partitions_does_not_hang() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "processed 700000" in proc.stdout
+
+
+RANGE_READER = """
+import gc, sys
+import tailrace
+from tailrace.interfaces import PartitionReader, Producer, System
+
+class Msg:
+    pass
+
+MSGS = [Msg() for _ in range(10)]
+
+class Reader(PartitionReader):
+    def start(self, after, wakeup):
+        pass
+    def poll(self, n):
+        return []
+    def at_end(self):
+        return False
+    def _tailrace_poll_range(self, n):
+        # a fresh list each call (the eager path), one element short of `end`
+        return list(MSGS[:9]), None, 0, 10
+
+class P(Producer):
+    def partitions(self, stream):
+        return 1
+    def send(self, *a):
+        pass
+
+class Sys(System):
+    def __init__(self):
+        super().__init__("ls")
+    def partitions(self, stream):
+        return 1
+    def reader(self, ssp):
+        return Reader(ssp)
+    def producer(self):
+        return P()
+
+class T(tailrace.StreamTask):
+    def process(self, e, c, co):
+        pass
+
+gc.collect()
+before = [sys.getrefcount(m) for m in MSGS]
+try:
+    tailrace.Container(T, inputs=["ls.in"], systems=[Sys()], engine="c").run()
+    print("no error")
+except Exception as e:
+    print("raised:", type(e).__name__, e)
+gc.collect()
+after = [sys.getrefcount(m) for m in MSGS]
+print("deltas", [a - b for a, b in zip(after, before)])
+"""
+
+
+def test_range_reader_short_list_raises_naming_reader_and_leaks_nothing() -> None:
+    # defect 3: _refill_range's eager fallback indexed the reader's lists up to `end` without
+    # bounds checks in exactly the case the lazy path's length check rejected: SIGSEGV
+    proc = run_child(RANGE_READER)
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr}"
+    assert "raised:" in proc.stdout, proc.stdout
+    assert "ls.in" in proc.stdout and "partition 0" in proc.stdout, proc.stdout
+    assert "only 9 messages" in proc.stdout, proc.stdout
+    assert "deltas [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]" in proc.stdout, proc.stdout
