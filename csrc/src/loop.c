@@ -123,6 +123,11 @@ typedef struct task {
     uint8_t halted;  /* a message of a run failed: never dispatch to it again */
     uint32_t queued; /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
+    /* pool tasks: 1 while a window, timer or (sync) commit of this task is due;
+     * its worker stops invoking it and hands its queued ops back (rules 8, 9,
+     * 23). relaxed both ways: cleared before the loop pushes the POOL_RESUME
+     * that re-opens the task, and that push (release) / pop (acquire) orders it */
+    _Atomic uint32_t hold;
     _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */
     _Atomic uint32_t timer_pending; /* 1 while a CQ_TIMER item is queued */
     /* counters: written by the loop thread, read relaxed by any thread */
@@ -172,6 +177,12 @@ struct tr_loop {
      * found it full): the status, 0 while none; the loop stops with it */
     _Atomic uint32_t broken;
     uint64_t cq_bound; /* items the completion queue can hold at most (tr_loop_create) */
+    /* loop thread: the earliest timer (window, commit, user timer, callback
+     * timeout) as of the last build; a run ends before a message that would
+     * start after it (tr_loop_run_yield, rule 8, 9, 23) */
+    int64_t run_until;
+    int64_t run_check_from; /* run_until - coarse clock lag: earlier, certainly not due */
+    int64_t coarse_lag;
 
     /* ---- loop thread only ---- */
     uint32_t *ready;
@@ -615,6 +626,9 @@ static void fire_timers(tr_loop *L) {
         }
         if (T->done || L->phase != PH_RUNNING)
             continue;
+        if ((T->flags & TR_TASK_POOL) && (e.kind != H_COMMIT || !L->cfg.async_commit) &&
+            (e.kind != H_USER || e.gen == T->timer_gen))
+            atomic_store_explicit(&T->hold, 1, TR_RELAXED); /* see task.hold */
         if (e.kind == H_WINDOW) {
             T->window_due = 1; /* coalesces: one pending window at a time */
             heap_push(L, rearm(e.when, L->cfg.window_ns, L->now), e.task, H_WINDOW, 0);
@@ -863,6 +877,9 @@ static void build_batch(tr_loop *L) {
     fire_timers(L);
     if (L->phase == PH_FINISHED)
         return;
+    L->run_until = L->nheap ? L->heap[0].when : INT64_MAX;
+    L->run_check_from =
+        L->run_until > INT64_MIN + L->coarse_lag ? L->run_until - L->coarse_lag : INT64_MIN;
     /* acquire: pairs with tr_loop_stop's release store */
     if (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_ACQUIRE))
         begin_drain(L, TR_STOP_EXTERNAL);
@@ -998,6 +1015,9 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         return TR_ENOMEM;
     L->cfg = *cfg;
     L->cq_bound = cq_cap;
+    L->coarse_lag = tr_coarse_lag_ns();
+    L->run_until = INT64_MAX;
+    L->run_check_from = INT64_MAX;
     if (L->cfg.max_idle_ns < MIN_IDLE_NS)
         L->cfg.max_idle_ns = MIN_IDLE_NS;
     tr_status st = tr_notifier_init(&L->notifier);
@@ -1258,7 +1278,9 @@ int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
             return 1;
         }
         /* relaxed: see begin_drain (a late read only runs an op already handed out) */
-        if (W->stopped[t / L->cfg.pool_size] || atomic_load_explicit(&L->draining, TR_RELAXED)) {
+        /* relaxed (hold): see task.hold */
+        if (W->stopped[t / L->cfg.pool_size] || atomic_load_explicit(&L->draining, TR_RELAXED) ||
+            atomic_load_explicit(&L->tasks[t].hold, TR_RELAXED)) {
             /* not invoked: back to the loop, which hands it out again in order */
             W->stopped[t / L->cfg.pool_size] = 1;
             pool_note(L, W, CQ_UNRUN, t, seq);
@@ -1463,7 +1485,7 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
     if (TR_UNLIKELY(atomic_load_explicit(&L->error, TR_ACQUIRE) != 0) || L->phase != PH_RUNNING)
         return 0;
     task *T = &L->tasks[t];
-    if (T->flags & TR_TASK_POOL)
+    if (T->flags & TR_TASK_POOL || tr_loop_run_yield(L))
         return 0;
     if (T->in_dirty) {
         /* release what it completed (requests included) before deciding */
@@ -1477,6 +1499,17 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
     L->handed++;
     L->budget--;
     return 1;
+}
+
+int tr_loop_run_yield(tr_loop *L) {
+    /* relaxed: a hint; build_batch's acquire load acts on the stop itself */
+    if (TR_UNLIKELY(atomic_load_explicit(&L->stop_requested, TR_RELAXED)))
+        return 1;
+    /* one coarse read per message; the exact clock only in the last tick or two
+     * before the earliest timer */
+    if (TR_LIKELY(tr_coarse_now_ns() < L->run_check_from))
+        return 0;
+    return tr_now_ns() >= L->run_until;
 }
 
 /* Make room in P's ring for n more items (the caller checked the limit). */
@@ -1691,6 +1724,9 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
         break;
     }
     T->control_kind = CTL_NONE;
+    if ((T->flags & TR_TASK_POOL) && !T->window_due && !T->timer_due &&
+        (L->cfg.async_commit || !T->commit_due))
+        atomic_store_explicit(&T->hold, 0, TR_RELAXED); /* see task.hold */
     if (requests)
         apply_requests(L, t, requests & TR_REQ_MASK);
     if (T->done)

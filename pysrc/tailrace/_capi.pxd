@@ -178,6 +178,7 @@ cdef extern from "tailrace/loop.h" nogil:
     tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition,
                                  uint64_t item, uint64_t handle)
     int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out)
+    int tr_loop_run_yield(tr_loop *loop)
     tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
                                   const uint64_t *items, const uint64_t *handles, size_t n)
     tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq)

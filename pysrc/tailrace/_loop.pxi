@@ -407,6 +407,8 @@ cdef class LoopRunner:
         collector = slot.collector
         try:
             while consumed < n:
+                if capi.tr_loop_run_yield(self._loop):
+                    break  # a barrier is due or a stop was asked: the rest waits (rules 8, 19)
                 env = _take_item(items[consumed], slot)
                 consumed += 1
                 try:
@@ -450,6 +452,8 @@ cdef class LoopRunner:
         collector = slot.collector
         try:
             while consumed < n:
+                if capi.tr_loop_run_yield(self._loop):
+                    break  # as in _run_sync
                 env = _take_item(items[consumed], slot)
                 consumed += 1
                 cb = self._new_callback(env, t)

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -585,6 +586,18 @@ class ReferenceEngine:
         due = t.timers.next_due()
         return due is not None and due <= time.time()
 
+    def _barrier_due(self, t: _Task, now: float) -> float:
+        """When t's next window, commit or user timer is due (monotonic seconds; inf: none)."""
+        due = math.inf
+        if t.next_commit is not None:
+            due = t.next_commit
+        if t.next_window is not None and t.next_window < due:
+            due = t.next_window
+        timer = t.timers.next_due()  # wall clock
+        if timer is not None:
+            due = min(due, now + (timer - time.time()))
+        return due
+
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
         offsets = {p.ssp: p.low_watermark for p in t.parts if p.low_watermark is not None}
@@ -665,16 +678,32 @@ class ReferenceEngine:
         tasks = self._tasks
         n = len(tasks)
         sent = 0
-        while sent < budget and self._failure is None:
+        # the earliest window, commit or user timer that falls due during this dispatch:
+        # once it is due, no message starts before the loop has run it (rules 8, 9, 23),
+        # so the clock is read per message. (One due already is _blocked's business:
+        # it holds back its own task, not the others, as in the C loop.)
+        upcoming = (self._barrier_due(t, now) for t in tasks if not t.done)
+        due = min((d for d in upcoming if d > now), default=math.inf)
+        halt = False
+        while sent < budget and self._failure is None and not halt:
             round_sent = 0
             for i in range(n):
                 t = tasks[(self._rr + i) % n]
-                if t.done or t.outstanding >= mc or not t.buffered() or self._blocked(t, now):
+                if t.done or t.outstanding >= mc or not t.buffered():
+                    continue
+                now = time.monotonic()
+                if now >= due or self._stop_flag:
+                    halt = True  # rules 8, 19: the loop acts on it before any more messages
+                    break
+                if self._blocked(t, now):
                     continue
                 self._invoke(t, self._choose(t))
                 round_sent += 1
                 if self._failure is not None:
                     break
+                d = self._barrier_due(t, now)  # a timer process() just set
+                if now < d < due:
+                    due = d
             self._rr = (self._rr + 1) % n
             if not round_sent:
                 break
