@@ -28,6 +28,7 @@ import threading as _threading
 import time as _time
 
 from tailrace.errors import CallbackError as _CallbackError
+from tailrace.errors import CallbackTimeoutError as _CallbackTimeoutError
 from tailrace.errors import TaskError as _TaskError
 
 cdef extern from "Python.h":
@@ -249,6 +250,10 @@ cdef class LoopRunner:
     cdef object _fatal_error
     cdef bint _running
     cdef uint32_t _input_buffer
+    cdef double _cb_timeout_s  # task.callback.timeout.ms in seconds; <= 0: off
+    # a StuckCallWatch (tailrace.engine.watchdog) or None: told about each sync call
+    # on the loop thread while callback timeouts are on
+    cdef public object watch
 
     def __cinit__(self):
         self._loop = NULL
@@ -273,6 +278,7 @@ cdef class LoopRunner:
         cfg.window_ns = <int64_t>config.window_ms * 1000000
         cfg.commit_ns = <int64_t>config.commit_ms * 1000000
         cfg.callback_timeout_ns = <int64_t>config.callback_timeout_ms * 1000000
+        self._cb_timeout_s = config.callback_timeout_ms / 1000.0
         cfg.max_idle_ns = <int64_t>config.max_idle_ms * 1000000
         cfg.shutdown_ns = <int64_t>config.shutdown_ms * 1000000
         tasks = <capi.tr_loop_task *>malloc(max(1, self._ntasks) * sizeof(capi.tr_loop_task))
@@ -338,6 +344,7 @@ cdef class LoopRunner:
         cdef Coordinator coord
         cdef Callback cb
         cdef int req
+        cdef double t0
         self._in_batch = True
         try:
             while capi.tr_loop_next_op(loop, &op):
@@ -351,11 +358,17 @@ cdef class LoopRunner:
                     env = _take_item(op.item, slot)
                     if not slot.is_async:
                         coord = slot.coordinator
+                        t0 = self._call_begins(slot, env)
                         try:
                             slot.process(env, slot.collector, coord)
                         except Exception as e:
+                            self._call_ends()
                             if not self._sync_error(slot, op.task, op.seq, env, e, coord, True):
                                 continue
+                        self._call_ends()
+                        if t0 and self._returned_late(slot, env, coord, t0):
+                            capi.tr_loop_fail(loop, op.task, op.seq)
+                            continue
                         req = coord._requests
                         coord._requests = 0
                         capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req)
@@ -403,6 +416,8 @@ cdef class LoopRunner:
         cdef int req = 0
         cdef Envelope env
         cdef Coordinator coord = slot.coordinator
+        cdef double t0 = 0
+        cdef bint timed = self._cb_timeout_s > 0
         process = slot.process
         collector = slot.collector
         try:
@@ -411,15 +426,23 @@ cdef class LoopRunner:
                     break  # a barrier is due or a stop was asked: the rest waits (rules 8, 19)
                 env = _take_item(items[consumed], slot)
                 consumed += 1
+                if timed:
+                    t0 = self._call_begins(slot, env)
                 try:
                     process(env, collector, coord)
                 except Exception as e:
+                    if timed:
+                        self._call_ends()
                     if not (self._has_ignores and self._ignores(e)):
                         coord._requests = 0
                         slot.failed += 1
                         self._post(_TaskError(slot.name, env.ssp, env.offset, e))
                         break
                     slot.ignored += 1
+                if timed:
+                    self._call_ends()
+                    if self._returned_late(slot, env, coord, t0):
+                        break  # consumed, not completed: the task halts there (rule 18)
                 completed = consumed
                 if coord._requests:
                     req = coord._requests
@@ -485,6 +508,36 @@ cdef class LoopRunner:
             if not escaped:
                 capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
         return 0
+
+    cdef double _call_begins(self, _TaskSlot slot, Envelope env):
+        """A sync call on the loop thread starts: its start time, or 0 with timeouts off."""
+        cdef double t0
+        if self._cb_timeout_s <= 0:
+            return 0
+        t0 = _time.monotonic()
+        if self.watch is not None:
+            self.watch.begin(slot.name, env.ssp, env.offset, t0)
+        return t0
+
+    cdef inline void _call_ends(self):
+        if self._cb_timeout_s > 0 and self.watch is not None:
+            self.watch.end()
+
+    cdef bint _returned_late(self, _TaskSlot slot, Envelope env, Coordinator coord,
+                             double t0) except -1:
+        """Rules 3, 16 on the loop thread: a call that returned after task.callback.timeout.ms
+        fails the container with CallbackTimeoutError, as the pool's timeout does."""
+        cdef double took = _time.monotonic() - t0
+        if took <= self._cb_timeout_s:
+            return False
+        coord._requests = 0
+        slot.failed += 1
+        ms = int(self._cb_timeout_s * 1000 + 0.5)
+        self._post(_CallbackTimeoutError(
+            slot.name, env.ssp, env.offset,
+            TimeoutError(f"process returned after {took * 1000:.0f} ms, "
+                         f"past task.callback.timeout.ms={ms}")))
+        return True
 
     cdef bint _sync_error(self, _TaskSlot slot, uint32_t t, uint64_t seq, Envelope env, object e,
                           Coordinator coord, bint local):

@@ -74,6 +74,7 @@ from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskErr
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
 from ..types import Offset, SystemStreamPartition
 from .timers import TimerHeap
+from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.reference")
 
@@ -255,6 +256,7 @@ class ReferenceEngine:
         self._signalled = False  # reader wakeup / timer change since the last wait
         self._stop_flag = False
         self._ran = False
+        self._watch: StuckCallWatch | None = None  # sync calls on the loop thread (rules 3, 16)
         now = time.monotonic()
         self._tasks = [_Task(self, tp, now) for tp in plan.tasks]
         self._rr = 0  # round-robin cursor over tasks (rule 5)
@@ -292,6 +294,9 @@ class ReferenceEngine:
             raise TailraceError("ReferenceEngine.run() may be called once")
         self._ran = True
         started = time.monotonic()
+        ms = self.config.callback_timeout_ms
+        if ms > 0 and not self.config.thread_pool_size:
+            self._watch = StuckCallWatch(ms, threading.get_ident())
         try:
             self._start()
             if self._failure is None:
@@ -300,6 +305,8 @@ class ReferenceEngine:
         finally:
             self._close_tasks()
             self._stop_pool()
+            if self._watch is not None:
+                self._watch.close()
         if self._failure is not None:
             raise self._failure
         tasks, container = self.metrics()
@@ -326,6 +333,10 @@ class ReferenceEngine:
     def _run_sync(self, t: _Task, cb: _Callback, env: Envelope, coordinator: Coordinator) -> None:
         """A sync process call (loop thread or pool): completes when it returns (rule 3)."""
         error: BaseException | None = None
+        watch = self._watch if not self._workers else None  # the loop thread's own calls
+        if watch is not None:
+            started = time.monotonic()
+            watch.begin(t.name, cb.part.ssp, cb.offset, started)
         try:
             t.process(env, t.collector, coordinator)
         except Exception as e:  # noqa: BLE001 - user code; reported through the callback
@@ -334,6 +345,28 @@ class ReferenceEngine:
                 log.debug("task %r ignored %r at %s offset %r", t.name, e, cb.part.ssp, cb.offset)
             else:
                 error = e
+        if watch is not None:
+            watch.end()
+            took = time.monotonic() - started
+            if error is None and took > watch.timeout_s:
+                # rules 3, 16: nothing could time this call out while it ran on the loop
+                # thread; it fails when it returns, as a late call on the pool does
+                with self._cv:
+                    cb._done = True
+                t.unresolved.pop(cb.seq, None)
+                t.failed += 1
+                self._fail(
+                    CallbackTimeoutError(
+                        t.name,
+                        cb.part.ssp,
+                        cb.offset,
+                        TimeoutError(
+                            f"process returned after {took * 1000:.0f} ms, "
+                            f"past task.callback.timeout.ms={watch.timeout_ms}"
+                        ),
+                    )
+                )
+                return
         cb.requests = coordinator.take()
         self._resolve(cb, error)
 
