@@ -33,6 +33,13 @@ from tailrace.errors import TaskError as _TaskError
 
 cdef extern from "Python.h":
     unsigned long PyThread_get_thread_ident()
+    ctypedef struct PyThreadState:
+        pass
+    ctypedef int PyGILState_STATE
+    PyGILState_STATE PyGILState_Ensure() nogil
+    void PyGILState_Release(PyGILState_STATE) nogil
+    PyThreadState *PyEval_SaveThread() nogil
+    void PyEval_RestoreThread(PyThreadState *tstate) nogil
 
 DEF _INT_HANDLE_LIMIT = 4611686018427387904  # 2**62
 # A lazy ring item is offset << 21 | partition index << 1 | 1 (see _refill_range).
@@ -220,6 +227,42 @@ cdef int _batch_trampoline(void *ctx, capi.tr_loop *loop) noexcept with gil:
         return 1
 
 
+# Pool workers keep ONE Python thread state for their lifetime (issue 13,
+# defect 6): without it every run_pool_batch's `with gil` created a thread state
+# and destroyed it on release, so threading.local and the thread's Thread object
+# were lost every batch. worker_started makes the state (PyGILState_Ensure) and
+# gives the GIL back while keeping it (PyEval_SaveThread); the trampolines'
+# `with gil` then find and reuse it; worker_stopping takes the GIL with it and
+# releases it for good. The runner stores the two handles per worker.
+
+cdef void _keep_worker_state(void *ctx, uint32_t worker, PyGILState_STATE st,
+                             PyThreadState *ts) noexcept with gil:
+    cdef LoopRunner r = <LoopRunner>ctx
+    r._wgil[worker] = st
+    r._wts[worker] = ts
+
+
+cdef void _worker_state(void *ctx, uint32_t worker, PyGILState_STATE *st,
+                        PyThreadState **ts) noexcept with gil:
+    cdef LoopRunner r = <LoopRunner>ctx
+    st[0] = r._wgil[worker]
+    ts[0] = r._wts[worker]
+
+
+cdef void _worker_started(void *ctx, uint32_t worker) noexcept nogil:
+    cdef PyGILState_STATE st = PyGILState_Ensure()  # the thread state, GIL held
+    cdef PyThreadState *ts = PyEval_SaveThread()  # GIL released, state kept
+    _keep_worker_state(ctx, worker, st, ts)
+
+
+cdef void _worker_stopping(void *ctx, uint32_t worker) noexcept nogil:
+    cdef PyGILState_STATE st
+    cdef PyThreadState *ts
+    _worker_state(ctx, worker, &st, &ts)
+    PyEval_RestoreThread(ts)  # GIL held again with the kept state
+    PyGILState_Release(st)  # drops the state and the GIL
+
+
 cdef void _pool_trampoline(void *ctx, capi.tr_loop *loop, uint32_t worker) noexcept with gil:
     cdef LoopRunner r = <LoopRunner>ctx
     try:
@@ -251,6 +294,8 @@ cdef class LoopRunner:
     cdef bint _running
     cdef uint32_t _input_buffer
     cdef double _cb_timeout_s  # task.callback.timeout.ms in seconds; <= 0: off
+    cdef PyGILState_STATE *_wgil  # per pool worker: see _worker_started
+    cdef PyThreadState **_wts
     # a StuckCallWatch (tailrace.engine.watchdog) or None: told about each sync call
     # on the loop thread while callback timeouts are on
     cdef public object watch
@@ -258,6 +303,8 @@ cdef class LoopRunner:
     def __cinit__(self):
         self._loop = NULL
         self._slotv = NULL
+        self._wgil = NULL
+        self._wts = NULL
 
     def __init__(self, list slots, handler, config, list window_flags):
         cdef capi.tr_loop_config cfg
@@ -281,6 +328,10 @@ cdef class LoopRunner:
         self._cb_timeout_s = config.callback_timeout_ms / 1000.0
         cfg.max_idle_ns = <int64_t>config.max_idle_ms * 1000000
         cfg.shutdown_ns = <int64_t>config.shutdown_ms * 1000000
+        self._wgil = <PyGILState_STATE *>malloc(max(1, cfg.pool_size) * sizeof(PyGILState_STATE))
+        self._wts = <PyThreadState **>malloc(max(1, cfg.pool_size) * sizeof(PyThreadState *))
+        if self._wgil is NULL or self._wts is NULL:
+            raise MemoryError()
         tasks = <capi.tr_loop_task *>malloc(max(1, self._ntasks) * sizeof(capi.tr_loop_task))
         self._slotv = <PyObject **>malloc(max(1, self._ntasks) * sizeof(PyObject *))
         if tasks is NULL or self._slotv is NULL:
@@ -314,6 +365,10 @@ cdef class LoopRunner:
             self._loop = NULL
         free(self._slotv)
         self._slotv = NULL
+        free(self._wgil)
+        free(self._wts)
+        self._wgil = NULL
+        self._wts = NULL
 
     # -- running (the loop thread) ---------------------------------------------
     def run(self):
@@ -323,8 +378,8 @@ cdef class LoopRunner:
         hooks.ctx = <void *>self
         hooks.run_batch = _batch_trampoline
         hooks.run_pool_batch = _pool_trampoline
-        hooks.worker_started = NULL
-        hooks.worker_stopping = NULL
+        hooks.worker_started = _worker_started
+        hooks.worker_stopping = _worker_stopping
         self._loop_thread = PyThread_get_thread_ident()
         self._running = True
         try:
