@@ -858,11 +858,18 @@ cdef class LoopRunner:
 
     def set_user_timer(self, uint32_t task, when):
         """Wake the loop for ``task``'s timers at ``when`` (time.time() seconds; None: no timer)."""
-        cdef int64_t ns
-        if when is None:
-            ns = 0x7fffffffffffffff
-        else:
-            ns = capi.tr_now_ns() + <int64_t>((when - _time.time()) * 1e9)
+        cdef int64_t ns = 0x7fffffffffffffff  # no timer (and the clock never reaches it)
+        cdef int64_t now
+        cdef double ahead
+        if when is not None:
+            # a timer at inf, or centuries ahead, is "never" to the loop (the reference
+            # engine agrees: it never fires; a NaN one neither)
+            ahead = (<double>when - _time.time()) * 1e9
+            now = capi.tr_now_ns()
+            if ahead <= 0:
+                ns = now
+            elif ahead < <double>(0x7fffffffffffffff - now):
+                ns = now + <int64_t>ahead
         capi.tr_loop_set_user_timer(self._loop, task, ns)
 
     # -- loop thread, in control ops or after run --------------------------------
