@@ -15,11 +15,14 @@
  *     (The old order, store then load, let a late notify clear the new 1 and
  *     bump the epoch before the key was read: the consumer slept with
  *     sleeping == 0 and no later notify woke it: the lost wake-up of issue 13.)
- *   - `epoch` changes only under the mutex, so commit_wait's check-then-wait is
- *     atomic with respect to a notify (no lost wake-up between them).
+ *   - commit_wait's check-then-wait is atomic with respect to a notify: the
+ *     futex wait sleeps only if the epoch still equals the key when the kernel
+ *     looks (a bump before that returns EAGAIN at once; a bump after it is
+ *     followed by the FUTEX_WAKE); the fallback bumps and compares under its
+ *     mutex.
  *   - Spurious wake-ups are allowed by the contract: the consumer re-checks work.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* syscall */
 #include "tailrace/notifier.h"
 
 #include <errno.h>
@@ -28,11 +31,21 @@
 
 #include "tailrace/clock.h"
 
+#if TR_NOTIFIER_FUTEX
+/* notify from a signal handler: every atomic it touches must be lock-free */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free");
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 tr_status tr_notifier_init(tr_notifier *n) {
-    pthread_condattr_t attr;
     atomic_init(&n->sleeping, 0);
     atomic_init(&n->epoch, 0);
     atomic_init(&n->wakeups, 0);
+#if !TR_NOTIFIER_FUTEX
+    pthread_condattr_t attr;
     if (pthread_mutex_init(&n->mutex, NULL) != 0)
         return TR_ESYS;
     if (pthread_condattr_init(&attr) != 0)
@@ -48,11 +61,18 @@ tr_status tr_notifier_init(tr_notifier *n) {
 fail_mutex:
     pthread_mutex_destroy(&n->mutex);
     return TR_ESYS;
+#else
+    return TR_OK;
+#endif
 }
 
 void tr_notifier_destroy(tr_notifier *n) {
+#if !TR_NOTIFIER_FUTEX
     pthread_cond_destroy(&n->cond);
     pthread_mutex_destroy(&n->mutex);
+#else
+    (void)n; /* nothing to release */
+#endif
 }
 
 uint64_t tr_notifier_prepare_wait(tr_notifier *n) {
@@ -75,29 +95,50 @@ void tr_notifier_cancel_wait(tr_notifier *n) {
 
 tr_status tr_notifier_commit_wait(tr_notifier *n, uint64_t key, int64_t timeout_ns) {
     tr_status rc = TR_OK;
-    struct timespec deadline;
+    int64_t deadline = -1;
     if (timeout_ns >= 0) {
-        int64_t at = tr_now_ns();
-        if (timeout_ns > INT64_MAX - at) {
-            timeout_ns = -1; /* beyond the clock's range: no timeout, and no overflow */
-        } else {
-            at += timeout_ns;
-            deadline.tv_sec = (time_t)(at / 1000000000);
-            deadline.tv_nsec = (long)(at % 1000000000);
+        int64_t now = tr_now_ns();
+        /* beyond the clock's range: no timeout, and no overflow */
+        deadline = timeout_ns > INT64_MAX - now ? -1 : now + timeout_ns;
+    }
+#if TR_NOTIFIER_FUTEX
+    /* acquire: pairs with notify's release bump (the woken consumer then sees
+     * the producer's work) */
+    while (atomic_load_explicit(&n->epoch, TR_ACQUIRE) == (uint32_t)key) {
+        struct timespec rel, *relp = NULL;
+        if (deadline >= 0) {
+            int64_t left = deadline - tr_now_ns();
+            if (left <= 0) {
+                rc = TR_ETIMEDOUT;
+                break;
+            }
+            rel.tv_sec = (time_t)(left / 1000000000);
+            rel.tv_nsec = (long)(left % 1000000000);
+            relp = &rel;
         }
+        /* sleeps only while the epoch still equals the key (checked by the
+         * kernel); EINTR / EAGAIN / a timeout: the loop re-checks */
+        syscall(SYS_futex, (uint32_t *)&n->epoch, FUTEX_WAIT_PRIVATE, (uint32_t)key, relp, NULL, 0);
+    }
+#else
+    struct timespec abs;
+    if (deadline >= 0) {
+        abs.tv_sec = (time_t)(deadline / 1000000000);
+        abs.tv_nsec = (long)(deadline % 1000000000);
     }
     pthread_mutex_lock(&n->mutex);
     /* relaxed under the mutex: notify bumps the epoch while holding it. */
-    while (atomic_load_explicit(&n->epoch, TR_RELAXED) == key) {
-        if (timeout_ns < 0) {
+    while (atomic_load_explicit(&n->epoch, TR_RELAXED) == (uint32_t)key) {
+        if (deadline < 0) {
             pthread_cond_wait(&n->cond, &n->mutex);
-        } else if (pthread_cond_timedwait(&n->cond, &n->mutex, &deadline) == ETIMEDOUT) {
-            if (atomic_load_explicit(&n->epoch, TR_RELAXED) == key)
+        } else if (pthread_cond_timedwait(&n->cond, &n->mutex, &abs) == ETIMEDOUT) {
+            if (atomic_load_explicit(&n->epoch, TR_RELAXED) == (uint32_t)key)
                 rc = TR_ETIMEDOUT;
             break;
         }
     }
     pthread_mutex_unlock(&n->mutex);
+#endif
     /* seq_cst: as in cancel_wait; the consumer is awake and re-checks work. */
     atomic_store_explicit(&n->sleeping, 0, TR_SEQ_CST);
     return rc;
@@ -110,9 +151,18 @@ void tr_notifier_notify(tr_notifier *n) {
         return;
     /* seq_cst exchange: take the announcement; a producer that gets 0 was beaten
      * by one that got the 1 and bumps the epoch below (so a burst of producers
-     * takes the mutex once per sleep, not once per message). */
+     * pays the wake-up once per sleep, not once per message). */
     if (atomic_exchange_explicit(&n->sleeping, 0, TR_SEQ_CST) == 0)
         return;
+#if TR_NOTIFIER_FUTEX
+    int saved_errno = errno; /* a signal handler must leave errno as it found it */
+    /* release: pairs with prepare_wait's and commit_wait's acquire loads. */
+    atomic_fetch_add_explicit(&n->epoch, 1, TR_RELEASE);
+    /* relaxed: a metrics counter, ordered by nothing. */
+    atomic_fetch_add_explicit(&n->wakeups, 1, TR_RELAXED);
+    syscall(SYS_futex, (uint32_t *)&n->epoch, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    errno = saved_errno;
+#else
     pthread_mutex_lock(&n->mutex);
     /* release: pairs with prepare_wait's acquire load of the epoch. */
     atomic_fetch_add_explicit(&n->epoch, 1, TR_RELEASE);
@@ -120,4 +170,5 @@ void tr_notifier_notify(tr_notifier *n) {
     atomic_fetch_add_explicit(&n->wakeups, 1, TR_RELAXED);
     pthread_cond_signal(&n->cond);
     pthread_mutex_unlock(&n->mutex);
+#endif
 }

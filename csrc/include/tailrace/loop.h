@@ -303,8 +303,10 @@ void tr_loop_wake_partition(tr_loop *loop, uint32_t task, uint32_t partition);
 /* Any thread: the task's earliest user timer is due at when_ns (tr_now_ns
  * clock); INT64_MAX: no timer. The latest call wins. */
 void tr_loop_set_user_timer(tr_loop *loop, uint32_t task, int64_t when_ns);
-/* Any thread (also a signal handler: one atomic store and a notify): stop
- * gracefully (rule 19). */
+/* Any thread, and a signal handler where TR_NOTIFIER_FUTEX is 1 (Linux): one
+ * lock-free atomic store and a notify, which there is atomics plus a
+ * FUTEX_WAKE syscall, no lock (elsewhere the notify takes a mutex: call it
+ * from a thread, not a handler). Stops gracefully (rule 19). */
 void tr_loop_stop(tr_loop *loop);
 
 /* Loop thread: the task partition's low watermark / record a durable commit. */
