@@ -26,13 +26,12 @@
 
 #include "tailrace/atomics.h"
 #include "tailrace/clock.h"
+#include "tailrace/encoding.h"
 #include "tailrace/notifier.h"
 #include "tailrace/queue.h"
 #include "tailrace/sequencer.h"
 
-#define PART_BITS 20u
-#define PART_MASK ((1u << PART_BITS) - 1u)
-#define POS_MAX (UINT64_MAX >> PART_BITS)
+#define MAX_PARTS (1u << 20) /* partitions per task (loop.h) */
 #define BATCH_MAX 64u
 /* Messages buffered across all partitions the loop aims for: with many
  * partitions each one is refilled in smaller polls (at least a run's worth,
@@ -48,18 +47,28 @@
 #define SPIN_ROUNDS 256     /* polls of the completion queue before parking */
 #define TICK_NS 100000000LL /* run_batch at least this often while idle (signals) */
 #define MIN_IDLE_NS 1000000LL
-#define POOL_TASK_BITS 24u
-#define POOL_TASK_MASK ((1u << POOL_TASK_BITS) - 1u)
-#define POOL_WINDOW 128u         /* seqs a pool task may have queued/running on its worker */
-#define POOL_BATCH 64u           /* items a worker pops from its queue at once */
-#define POOL_PEND 256u           /* completions a worker buffers before one bulk push */
-#define POOL_BUDGET 1024u        /* ops per run_pool_batch call (lock hold) */
-#define POOL_FLUSH_NS 1000000LL  /* push buffered completions at least this often */
-#define POOL_RESUME (1ull << 63) /* worker item {0, RESUME | task}: run that task again */
+#define POOL_WINDOW 128u        /* seqs a pool task may have queued/running on its worker */
+#define POOL_BATCH 64u          /* items a worker pops from its queue at once */
+#define POOL_PEND 256u          /* completions a worker buffers before one bulk push */
+#define POOL_BUDGET 1024u       /* ops per run_pool_batch call (lock hold) */
+#define POOL_FLUSH_NS 1000000LL /* push buffered completions at least this often */
+/* Pool worker items (tailrace/encoding.h): a = kind << 56 | task, b = seq; the
+ * message item is the task's pitem[seq & pmask], written by the loop before the
+ * push (release) that the worker's pop (acquire) pairs with, and not rewritten
+ * before that seq is released. */
+enum { W_RUN = 1, W_RESUME = 2, W_STOP = 3 };
 
-/* Completion-queue items: a = kind << 56 | task, b = payload. */
+/* Completion-queue items (tailrace/encoding.h): a = kind << 56 | task, b = payload. */
 enum { CQ_DONE = 1, CQ_WAKE = 2, CQ_TIMER = 3, CQ_UNRUN = 4 };
-#define CQ_KIND_SHIFT 56
+
+/* kind << 56 | task for a task index the loop validated (t < ntasks <= TR_ENC_TASK_MAX,
+ * tr_loop_create): cannot fail; a broken invariant yields 0, which no reader accepts. */
+static inline uint64_t kt_word(uint32_t kind, uint32_t t) {
+    uint64_t w = 0;
+    if (!tr_enc_kind_task(kind, t, &w))
+        return 0;
+    return w;
+}
 
 enum { H_WINDOW = 1, H_COMMIT = 2, H_USER = 3, H_CBTIMEOUT = 4 };
 enum { PH_RUNNING = 0, PH_DRAINING = 1, PH_FINAL = 2, PH_FINISHED = 3 };
@@ -114,9 +123,13 @@ typedef struct task {
     uint32_t limit; /* sequencer window: max_concurrency, or POOL_WINDOW for pool tasks */
     uint64_t *pitem;
     uint64_t pmask;
+    /* the partition of each outstanding seq: spart[seq & smask] (the sequencer's
+     * tags hold the read position and the handle, each a full 64-bit word) */
+    uint32_t *spart;
+    uint64_t smask;
     uint64_t redo_from;
     uint32_t redo_count;
-    uint8_t paused; /* the worker may have stopped this task: send POOL_RESUME first */
+    uint8_t paused; /* the worker may have stopped this task: send W_RESUME first */
     uint8_t commit_req, commit_due, window_due, timer_due, commit_hold;
     uint8_t done, voted, in_control, control_kind, in_ready, in_ctl, in_dirty, timeout_armed;
     uint8_t in_run;  /* a RUN op of this task is in the batch or being executed */
@@ -125,7 +138,7 @@ typedef struct task {
     uint32_t timer_gen;
     /* pool tasks: 1 while a window, timer or (sync) commit of this task is due;
      * its worker stops invoking it and hands its queued ops back (rules 8, 9,
-     * 23). relaxed both ways: cleared before the loop pushes the POOL_RESUME
+     * 23). relaxed both ways: cleared before the loop pushes the W_RESUME
      * that re-opens the task, and that push (release) / pop (acquire) orders it */
     _Atomic uint32_t hold;
     _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */
@@ -500,8 +513,8 @@ static void release_task(tr_loop *L, uint32_t t, int all) {
         size_t n = tr_sequencer_release(T->seq, buf, allow < 64 ? (size_t)allow : 64);
         T->seq_released += n;
         for (size_t i = 0; i < n; i++) {
-            uint32_t p = (uint32_t)(buf[i].tag_a & PART_MASK);
-            uint64_t pos = buf[i].tag_a >> PART_BITS;
+            uint32_t p = T->spart[buf[i].seq & T->smask];
+            uint64_t pos = buf[i].tag_a;
             wm_note(L, t, p, pos, buf[i].tag_b);
             bump(&T->completed);
             if (T->flags & TR_TASK_POOL) {
@@ -543,8 +556,12 @@ static void drain_completions(tr_loop *L) {
     while ((n = tr_queue_try_pop_batch_sc(L->cq, items, 64)) > 0) {
         L->progress = 1;
         for (size_t i = 0; i < n; i++) {
-            uint32_t kind = (uint32_t)(items[i].a >> CQ_KIND_SHIFT);
-            uint32_t t = (uint32_t)(items[i].a & 0xffffffffu);
+            uint32_t kind = tr_enc_kind(items[i].a);
+            uint32_t t = tr_enc_task(items[i].a);
+            if (TR_UNLIKELY(kind == 0 || t >= L->cfg.ntasks)) {
+                L->internal = TR_EINVAL; /* cannot happen: see kt_word */
+                continue;
+            }
             task *T = &L->tasks[t];
             if (kind == CQ_DONE) {
                 T->completions++;
@@ -742,7 +759,12 @@ static uint64_t take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *i
     T->buffered--;
     uint64_t seq = 0;
     /* cannot fail: the caller checked outstanding < limit */
-    (void)tr_sequencer_acquire(T->seq, ((pos & POS_MAX) << PART_BITS) | p, handle, &seq);
+    /* the caller checked outstanding < limit, so this cannot fail; if it did, the
+     * loop stops with the status rather than run a message with no seq */
+    tr_status st = tr_sequencer_acquire(T->seq, pos, handle, &seq);
+    if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK)
+        L->internal = st;
+    T->spart[seq & T->smask] = p;
     T->acquired++;
     bump(&T->processed);
     bump(&L->chosen);
@@ -800,12 +822,12 @@ static uint32_t dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
     uint32_t taken = 0;
     if (T->paused) {
         /* every op the worker had for T is back (runnable): a fresh run */
-        its[n++] = (tr_item){0, POOL_RESUME | t};
+        its[n++] = (tr_item){kt_word(W_RESUME, t), 0};
         T->paused = 0;
     }
     for (uint32_t i = 0; i < T->redo_count; i++) {
         uint64_t seq = T->redo_from + i;
-        its[n++] = (tr_item){T->pitem[seq & T->pmask], (seq << POOL_TASK_BITS) | t};
+        its[n++] = (tr_item){kt_word(W_RUN, t), seq}; /* its item is still in pitem */
         if (T->infl) {
             inflight *f = &T->infl[seq & T->infl_mask];
             arm_timeout(L, t, seq, f->handle, f->part);
@@ -821,7 +843,7 @@ static uint32_t dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
         uint64_t item, handle;
         uint64_t seq = take_one(L, t, &p, &item, &handle);
         T->pitem[seq & T->pmask] = item;
-        its[n++] = (tr_item){item, (seq << POOL_TASK_BITS) | t};
+        its[n++] = (tr_item){kt_word(W_RUN, t), seq};
         taken++;
         if (n == 64) {
             push_worker(q, its, n);
@@ -978,13 +1000,13 @@ static void build(tr_loop *L) {
 /* ------------------------------------------------------------- public API */
 
 tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out) {
-    if (!cfg || !tasks || !out || cfg->ntasks == 0 || cfg->ntasks > POOL_TASK_MASK ||
+    if (!cfg || !tasks || !out || cfg->ntasks == 0 || cfg->ntasks > TR_ENC_TASK_MAX ||
         cfg->max_concurrency == 0 || cfg->max_concurrency > TR_SEQ_MAX_CONCURRENCY ||
         cfg->input_buffer == 0 || cfg->input_buffer > (1u << 30) || cfg->pool_size > 4096)
         return TR_EINVAL;
     uint64_t total_parts = 0;
     for (uint32_t t = 0; t < cfg->ntasks; t++) {
-        if (tasks[t].npartitions > PART_MASK + 1u)
+        if (tasks[t].npartitions > MAX_PARTS)
             return TR_EINVAL;
         total_parts += tasks[t].npartitions;
     }
@@ -1065,12 +1087,16 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         if (st != TR_OK)
             goto fail;
         st = TR_ENOMEM;
+        uint32_t wsize = pow2_at_least(T->limit);
+        T->spart = calloc(wsize, sizeof *T->spart);
+        if (!T->spart)
+            goto fail;
+        T->smask = wsize - 1;
         if (T->flags & TR_TASK_POOL) {
-            uint32_t size = pow2_at_least(T->limit);
-            T->pitem = calloc(size, sizeof *T->pitem);
+            T->pitem = calloc(wsize, sizeof *T->pitem);
             if (!T->pitem)
                 goto fail;
-            T->pmask = size - 1;
+            T->pmask = wsize - 1;
         }
         if (infl_size) {
             T->infl = calloc(infl_size, sizeof *T->infl);
@@ -1138,6 +1164,7 @@ void tr_loop_destroy(tr_loop *L) {
                 tr_watermark_destroy(T->wm);
             free(T->infl);
             free(T->pitem);
+            free(T->spart);
             if (T->parts) {
                 for (uint32_t p = 0; p < T->nparts; p++) {
                     free(T->parts[p].items);
@@ -1203,7 +1230,7 @@ static void pool_flush_all(tr_loop *L, worker *W) {
 static inline void pool_note(tr_loop *L, worker *W, uint32_t kind, uint32_t t, uint64_t seq) {
     if (W->npend == 0)
         W->pend_t0 = tr_now_ns();
-    W->pend[W->npend++] = (tr_item){((uint64_t)kind << CQ_KIND_SHIFT) | t, seq};
+    W->pend[W->npend++] = (tr_item){kt_word(kind, t), seq};
     if (W->npend == POOL_PEND)
         pool_flush(L, W);
 }
@@ -1255,22 +1282,23 @@ int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
         if (W->npend == POOL_PEND && pool_flush(L, W) == POOL_PEND)
             return 0;
         tr_item it = W->items[W->pos++];
-        if (it.a == 0) {
-            if (it.b == 0) { /* the stop sentinel: pushed last */
-                W->stop = 1;
-                W->pos = W->n;
-                return 0;
-            }
-            W->stopped[(uint32_t)(it.b & POOL_TASK_MASK) / L->cfg.pool_size] = 0; /* POOL_RESUME */
+        uint32_t kind = tr_enc_kind(it.a), t = tr_enc_task(it.a);
+        if (kind == W_STOP) { /* the stop sentinel: pushed last */
+            W->stop = 1;
+            W->pos = W->n;
+            return 0;
+        }
+        if (kind == W_RESUME) {
+            W->stopped[t / L->cfg.pool_size] = 0;
             continue;
         }
-        uint32_t t = (uint32_t)(it.b & POOL_TASK_MASK);
-        uint64_t seq = it.b >> POOL_TASK_BITS;
+        uint64_t seq = it.b;
         memset(out, 0, sizeof *out);
         out->kind = TR_OP_PROCESS;
         out->task = t;
         out->seq = seq;
-        out->item = it.a;
+        /* written by the loop before the push our pop pairs with (see W_RUN) */
+        out->item = L->tasks[t].pitem[seq & L->tasks[t].pmask];
         /* acquire: pairs with the release store before the sentinel / post_error's CAS */
         if (atomic_load_explicit(&L->discard, TR_ACQUIRE) ||
             atomic_load_explicit(&L->error, TR_ACQUIRE)) {
@@ -1330,7 +1358,7 @@ static void stop_workers(tr_loop *L) {
         worker *W = &L->workers[w];
         if (!W->started)
             continue;
-        tr_item sentinel = {0, 0};
+        tr_item sentinel = {kt_word(W_STOP, 0), 0};
         while (tr_queue_try_push_mpsc(W->q, sentinel) != TR_OK)
             tr_cpu_relax(); /* a slot is kept free */
     }
@@ -1602,7 +1630,10 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
                     pos++;
         }
         uint64_t handle = P->handles[pos & P->mask];
-        (void)tr_sequencer_acquire(T->seq, ((pos & POS_MAX) << PART_BITS) | p, handle, seq);
+        tr_status st = tr_sequencer_acquire(T->seq, pos, handle, seq);
+        if (st != TR_OK)
+            return st; /* cannot happen: a run is handed only with nothing outstanding */
+        T->spart[*seq & T->smask] = p;
         T->acquired++;
         if (T->infl)
             arm_timeout(L, t, *seq, handle, p);
@@ -1758,7 +1789,7 @@ static tr_status complete_remote(tr_loop *L, uint32_t t, uint64_t seq, uint32_t 
     tr_status st = tr_sequencer_complete(L->tasks[t].seq, seq, flags);
     if (st != TR_OK)
         return st;
-    cq_push(L, (tr_item){((uint64_t)CQ_DONE << CQ_KIND_SHIFT) | t, seq});
+    cq_push(L, (tr_item){kt_word(CQ_DONE, t), seq});
     return TR_OK;
 }
 
@@ -1806,7 +1837,7 @@ void tr_loop_wake_partition(tr_loop *L, uint32_t t, uint32_t p) {
     /* acq_rel: pairs with the loop's exchange in drain_completions */
     if (atomic_exchange_explicit(&P->woken, 1, TR_ACQ_REL))
         return;
-    cq_push(L, (tr_item){((uint64_t)CQ_WAKE << CQ_KIND_SHIFT) | t, p});
+    cq_push(L, (tr_item){kt_word(CQ_WAKE, t), p});
 }
 
 void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
@@ -1817,7 +1848,7 @@ void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
     atomic_store_explicit(&T->timer_when, when_ns, TR_RELEASE);
     if (atomic_exchange_explicit(&T->timer_pending, 1, TR_ACQ_REL))
         return;
-    cq_push(L, (tr_item){((uint64_t)CQ_TIMER << CQ_KIND_SHIFT) | t, 0});
+    cq_push(L, (tr_item){kt_word(CQ_TIMER, t), 0});
 }
 
 void tr_loop_stop(tr_loop *L) {

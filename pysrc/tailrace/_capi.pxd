@@ -24,6 +24,16 @@ cdef extern from "tailrace/clock.h" nogil:
     int64_t tr_now_ns()
 
 
+cdef extern from "tailrace/encoding.h" nogil:
+    # every packed word, with range-checked helpers (0: does not fit)
+    uint64_t TR_LAZY_OFFSET_LIMIT
+    uint64_t TR_HANDLE_LIMIT
+    int tr_lazy_item(uint64_t offset, uint32_t partition, uint64_t *out)
+    uint64_t tr_lazy_offset(uint64_t item)
+    uint32_t tr_lazy_partition(uint64_t item)
+    int tr_handle_int(uint64_t offset, uint64_t *out)
+    int tr_handle_pinned(uint64_t id, uint64_t *out)
+
 cdef extern from "tailrace/notifier.h" nogil:
     ctypedef struct tr_notifier:
         pass

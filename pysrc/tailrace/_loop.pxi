@@ -41,11 +41,8 @@ cdef extern from "Python.h":
     PyThreadState *PyEval_SaveThread() nogil
     void PyEval_RestoreThread(PyThreadState *tstate) nogil
 
-DEF _INT_HANDLE_LIMIT = 4611686018427387904  # 2**62
-# A lazy ring item is offset << 21 | partition index << 1 | 1 (see _refill_range).
-DEF _LAZY_PART_BITS = 20
-DEF _LAZY_OFFSET_SHIFT = 21
-DEF _LAZY_OFFSET_LIMIT = 4398046511104  # 2**42
+# Packed words (lazy ring items, offset handles) are made and read only with the
+# range-checked helpers of tailrace/encoding.h (capi.tr_lazy_*, capi.tr_handle_*).
 DEF RUN_PENDING = 1
 DEF RUN_DONE = 2
 DEF RUN_FAILED = 3
@@ -105,14 +102,17 @@ cdef class _PartState:
     cdef inline uint64_t handle_for(self, object offset):
         cdef int overflow = 0
         cdef long long v
+        cdef uint64_t h
         if _is_int(offset):
             v = PyLong_AsLongLongAndOverflow(offset, &overflow)
-            if overflow == 0 and 0 <= v < _INT_HANDLE_LIMIT:
-                return (<uint64_t>v) << 1
+            if overflow == 0 and v >= 0 and capi.tr_handle_int(<uint64_t>v, &h):
+                return h
         cdef long long i = self.next_id
+        if not capi.tr_handle_pinned(<uint64_t>i, &h):
+            raise OverflowError(f"{self.ssp}: more than 2**62 pinned offsets")
         self.next_id += 1
         self.pinned[i] = offset  # a reference held until the watermark passes it
-        return ((<uint64_t>i) << 1) | 1
+        return h
 
     cdef object offset_of(self, uint64_t handle):
         if handle & 1 == 0:
@@ -207,8 +207,8 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
     cdef _PartState ps
     cdef Py_ssize_t off
     if item & 1:
-        ps = <_PartState>slot.parts[(item >> 1) & ((1 << _LAZY_PART_BITS) - 1)]
-        off = <Py_ssize_t>(item >> _LAZY_OFFSET_SHIFT)
+        ps = <_PartState>slot.parts[capi.tr_lazy_partition(item)]
+        off = <Py_ssize_t>capi.tr_lazy_offset(item)
         return new_envelope(ps.system, ps.stream, ps.partition, off,
                             ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
     env = <Envelope><PyObject *>item  # new reference ...
@@ -422,11 +422,12 @@ cdef class LoopRunner:
                                 continue
                         self._call_ends()
                         if t0 and self._returned_late(slot, env, coord, t0):
-                            capi.tr_loop_fail(loop, op.task, op.seq)
+                            check(capi.tr_loop_fail(loop, op.task, op.seq), "callback failure")
                             continue
                         req = coord._requests
                         coord._requests = 0
-                        capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req)
+                        check(capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req),
+                              f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
                     else:
                         # completed inline: go on with this task's next message
                         # without a batch rebuild (a bounded burst, see next_of_task)
@@ -506,7 +507,8 @@ cdef class LoopRunner:
         finally:
             # also on a BaseException: the items taken are ours, the failed one
             # (taken, not completed) halts the task in C
-            capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
+            check(capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req),
+                  f"run of {slot.name}")
         return 0
 
     cdef int _run_async(self, _TaskSlot slot, uint32_t t, const uint64_t *items,
@@ -561,7 +563,8 @@ cdef class LoopRunner:
                     break
         finally:
             if not escaped:
-                capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
+                check(capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req),
+                      f"run of {slot.name}")
         return 0
 
     cdef double _call_begins(self, _TaskSlot slot, Envelope env):
@@ -595,19 +598,23 @@ cdef class LoopRunner:
         return True
 
     cdef bint _sync_error(self, _TaskSlot slot, uint32_t t, uint64_t seq, Envelope env, object e,
-                          Coordinator coord, bint local):
+                          Coordinator coord, bint local) except -1:
         """A sync process raised: True when ignored (complete normally), else fail and post."""
+        cdef capi.tr_status st
         if self._has_ignores and self._ignores(e):
             slot.ignored += 1
             return True
         coord._requests = 0
         slot.failed += 1
-        capi.tr_loop_fail(self._loop, t, seq)
+        st = capi.tr_loop_fail(self._loop, t, seq)
         self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+        if st != capi.TR_OK:  # the task's error is posted first: it is the one reported
+            check(st, f"failure of {slot.name} at {env.ssp} offset {env.offset!r}")
         return False
 
     cdef int _run_pool_batch(self, uint32_t worker) except -1:
         """Pool worker `worker` (GIL held once): run ops until the C side ends the batch."""
+        cdef capi.tr_status st
         cdef capi.tr_op op
         cdef capi.tr_loop *loop = self._loop
         cdef _TaskSlot slot
@@ -628,13 +635,17 @@ cdef class LoopRunner:
                 if not (self._has_ignores and self._ignores(e)):
                     coord._requests = 0
                     slot.failed += 1
-                    capi.tr_loop_pool_failed(loop, worker, &op)
+                    st = capi.tr_loop_pool_failed(loop, worker, &op)
                     self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                    if st != capi.TR_OK:
+                        check(st, f"failure of {slot.name} at {env.ssp} offset {env.offset!r}")
                     continue
                 slot.ignored += 1
             req = coord._requests
             coord._requests = 0
-            capi.tr_loop_pool_done(loop, worker, &op, <uint32_t>req)
+            # a rejected completion would freeze the task: it stops the container instead
+            check(capi.tr_loop_pool_done(loop, worker, &op, <uint32_t>req),
+                  f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
         return 0
 
     cdef int _refill(self, _TaskSlot slot, uint32_t t, uint32_t p, Py_ssize_t free_slots) except -1:
@@ -695,7 +706,7 @@ cdef class LoopRunner:
             capi.tr_loop_partition_state(
                 self._loop, t, p, capi.TR_PART_ENDED if ps.reader.at_end() else capi.TR_PART_IDLE)
             return 0
-        if end - start > free_slots or start < 0 or end >= _INT_HANDLE_LIMIT:
+        if end - start > free_slots or start < 0 or <uint64_t>end >= capi.TR_HANDLE_LIMIT:
             raise RuntimeError(f"reader of {ps.ssp} returned offsets {start}..{end - 1}, "
                                f"asked for at most {free_slots}")
         if ps.range_messages is None and type(messages) is list and (keys is None or type(keys) is list):
@@ -705,15 +716,16 @@ cdef class LoopRunner:
             # a lazy item is 16 bytes in the ring and no object: buffer a whole input buffer
             check(capi.tr_loop_partition_fill(self._loop, t, p, self._input_buffer), "partition fill")
         if (messages is ps.range_messages and (keys is ps.range_keys)
-                and end <= _LAZY_OFFSET_LIMIT and p < (1 << _LAZY_PART_BITS)
+                and capi.tr_lazy_item(<uint64_t>end, p, &items[0])
                 and len(<list>messages) >= end and (keys is None or len(<list>keys) >= end)):
             # lazy items: the envelopes are built at dispatch (_take_item)
             i = start
             while i < end:
                 m = end - i if end - i < 256 else 256
                 for j in range(m):
-                    items[j] = ((<uint64_t>(i + j)) << _LAZY_OFFSET_SHIFT) | ((<uint64_t>p) << 1) | 1
-                    handles[j] = (<uint64_t>(i + j)) << 1
+                    # fit: the largest offset and p passed tr_lazy_item above, and end < TR_HANDLE_LIMIT
+                    capi.tr_lazy_item(<uint64_t>(i + j), p, &items[j])
+                    capi.tr_handle_int(<uint64_t>(i + j), &handles[j])
                 check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
                       f"input ring of {ps.ssp}")
                 i += m
@@ -737,7 +749,7 @@ cdef class LoopRunner:
                                        None if keys is None else keys[i + j], messages[i + j])
                     Py_INCREF(env)  # the ring's pin: see _take_item, _drain
                     items[j] = <uint64_t><PyObject *>env
-                    handles[j] = (<uint64_t>(i + j)) << 1
+                    capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT
                     j += 1
             except BaseException:
                 for k in range(j):  # the pins taken for this chunk: nothing leaks
