@@ -12,6 +12,7 @@
  * message is processed exactly once and in order per partition, and the most
  * items the loop ever saw queued stays within the bound tr_loop_create computes
  * (cq_high_water <= cq_bound), while the loop is made to lag behind the workers.
+ * Rounds: 20 times the scale (argv[1]; CTest runs it with the stress programs).
  */
 #include <pthread.h>
 #include <sched.h>
