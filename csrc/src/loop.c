@@ -47,11 +47,12 @@
 #define SPIN_ROUNDS 256     /* polls of the completion queue before parking */
 #define TICK_NS 100000000LL /* run_batch at least this often while idle (signals) */
 #define MIN_IDLE_NS 1000000LL
-#define POOL_WINDOW 128u        /* seqs a pool task may have queued/running on its worker */
-#define POOL_BATCH 64u          /* items a worker pops from its queue at once */
-#define POOL_PEND 256u          /* completions a worker buffers before one bulk push */
-#define POOL_BUDGET 1024u       /* ops per run_pool_batch call (lock hold) */
-#define POOL_FLUSH_NS 1000000LL /* push buffered completions at least this often */
+#define POOL_WINDOW 128u                /* seqs a pool task may have queued/running on its worker */
+#define POOL_BATCH 64u                  /* items a worker pops from its queue at once */
+#define POOL_PEND 256u                  /* completions a worker buffers before one bulk push */
+#define POOL_BUDGET 1024u               /* ops per run_pool_batch call (lock hold) */
+#define POOL_FLUSH_NS 1000000LL         /* push buffered completions at least this often */
+#define WORKER_EXIT_GRACE_NS 50000000LL /* idle workers exit at a stop within this */
 /* Pool worker items (tailrace/encoding.h): a = kind << 56 | task, b = seq; the
  * message item is the task's pitem[seq & pmask], written by the loop before the
  * push (release) that the worker's pop (acquire) pairs with, and not rewritten
@@ -161,6 +162,9 @@ typedef struct worker {
     pthread_t thread;
     uint32_t index;
     int started;
+    /* 1 once the worker thread is past its last use of the binding's hooks
+     * (release: stop_workers' acquire load, then it may join) */
+    _Atomic uint32_t exited;
     /* worker thread only */
     int stop;         /* popped the stop sentinel */
     uint8_t *stopped; /* [task / pool_size]: a request was made; hand the rest back */
@@ -178,7 +182,11 @@ struct tr_loop {
     tr_notifier notifier; /* the loop sleeps here; cq pushes and stop notify it */
     tr_queue *cq;         /* completions, wake-ups, timer updates (MPSC) */
     worker *workers;
-    const tr_loop_hooks *hooks;
+    const tr_loop_hooks *hooks; /* &hooks_copy while running */
+    tr_loop_hooks hooks_copy;   /* workers outlive the caller's struct (see stop_workers) */
+    /* the owner's reference plus one per live worker thread; the last one out
+     * frees the loop (a worker abandoned by a bounded stop may outlive run) */
+    _Atomic uint32_t refs;
     _Atomic uint32_t stop_requested; /* any thread sets; the loop reads after its notifier wait */
     _Atomic uint64_t error;          /* first posted error word (CAS from 0) */
     _Atomic uint32_t reason;
@@ -1036,6 +1044,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     if (!L)
         return TR_ENOMEM;
     L->cfg = *cfg;
+    atomic_init(&L->refs, 1);
     L->cq_bound = cq_cap;
     L->coarse_lag = tr_coarse_lag_ns();
     L->run_until = INT64_MAX;
@@ -1152,9 +1161,7 @@ fail:
     return st;
 }
 
-void tr_loop_destroy(tr_loop *L) {
-    if (!L)
-        return;
+static void loop_free(tr_loop *L) {
     if (L->tasks) {
         for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
             task *T = &L->tasks[t];
@@ -1193,6 +1200,18 @@ void tr_loop_destroy(tr_loop *L) {
     free(L->wm_dirty);
     free(L->heap);
     free(L);
+}
+
+static void loop_unref(tr_loop *L) {
+    /* acq_rel: every holder's accesses happen-before the last one's free */
+    if (atomic_fetch_sub_explicit(&L->refs, 1, TR_ACQ_REL) == 1)
+        loop_free(L);
+}
+
+void tr_loop_destroy(tr_loop *L) {
+    if (!L)
+        return;
+    loop_unref(L); /* the owner's reference; an abandoned worker may hold the last */
 }
 
 static uint32_t seq_flags(uint32_t requests) {
@@ -1258,6 +1277,9 @@ static void *worker_main(void *arg) {
     }
     if (H->worker_stopping)
         H->worker_stopping(H->ctx, W->index);
+    /* release: stop_workers' acquire load sees everything this worker did */
+    atomic_store_explicit(&W->exited, 1, TR_RELEASE);
+    loop_unref(L);
     return NULL;
 }
 
@@ -1362,10 +1384,24 @@ static void stop_workers(tr_loop *L) {
         while (tr_queue_try_push_mpsc(W->q, sentinel) != TR_OK)
             tr_cpu_relax(); /* a slot is kept free */
     }
+    /* Rule 19: the drain already waited task.shutdown.ms for outstanding calls,
+     * so idle workers get a short grace to exit and a worker still inside a
+     * process call is abandoned (detached): it holds a reference on the loop
+     * (refs) and the binding pins its own context for it, so its late
+     * completion lands in memory that is still there, and nothing of it is
+     * committed (the final commit covered only the released prefix). */
+    int64_t deadline = tr_now_ns() + WORKER_EXIT_GRACE_NS;
     for (uint32_t w = 0; w < L->cfg.pool_size; w++) {
         worker *W = &L->workers[w];
-        if (W->started)
+        if (!W->started)
+            continue;
+        /* acquire: pairs with worker_main's release store */
+        while (!atomic_load_explicit(&W->exited, TR_ACQUIRE) && tr_now_ns() < deadline)
+            sched_yield();
+        if (atomic_load_explicit(&W->exited, TR_ACQUIRE))
             pthread_join(W->thread, NULL);
+        else
+            pthread_detach(W->thread); /* abandoned: frees itself on exit */
         W->started = 0;
     }
 }
@@ -1417,7 +1453,8 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     if (L->cfg.pool_size && !hooks->run_pool_batch)
         return TR_EINVAL;
     L->ran = 1;
-    L->hooks = hooks;
+    L->hooks_copy = *hooks;
+    L->hooks = &L->hooks_copy;
     L->phase = PH_RUNNING;
     L->now = tr_now_ns();
     for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
@@ -1432,7 +1469,10 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     }
     tr_status result = TR_OK;
     for (uint32_t w = 0; w < L->cfg.pool_size; w++) {
+        /* relaxed: the thread's creation orders it before the worker's unref */
+        atomic_fetch_add_explicit(&L->refs, 1, TR_RELAXED);
         if (pthread_create(&L->workers[w].thread, NULL, worker_main, &L->workers[w]) != 0) {
+            atomic_fetch_sub_explicit(&L->refs, 1, TR_RELAXED);
             result = TR_ESYS;
             finish(L, TR_STOP_ERROR);
             break;

@@ -240,6 +240,13 @@ cdef void _keep_worker_state(void *ctx, uint32_t worker, PyGILState_STATE st,
     cdef LoopRunner r = <LoopRunner>ctx
     r._wgil[worker] = st
     r._wts[worker] = ts
+    # the worker's pin on the runner (its hooks' context): a worker abandoned by a
+    # bounded stop (rule 19) may run after run() returned; released in _unpin_runner
+    Py_INCREF(r)
+
+
+cdef void _unpin_runner(void *ctx) noexcept with gil:
+    Py_DECREF(<object>ctx)  # the pin taken in _keep_worker_state (may dealloc the runner)
 
 
 cdef void _worker_state(void *ctx, uint32_t worker, PyGILState_STATE *st,
@@ -260,6 +267,7 @@ cdef void _worker_stopping(void *ctx, uint32_t worker) noexcept nogil:
     cdef PyThreadState *ts
     _worker_state(ctx, worker, &st, &ts)
     PyEval_RestoreThread(ts)  # GIL held again with the kept state
+    _unpin_runner(ctx)  # ctx may be gone after this
     PyGILState_Release(st)  # drops the state and the GIL
 
 

@@ -207,7 +207,11 @@ typedef struct tr_loop_task {
 /* tasks: cfg->ntasks entries. TR_EINVAL (bad config), TR_ENOMEM. */
 tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out);
 /* The owning thread; the loop must not be running, and no other thread may
- * still call into it. Items and errors it still holds must be drained first. */
+ * still call into it. Items and errors it still holds must be drained first.
+ * A pool worker abandoned by a bounded stop (still inside run_pool_batch when
+ * tr_loop_run returned, rule 19) keeps the memory alive: the loop is freed when
+ * the last of the owner and such workers lets go. The binding must keep its
+ * hooks' context alive for such a worker until its worker_stopping hook. */
 void tr_loop_destroy(tr_loop *loop);
 
 /* Run until stopped. Returns TR_OK (see tr_loop_stop_reason), TR_ESYS if a

@@ -77,6 +77,7 @@ from .timers import TimerHeap
 from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.reference")
+_POOL_EXIT_GRACE_S = 0.05  # idle pool threads exit at once; only a stuck one takes longer
 
 _COMMIT = COMMIT_CURRENT | COMMIT_ALL
 
@@ -844,10 +845,26 @@ class ReferenceEngine:
                     self._failure = TaskError(t.name, original=e, phase="close")
 
     def _stop_pool(self) -> None:
+        """Stop the pool threads; one still inside a process call is left running (rule 19).
+
+        The drain already waited task.shutdown.ms for outstanding calls, so a stop is
+        bounded: idle threads get a short grace to exit, a stuck one is abandoned (a
+        daemon thread; its late completion is dropped, nothing is committed for it).
+        """
         for q in self._workers:
             q.put(None)
+        deadline = time.monotonic() + _POOL_EXIT_GRACE_S
+        stuck = 0
         for th in self._threads:
-            th.join(timeout=1.0)
+            th.join(timeout=max(0.0, deadline - time.monotonic()))
+            stuck += th.is_alive()
+        if stuck:
+            log.warning(
+                "shutdown: %d pool thread(s) still inside process after task.shutdown.ms=%d; "
+                "left running, their messages are not committed",
+                stuck,
+                self.config.shutdown_ms,
+            )
 
     def _task_metrics(self, t: _Task) -> TaskMetrics:
         m = TaskMetrics(
