@@ -9,8 +9,9 @@
  *
  * Queue bounds, and who may block where:
  *   - worker queue: at most one W_RUN item per outstanding seq of its tasks,
- *     one W_RESUME per task and the stop sentinel (tr_loop_create sizes it so);
- *     runnable() checks room before dispatch_pool, so push_worker never waits.
+ *     one W_RESUME per task and the stop sentinel (tr_loop_create sizes it so),
+ *     so push_worker always finds room; it never waits (the loop thread may
+ *     hold the runtime lock the worker needs to drain it).
  *   - completion queue: at most one item per acquired-and-not-popped seq, per
  *     partition (wake) and per task (timer); release_task releases no more of a
  *     task's seqs than the loop popped, so acquired - popped <= the window.
@@ -25,16 +26,30 @@
  */
 #include "loop_internal.h"
 
-static void push_worker(tr_queue *q, const tr_item *items, size_t n) {
-    /* the loop is the only producer and the queue has room for every op its
-     * tasks can have out (tr_loop_create), so this does not spin in practice */
-    while (n) {
-        size_t k = tr_queue_try_push_batch_mpsc(q, items, n);
-        items += k;
-        n -= k;
-        if (n)
-            tr_cpu_relax();
+/* Loop thread (which may hold the runtime lock, inside run_batch): push a
+ * task's items to its worker. Never spins: the worker, the queue's only
+ * consumer, may be waiting for that lock. The queue has room for every op its
+ * tasks can have out (the bound in tr_loop_create), so everything fits; if it
+ * did not, the items left over are handed back (the task's redo tail, whose
+ * pins tr_loop_drain_items returns) and the loop stops with TR_EAGAIN, a
+ * broken invariant stopping loudly. Returns 1 when everything was pushed. */
+static int push_worker(tr_loop *L, task *T, tr_queue *q, const tr_item *items, size_t n) {
+    size_t k = tr_queue_try_push_batch_mpsc(q, items, n);
+    if (TR_LIKELY(k == n))
+        return 1;
+    /* items are one optional W_RESUME, then W_RUN seqs in order up to the last
+     * acquired one: the first one not pushed starts the tail handed back */
+    if (tr_enc_kind(items[k].a) == W_RESUME) {
+        T->paused = 1;
+        k++;
     }
+    if (k < n) {
+        T->redo_from = items[k].b;
+        T->redo_count = (uint32_t)(T->acquired - items[k].b);
+    }
+    if (L->internal == TR_OK)
+        L->internal = TR_EAGAIN;
+    return 0;
 }
 
 /* Hand a pool task's work to its worker in one burst: the ops it gave back
@@ -51,7 +66,9 @@ uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
         its[n++] = (tr_item){kt_word(W_RESUME, t), 0};
         T->paused = 0;
     }
-    for (uint32_t i = 0; i < T->redo_count; i++) {
+    uint32_t redo = T->redo_count;
+    T->redo_count = 0;
+    for (uint32_t i = 0; i < redo; i++) {
         uint64_t seq = T->redo_from + i;
         its[n++] = (tr_item){kt_word(W_RUN, t), seq}; /* its item is still in pitem */
         if (T->infl) {
@@ -59,11 +76,11 @@ uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
             trl_arm_timeout(L, t, seq, f->handle, f->part);
         }
         if (n == 64) {
-            push_worker(q, its, n);
+            if (!push_worker(L, T, q, its, n))
+                return taken;
             n = 0;
         }
     }
-    T->redo_count = 0;
     while (taken < budget && T->buffered && tr_sequencer_outstanding(T->seq) < T->limit) {
         uint32_t p;
         uint64_t item, handle;
@@ -72,12 +89,13 @@ uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
         its[n++] = (tr_item){kt_word(W_RUN, t), seq};
         taken++;
         if (n == 64) {
-            push_worker(q, its, n);
+            if (!push_worker(L, T, q, its, n))
+                return taken;
             n = 0;
         }
     }
     if (n)
-        push_worker(q, its, n);
+        push_worker(L, T, q, its, n);
     L->progress = 1;
     return taken;
 }
