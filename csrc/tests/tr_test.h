@@ -37,6 +37,15 @@ static inline uint64_t tr_test_scaled(uint64_t n, double scale) {
     return v > 0 ? v : 1;
 }
 
+/* Stress mode (outside CI): $TR_STRESS_SECONDS > 0 makes a stress program
+ * repeat its rounds until that many seconds have passed (e.g. 600 under TSan);
+ * 0 when unset: one round, sized by the scale. */
+static inline double tr_test_stress_seconds(void) {
+    const char *s = getenv("TR_STRESS_SECONDS");
+    double v = s ? atof(s) : 0.0;
+    return v > 0 ? v : 0.0;
+}
+
 /* xorshift64*: deterministic per-thread randomness. */
 static inline uint64_t tr_test_rand(uint64_t *state) {
     uint64_t x = *state;

@@ -24,6 +24,16 @@ cdef extern from "tailrace/clock.h" nogil:
     int64_t tr_now_ns()
 
 
+cdef extern from "tailrace/encoding.h" nogil:
+    # every packed word, with range-checked helpers (0: does not fit)
+    uint64_t TR_LAZY_OFFSET_LIMIT
+    uint64_t TR_HANDLE_LIMIT
+    int tr_lazy_item(uint64_t offset, uint32_t partition, uint64_t *out)
+    uint64_t tr_lazy_offset(uint64_t item)
+    uint32_t tr_lazy_partition(uint64_t item)
+    int tr_handle_int(uint64_t offset, uint64_t *out)
+    int tr_handle_pinned(uint64_t id, uint64_t *out)
+
 cdef extern from "tailrace/notifier.h" nogil:
     ctypedef struct tr_notifier:
         pass
@@ -178,6 +188,7 @@ cdef extern from "tailrace/loop.h" nogil:
     tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition,
                                  uint64_t item, uint64_t handle)
     int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out)
+    int tr_loop_run_yield(tr_loop *loop)
     tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
                                   const uint64_t *items, const uint64_t *handles, size_t n)
     tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq)

@@ -28,16 +28,21 @@ import threading as _threading
 import time as _time
 
 from tailrace.errors import CallbackError as _CallbackError
+from tailrace.errors import CallbackTimeoutError as _CallbackTimeoutError
 from tailrace.errors import TaskError as _TaskError
 
 cdef extern from "Python.h":
     unsigned long PyThread_get_thread_ident()
+    ctypedef struct PyThreadState:
+        pass
+    ctypedef int PyGILState_STATE
+    PyGILState_STATE PyGILState_Ensure() nogil
+    void PyGILState_Release(PyGILState_STATE) nogil
+    PyThreadState *PyEval_SaveThread() nogil
+    void PyEval_RestoreThread(PyThreadState *tstate) nogil
 
-DEF _INT_HANDLE_LIMIT = 4611686018427387904  # 2**62
-# A lazy ring item is offset << 21 | partition index << 1 | 1 (see _refill_range).
-DEF _LAZY_PART_BITS = 20
-DEF _LAZY_OFFSET_SHIFT = 21
-DEF _LAZY_OFFSET_LIMIT = 4398046511104  # 2**42
+# Packed words (lazy ring items, offset handles) are made and read only with the
+# range-checked helpers of tailrace/encoding.h (capi.tr_lazy_*, capi.tr_handle_*).
 DEF RUN_PENDING = 1
 DEF RUN_DONE = 2
 DEF RUN_FAILED = 3
@@ -97,14 +102,17 @@ cdef class _PartState:
     cdef inline uint64_t handle_for(self, object offset):
         cdef int overflow = 0
         cdef long long v
+        cdef uint64_t h
         if _is_int(offset):
             v = PyLong_AsLongLongAndOverflow(offset, &overflow)
-            if overflow == 0 and 0 <= v < _INT_HANDLE_LIMIT:
-                return (<uint64_t>v) << 1
+            if overflow == 0 and v >= 0 and capi.tr_handle_int(<uint64_t>v, &h):
+                return h
         cdef long long i = self.next_id
+        if not capi.tr_handle_pinned(<uint64_t>i, &h):
+            raise OverflowError(f"{self.ssp}: more than 2**62 pinned offsets")
         self.next_id += 1
         self.pinned[i] = offset  # a reference held until the watermark passes it
-        return ((<uint64_t>i) << 1) | 1
+        return h
 
     cdef object offset_of(self, uint64_t handle):
         if handle & 1 == 0:
@@ -199,8 +207,8 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
     cdef _PartState ps
     cdef Py_ssize_t off
     if item & 1:
-        ps = <_PartState>slot.parts[(item >> 1) & ((1 << _LAZY_PART_BITS) - 1)]
-        off = <Py_ssize_t>(item >> _LAZY_OFFSET_SHIFT)
+        ps = <_PartState>slot.parts[capi.tr_lazy_partition(item)]
+        off = <Py_ssize_t>capi.tr_lazy_offset(item)
         return new_envelope(ps.system, ps.stream, ps.partition, off,
                             ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
     env = <Envelope><PyObject *>item  # new reference ...
@@ -217,6 +225,50 @@ cdef int _batch_trampoline(void *ctx, capi.tr_loop *loop) noexcept with gil:
     except BaseException as e:  # noqa: B036 - nothing may cross into C
         r._fatal(e)
         return 1
+
+
+# Pool workers keep ONE Python thread state for their lifetime (issue 13,
+# defect 6): without it every run_pool_batch's `with gil` created a thread state
+# and destroyed it on release, so threading.local and the thread's Thread object
+# were lost every batch. worker_started makes the state (PyGILState_Ensure) and
+# gives the GIL back while keeping it (PyEval_SaveThread); the trampolines'
+# `with gil` then find and reuse it; worker_stopping takes the GIL with it and
+# releases it for good. The runner stores the two handles per worker.
+
+cdef void _keep_worker_state(void *ctx, uint32_t worker, PyGILState_STATE st,
+                             PyThreadState *ts) noexcept with gil:
+    cdef LoopRunner r = <LoopRunner>ctx
+    r._wgil[worker] = st
+    r._wts[worker] = ts
+    # the worker's pin on the runner (its hooks' context): a worker abandoned by a
+    # bounded stop (rule 19) may run after run() returned; released in _unpin_runner
+    Py_INCREF(r)
+
+
+cdef void _unpin_runner(void *ctx) noexcept with gil:
+    Py_DECREF(<object>ctx)  # the pin taken in _keep_worker_state (may dealloc the runner)
+
+
+cdef void _worker_state(void *ctx, uint32_t worker, PyGILState_STATE *st,
+                        PyThreadState **ts) noexcept with gil:
+    cdef LoopRunner r = <LoopRunner>ctx
+    st[0] = r._wgil[worker]
+    ts[0] = r._wts[worker]
+
+
+cdef void _worker_started(void *ctx, uint32_t worker) noexcept nogil:
+    cdef PyGILState_STATE st = PyGILState_Ensure()  # the thread state, GIL held
+    cdef PyThreadState *ts = PyEval_SaveThread()  # GIL released, state kept
+    _keep_worker_state(ctx, worker, st, ts)
+
+
+cdef void _worker_stopping(void *ctx, uint32_t worker) noexcept nogil:
+    cdef PyGILState_STATE st
+    cdef PyThreadState *ts
+    _worker_state(ctx, worker, &st, &ts)
+    PyEval_RestoreThread(ts)  # GIL held again with the kept state
+    _unpin_runner(ctx)  # ctx may be gone after this
+    PyGILState_Release(st)  # drops the state and the GIL
 
 
 cdef void _pool_trampoline(void *ctx, capi.tr_loop *loop, uint32_t worker) noexcept with gil:
@@ -249,10 +301,18 @@ cdef class LoopRunner:
     cdef object _fatal_error
     cdef bint _running
     cdef uint32_t _input_buffer
+    cdef double _cb_timeout_s  # task.callback.timeout.ms in seconds; <= 0: off
+    cdef PyGILState_STATE *_wgil  # per pool worker: see _worker_started
+    cdef PyThreadState **_wts
+    # a StuckCallWatch (tailrace.engine.watchdog) or None: told about each sync call
+    # on the loop thread while callback timeouts are on
+    cdef public object watch
 
     def __cinit__(self):
         self._loop = NULL
         self._slotv = NULL
+        self._wgil = NULL
+        self._wts = NULL
 
     def __init__(self, list slots, handler, config, list window_flags):
         cdef capi.tr_loop_config cfg
@@ -273,8 +333,13 @@ cdef class LoopRunner:
         cfg.window_ns = <int64_t>config.window_ms * 1000000
         cfg.commit_ns = <int64_t>config.commit_ms * 1000000
         cfg.callback_timeout_ns = <int64_t>config.callback_timeout_ms * 1000000
+        self._cb_timeout_s = config.callback_timeout_ms / 1000.0
         cfg.max_idle_ns = <int64_t>config.max_idle_ms * 1000000
         cfg.shutdown_ns = <int64_t>config.shutdown_ms * 1000000
+        self._wgil = <PyGILState_STATE *>malloc(max(1, cfg.pool_size) * sizeof(PyGILState_STATE))
+        self._wts = <PyThreadState **>malloc(max(1, cfg.pool_size) * sizeof(PyThreadState *))
+        if self._wgil is NULL or self._wts is NULL:
+            raise MemoryError()
         tasks = <capi.tr_loop_task *>malloc(max(1, self._ntasks) * sizeof(capi.tr_loop_task))
         self._slotv = <PyObject **>malloc(max(1, self._ntasks) * sizeof(PyObject *))
         if tasks is NULL or self._slotv is NULL:
@@ -308,6 +373,10 @@ cdef class LoopRunner:
             self._loop = NULL
         free(self._slotv)
         self._slotv = NULL
+        free(self._wgil)
+        free(self._wts)
+        self._wgil = NULL
+        self._wts = NULL
 
     # -- running (the loop thread) ---------------------------------------------
     def run(self):
@@ -317,8 +386,8 @@ cdef class LoopRunner:
         hooks.ctx = <void *>self
         hooks.run_batch = _batch_trampoline
         hooks.run_pool_batch = _pool_trampoline
-        hooks.worker_started = NULL
-        hooks.worker_stopping = NULL
+        hooks.worker_started = _worker_started
+        hooks.worker_stopping = _worker_stopping
         self._loop_thread = PyThread_get_thread_ident()
         self._running = True
         try:
@@ -338,6 +407,7 @@ cdef class LoopRunner:
         cdef Coordinator coord
         cdef Callback cb
         cdef int req
+        cdef double t0
         self._in_batch = True
         try:
             while capi.tr_loop_next_op(loop, &op):
@@ -351,14 +421,21 @@ cdef class LoopRunner:
                     env = _take_item(op.item, slot)
                     if not slot.is_async:
                         coord = slot.coordinator
+                        t0 = self._call_begins(slot, env)
                         try:
                             slot.process(env, slot.collector, coord)
                         except Exception as e:
+                            self._call_ends()
                             if not self._sync_error(slot, op.task, op.seq, env, e, coord, True):
                                 continue
+                        self._call_ends()
+                        if t0 and self._returned_late(slot, env, coord, t0):
+                            check(capi.tr_loop_fail(loop, op.task, op.seq), "callback failure")
+                            continue
                         req = coord._requests
                         coord._requests = 0
-                        capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req)
+                        check(capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req),
+                              f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
                     else:
                         # completed inline: go on with this task's next message
                         # without a batch rebuild (a bounded burst, see next_of_task)
@@ -403,21 +480,33 @@ cdef class LoopRunner:
         cdef int req = 0
         cdef Envelope env
         cdef Coordinator coord = slot.coordinator
+        cdef double t0 = 0
+        cdef bint timed = self._cb_timeout_s > 0
         process = slot.process
         collector = slot.collector
         try:
             while consumed < n:
+                if capi.tr_loop_run_yield(self._loop):
+                    break  # a barrier is due or a stop was asked: the rest waits (rules 8, 19)
                 env = _take_item(items[consumed], slot)
                 consumed += 1
+                if timed:
+                    t0 = self._call_begins(slot, env)
                 try:
                     process(env, collector, coord)
                 except Exception as e:
+                    if timed:
+                        self._call_ends()
                     if not (self._has_ignores and self._ignores(e)):
                         coord._requests = 0
                         slot.failed += 1
                         self._post(_TaskError(slot.name, env.ssp, env.offset, e))
                         break
                     slot.ignored += 1
+                if timed:
+                    self._call_ends()
+                    if self._returned_late(slot, env, coord, t0):
+                        break  # consumed, not completed: the task halts there (rule 18)
                 completed = consumed
                 if coord._requests:
                     req = coord._requests
@@ -426,7 +515,8 @@ cdef class LoopRunner:
         finally:
             # also on a BaseException: the items taken are ours, the failed one
             # (taken, not completed) halts the task in C
-            capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
+            check(capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req),
+                  f"run of {slot.name}")
         return 0
 
     cdef int _run_async(self, _TaskSlot slot, uint32_t t, const uint64_t *items,
@@ -450,6 +540,8 @@ cdef class LoopRunner:
         collector = slot.collector
         try:
             while consumed < n:
+                if capi.tr_loop_run_yield(self._loop):
+                    break  # as in _run_sync
                 env = _take_item(items[consumed], slot)
                 consumed += 1
                 cb = self._new_callback(env, t)
@@ -479,23 +571,58 @@ cdef class LoopRunner:
                     break
         finally:
             if not escaped:
-                capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
+                check(capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req),
+                      f"run of {slot.name}")
         return 0
 
+    cdef double _call_begins(self, _TaskSlot slot, Envelope env):
+        """A sync call on the loop thread starts: its start time, or 0 with timeouts off."""
+        cdef double t0
+        if self._cb_timeout_s <= 0:
+            return 0
+        t0 = _time.monotonic()
+        if self.watch is not None:
+            self.watch.begin(slot.name, env.ssp, env.offset, t0)
+        return t0
+
+    cdef inline void _call_ends(self):
+        if self._cb_timeout_s > 0 and self.watch is not None:
+            self.watch.end()
+
+    cdef bint _returned_late(self, _TaskSlot slot, Envelope env, Coordinator coord,
+                             double t0) except -1:
+        """Rules 3, 16 on the loop thread: a call that returned after task.callback.timeout.ms
+        fails the container with CallbackTimeoutError, as the pool's timeout does."""
+        cdef double took = _time.monotonic() - t0
+        if took <= self._cb_timeout_s:
+            return False
+        coord._requests = 0
+        slot.failed += 1
+        ms = int(self._cb_timeout_s * 1000 + 0.5)
+        self._post(_CallbackTimeoutError(
+            slot.name, env.ssp, env.offset,
+            TimeoutError(f"process returned after {took * 1000:.0f} ms, "
+                         f"past task.callback.timeout.ms={ms}")))
+        return True
+
     cdef bint _sync_error(self, _TaskSlot slot, uint32_t t, uint64_t seq, Envelope env, object e,
-                          Coordinator coord, bint local):
+                          Coordinator coord, bint local) except -1:
         """A sync process raised: True when ignored (complete normally), else fail and post."""
+        cdef capi.tr_status st
         if self._has_ignores and self._ignores(e):
             slot.ignored += 1
             return True
         coord._requests = 0
         slot.failed += 1
-        capi.tr_loop_fail(self._loop, t, seq)
+        st = capi.tr_loop_fail(self._loop, t, seq)
         self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+        if st != capi.TR_OK:  # the task's error is posted first: it is the one reported
+            check(st, f"failure of {slot.name} at {env.ssp} offset {env.offset!r}")
         return False
 
     cdef int _run_pool_batch(self, uint32_t worker) except -1:
         """Pool worker `worker` (GIL held once): run ops until the C side ends the batch."""
+        cdef capi.tr_status st
         cdef capi.tr_op op
         cdef capi.tr_loop *loop = self._loop
         cdef _TaskSlot slot
@@ -516,13 +643,17 @@ cdef class LoopRunner:
                 if not (self._has_ignores and self._ignores(e)):
                     coord._requests = 0
                     slot.failed += 1
-                    capi.tr_loop_pool_failed(loop, worker, &op)
+                    st = capi.tr_loop_pool_failed(loop, worker, &op)
                     self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                    if st != capi.TR_OK:
+                        check(st, f"failure of {slot.name} at {env.ssp} offset {env.offset!r}")
                     continue
                 slot.ignored += 1
             req = coord._requests
             coord._requests = 0
-            capi.tr_loop_pool_done(loop, worker, &op, <uint32_t>req)
+            # a rejected completion would freeze the task: it stops the container instead
+            check(capi.tr_loop_pool_done(loop, worker, &op, <uint32_t>req),
+                  f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
         return 0
 
     cdef int _refill(self, _TaskSlot slot, uint32_t t, uint32_t p, Py_ssize_t free_slots) except -1:
@@ -575,7 +706,7 @@ cdef class LoopRunner:
         """
         cdef uint64_t items[256]
         cdef uint64_t handles[256]
-        cdef Py_ssize_t start, end, i, j, m
+        cdef Py_ssize_t start, end, i, j, k, m
         cdef Envelope env
         cdef capi.tr_status st
         messages, keys, start, end = ps.poll_range(free_slots)
@@ -583,7 +714,7 @@ cdef class LoopRunner:
             capi.tr_loop_partition_state(
                 self._loop, t, p, capi.TR_PART_ENDED if ps.reader.at_end() else capi.TR_PART_IDLE)
             return 0
-        if end - start > free_slots or start < 0 or end >= _INT_HANDLE_LIMIT:
+        if end - start > free_slots or start < 0 or <uint64_t>end >= capi.TR_HANDLE_LIMIT:
             raise RuntimeError(f"reader of {ps.ssp} returned offsets {start}..{end - 1}, "
                                f"asked for at most {free_slots}")
         if ps.range_messages is None and type(messages) is list and (keys is None or type(keys) is list):
@@ -593,30 +724,45 @@ cdef class LoopRunner:
             # a lazy item is 16 bytes in the ring and no object: buffer a whole input buffer
             check(capi.tr_loop_partition_fill(self._loop, t, p, self._input_buffer), "partition fill")
         if (messages is ps.range_messages and (keys is ps.range_keys)
-                and end <= _LAZY_OFFSET_LIMIT and p < (1 << _LAZY_PART_BITS)
+                and capi.tr_lazy_item(<uint64_t>end, p, &items[0])
                 and len(<list>messages) >= end and (keys is None or len(<list>keys) >= end)):
             # lazy items: the envelopes are built at dispatch (_take_item)
             i = start
             while i < end:
                 m = end - i if end - i < 256 else 256
                 for j in range(m):
-                    items[j] = ((<uint64_t>(i + j)) << _LAZY_OFFSET_SHIFT) | ((<uint64_t>p) << 1) | 1
-                    handles[j] = (<uint64_t>(i + j)) << 1
+                    # fit: the largest offset and p passed tr_lazy_item above, and end < TR_HANDLE_LIMIT
+                    capi.tr_lazy_item(<uint64_t>(i + j), p, &items[j])
+                    capi.tr_handle_int(<uint64_t>(i + j), &handles[j])
                 check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
                       f"input ring of {ps.ssp}")
                 i += m
             ps.read_n += end - start
             ps.newest_read = end - 1
             return 0
+        # eager envelopes: the module indexes without bounds checks, so the
+        # lengths the lazy path's test rejected must be refused here, not read past
+        if len(messages) < end or (keys is not None and len(keys) < end):
+            raise RuntimeError(
+                f"reader of {ps.ssp} (partition {ps.partition}) returned offsets {start}..{end - 1} "
+                f"but only {len(messages)} messages"
+                + ("" if keys is None else f" and {len(keys)} keys"))
         i = start
         while i < end:
             m = end - i if end - i < 256 else 256
-            for j in range(m):
-                env = new_envelope(ps.system, ps.stream, ps.partition, i + j,
-                                   None if keys is None else keys[i + j], messages[i + j])
-                Py_INCREF(env)  # the ring's pin: see _take_item, _drain
-                items[j] = <uint64_t><PyObject *>env
-                handles[j] = (<uint64_t>(i + j)) << 1
+            j = 0
+            try:
+                while j < m:
+                    env = new_envelope(ps.system, ps.stream, ps.partition, i + j,
+                                       None if keys is None else keys[i + j], messages[i + j])
+                    Py_INCREF(env)  # the ring's pin: see _take_item, _drain
+                    items[j] = <uint64_t><PyObject *>env
+                    capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT
+                    j += 1
+            except BaseException:
+                for k in range(j):  # the pins taken for this chunk: nothing leaks
+                    Py_DECREF(<object><PyObject *>items[k])
+                raise
             st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
             if st != capi.TR_OK:
                 for j in range(m):
@@ -732,11 +878,18 @@ cdef class LoopRunner:
 
     def set_user_timer(self, uint32_t task, when):
         """Wake the loop for ``task``'s timers at ``when`` (time.time() seconds; None: no timer)."""
-        cdef int64_t ns
-        if when is None:
-            ns = 0x7fffffffffffffff
-        else:
-            ns = capi.tr_now_ns() + <int64_t>((when - _time.time()) * 1e9)
+        cdef int64_t ns = 0x7fffffffffffffff  # no timer (and the clock never reaches it)
+        cdef int64_t now
+        cdef double ahead
+        if when is not None:
+            # a timer at inf, or centuries ahead, is "never" to the loop (the reference
+            # engine agrees: it never fires; a NaN one neither)
+            ahead = (<double>when - _time.time()) * 1e9
+            now = capi.tr_now_ns()
+            if ahead <= 0:
+                ns = now
+            elif ahead < <double>(0x7fffffffffffffff - now):
+                ns = now + <int64_t>ahead
         capi.tr_loop_set_user_timer(self._loop, task, ns)
 
     # -- loop thread, in control ops or after run --------------------------------

@@ -290,3 +290,27 @@ def test_timer_runs_only_with_nothing_outstanding(engine: str) -> None:
     assert result.reason == "shutdown"
     assert result.committed == {ssp(0): 1}
     assert history_of(bg.container._store, "Partition 0")[-1] == {ssp(0): 1}  # type: ignore[attr-defined]
+
+
+def test_timer_at_infinity_or_centuries_ahead_never_fires_and_runs(engine: str) -> None:
+    # rule 23 / issue 13 defect 8: both engines accept a timer at inf or far beyond the clock's
+    # range (the C engine used to raise OverflowError converting it to nanoseconds)
+    fired: list[str] = []
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            context.schedule("never", float("inf"), self.fire)
+            context.schedule("centuries", time.time() + 300 * 365 * 86400.0, self.fire)
+            context.schedule("soon", time.time() + 0.02, self.fire)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            fired.append(key)
+            coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    system = MemorySystem().add_live_stream("in", 1)
+    result, _ = run_job(engine, Task, system, task_max_idle_ms=600000)
+    assert fired == ["soon"]
+    assert result.reason == "shutdown"

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from tailrace import AsyncStreamTask, MemoryCheckpointStore, MemorySystem, StreamTask
 
-from .helpers import HeldCallbacks, bounded, run_job, ssp, start, wait_until
+from .helpers import WAIT, HeldCallbacks, bounded, run_job, ssp, start, wait_until
 from .live_job import CRASH_MESSAGES, PARTITIONS
 
 SCRIPT = Path(__file__).with_name("live_job.py")
@@ -178,3 +179,34 @@ def test_hard_kill_loses_nothing(engine: str, tmp_path: Path) -> None:
         assert after == list(range(start_at, CRASH_MESSAGES))  # resumes right after the commit
         assert set(before) | set(after) == set(range(CRASH_MESSAGES))  # nothing lost
         assert set(before) & set(after) == set(range(start_at, max(before, default=-1) + 1))
+
+
+def test_stop_is_bounded_by_shutdown_ms_with_a_stuck_call_on_the_pool(engine: str) -> None:
+    # rule 19 / issue 13 defect 4: outstanding callbacks are awaited up to task.shutdown.ms,
+    # not until a process call stuck in a pool thread returns; nothing of it is committed
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if envelope.offset == 0:
+                entered.set()
+                release.wait(10)  # stuck far beyond the shutdown bound
+
+    bg, _store = start(
+        engine,
+        Task,
+        bounded([list(range(5))]),
+        **{"job.container.thread.pool.size": 1, "task.shutdown.ms": 200},
+    )
+    try:
+        assert entered.wait(WAIT)
+        t0 = time.monotonic()
+        bg.container.stop()
+        result = bg.join()
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+    assert took < 0.2 + 0.6, f"run() returned {took:.2f} s after stop() with task.shutdown.ms=200"
+    assert result.reason == "stop"
+    assert result.committed == {}  # the stuck message is not committed, nor anything after it

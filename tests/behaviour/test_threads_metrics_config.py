@@ -300,3 +300,22 @@ def test_config_errors_name_the_key(engine: str, config: dict[str, Any], key: st
         Container(Task, inputs=["mem.in"], systems=[bounded([[1]])], config=config, engine=engine).run()
     assert info.value.key == key
     assert key in str(info.value)
+
+
+@pytest.mark.parametrize("pool", [1, 2])
+def test_pool_threads_keep_threading_local_for_their_lifetime(engine: str, pool: int) -> None:
+    # rule 21 / issue 13 defect 6: a per-thread resource in threading.local (a DB connection
+    # per worker) is made once per pool thread, not once per batch of messages
+    local = threading.local()
+    opened: list[int] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if getattr(local, "conn", None) is None:
+                local.conn = object()
+                opened.append(threading.get_ident())
+
+    system = MemorySystem().add_stream("in", [list(range(5000)) for _ in range(4)])
+    result, _ = run_job(engine, Task, system, **{"job.container.thread.pool.size": pool})
+    assert result.processed == 20000
+    assert len(opened) == len(set(opened)) <= pool, f"{len(opened)} connections for {pool} threads"

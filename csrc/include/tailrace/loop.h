@@ -61,7 +61,9 @@
  * double completion is detected exactly), then pushes the task index onto the
  * loop's MPSC completion queue, whose notifier wakes a parked loop. The queue's
  * capacity covers every outstanding sequence number plus one wake item per
- * partition and one timer item per task, so a push never finds it full.
+ * partition and one timer item per task, and the loop releases no more of a
+ * task's sequence numbers than it has popped completions of, so a push never
+ * finds it full (if it did, the loop stops with TR_EAGAIN; nobody spins).
  *
  * Errors: the first error object posted (tr_loop_post_error) wins; the loop
  * stops without dispatching anything more. The binding takes the object back
@@ -193,6 +195,8 @@ typedef struct tr_loop_stats {
     uint64_t idle_wakeups;
     uint64_t loop_iterations;
     uint64_t batches;
+    uint64_t cq_high_water; /* most items seen in the completion queue at one drain */
+    uint64_t cq_bound;      /* the most it can ever hold (see tr_loop_create); never reached */
 } tr_loop_stats;
 
 typedef struct tr_loop_task {
@@ -203,7 +207,11 @@ typedef struct tr_loop_task {
 /* tasks: cfg->ntasks entries. TR_EINVAL (bad config), TR_ENOMEM. */
 tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out);
 /* The owning thread; the loop must not be running, and no other thread may
- * still call into it. Items and errors it still holds must be drained first. */
+ * still call into it. Items and errors it still holds must be drained first.
+ * A pool worker abandoned by a bounded stop (still inside run_pool_batch when
+ * tr_loop_run returned, rule 19) keeps the memory alive: the loop is freed when
+ * the last of the owner and such workers lets go. The binding must keep its
+ * hooks' context alive for such a worker until its worker_stopping hook. */
 void tr_loop_destroy(tr_loop *loop);
 
 /* Run until stopped. Returns TR_OK (see tr_loop_stop_reason), TR_ESYS if a
@@ -221,6 +229,12 @@ int tr_loop_next_op(tr_loop *loop, tr_op *out);
  * burst (at most TR_RUN_MAX per next_op) without a batch rebuild per message;
  * 0 otherwise (go on with tr_loop_next_op). */
 int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out);
+/* Loop thread, inside run_batch, before each message of a RUN op (the first
+ * one included): 1 when the run must end here (run_done with what was taken):
+ * a stop was requested, or a timer (window, commit, user timer, callback
+ * timeout) is due, so at most the message in progress runs after a barrier is
+ * due (rules 8, 9, 19, 23). Costs one coarse clock read while nothing is near. */
+int tr_loop_run_yield(tr_loop *L);
 /* Loop thread, inside run_batch (REFILL): append one item with its offset
  * handle. TR_EAGAIN when the ring is full (nothing stored); TR_ENOMEM when
  * growing the ring failed (rings start at the refill size, grow to the limit). */
@@ -293,8 +307,10 @@ void tr_loop_wake_partition(tr_loop *loop, uint32_t task, uint32_t partition);
 /* Any thread: the task's earliest user timer is due at when_ns (tr_now_ns
  * clock); INT64_MAX: no timer. The latest call wins. */
 void tr_loop_set_user_timer(tr_loop *loop, uint32_t task, int64_t when_ns);
-/* Any thread (also a signal handler: one atomic store and a notify): stop
- * gracefully (rule 19). */
+/* Any thread, and a signal handler where TR_NOTIFIER_FUTEX is 1 (Linux): one
+ * lock-free atomic store and a notify, which there is atomics plus a
+ * FUTEX_WAKE syscall, no lock (elsewhere the notify takes a mutex: call it
+ * from a thread, not a handler). Stops gracefully (rule 19). */
 void tr_loop_stop(tr_loop *loop);
 
 /* Loop thread: the task partition's low watermark / record a durable commit. */

@@ -30,6 +30,7 @@ from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
 from .timers import TimerHeap
+from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.native")
 
@@ -153,7 +154,14 @@ class NativeEngine:
 
     def _loop(self) -> None:
         runner = self._runner
-        reason = runner.run()
+        ms = self.config.callback_timeout_ms
+        watch = StuckCallWatch(ms, threading.get_ident()) if ms > 0 else None
+        runner.watch = watch
+        try:
+            reason = runner.run()
+        finally:
+            if watch is not None:
+                watch.close()
         error = runner.take_error()
         if reason == "timeout":
             t, ssp, offset = runner.timeout_info()

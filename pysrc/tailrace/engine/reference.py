@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -75,8 +76,10 @@ from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskErr
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
 from ..types import Offset, SystemStreamPartition
 from .timers import TimerHeap
+from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.reference")
+_POOL_EXIT_GRACE_S = 0.05  # idle pool threads exit at once; only a stuck one takes longer
 
 _COMMIT = COMMIT_CURRENT | COMMIT_ALL
 
@@ -256,6 +259,7 @@ class ReferenceEngine:
         self._signalled = False  # reader wakeup / timer change since the last wait
         self._stop_flag = False
         self._ran = False
+        self._watch: StuckCallWatch | None = None  # sync calls on the loop thread (rules 3, 16)
         now = time.monotonic()
         self._tasks = [_Task(self, tp, now) for tp in plan.tasks]
         self._rr = 0  # round-robin cursor over tasks (rule 5)
@@ -293,6 +297,9 @@ class ReferenceEngine:
             raise TailraceError("ReferenceEngine.run() may be called once")
         self._ran = True
         started = time.monotonic()
+        ms = self.config.callback_timeout_ms
+        if ms > 0 and not self.config.thread_pool_size:
+            self._watch = StuckCallWatch(ms, threading.get_ident())
         try:
             self._start()
             if self._failure is None:
@@ -301,6 +308,8 @@ class ReferenceEngine:
         finally:
             self._close_tasks()
             self._stop_pool()
+            if self._watch is not None:
+                self._watch.close()
         if self._failure is not None:
             raise self._failure
         tasks, container = self.metrics()
@@ -327,6 +336,10 @@ class ReferenceEngine:
     def _run_sync(self, t: _Task, cb: _Callback, env: Envelope, coordinator: Coordinator) -> None:
         """A sync process call (loop thread or pool): completes when it returns (rule 3)."""
         error: BaseException | None = None
+        watch = self._watch if not self._workers else None  # the loop thread's own calls
+        if watch is not None:
+            started = time.monotonic()
+            watch.begin(t.name, cb.part.ssp, cb.offset, started)
         try:
             t.process(env, t.collector, coordinator)
         except Exception as e:  # noqa: BLE001 - user code; reported through the callback
@@ -335,6 +348,28 @@ class ReferenceEngine:
                 log.debug("task %r ignored %r at %s offset %r", t.name, e, cb.part.ssp, cb.offset)
             else:
                 error = e
+        if watch is not None:
+            watch.end()
+            took = time.monotonic() - started
+            if error is None and took > watch.timeout_s:
+                # rules 3, 16: nothing could time this call out while it ran on the loop
+                # thread; it fails when it returns, as a late call on the pool does
+                with self._cv:
+                    cb._done = True
+                t.unresolved.pop(cb.seq, None)
+                t.failed += 1
+                self._fail(
+                    CallbackTimeoutError(
+                        t.name,
+                        cb.part.ssp,
+                        cb.offset,
+                        TimeoutError(
+                            f"process returned after {took * 1000:.0f} ms, "
+                            f"past task.callback.timeout.ms={watch.timeout_ms}"
+                        ),
+                    )
+                )
+                return
         cb.requests = coordinator.take()
         self._resolve(cb, error)
 
@@ -587,6 +622,18 @@ class ReferenceEngine:
         due = t.timers.next_due()
         return due is not None and due <= time.time()
 
+    def _barrier_due(self, t: _Task, now: float) -> float:
+        """When t's next window, commit or user timer is due (monotonic seconds; inf: none)."""
+        due = math.inf
+        if t.next_commit is not None:
+            due = t.next_commit
+        if t.next_window is not None and t.next_window < due:
+            due = t.next_window
+        timer = t.timers.next_due()  # wall clock
+        if timer is not None:
+            due = min(due, now + (timer - time.time()))
+        return due
+
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
         offsets = {p.ssp: p.low_watermark for p in t.parts if p.low_watermark is not None}
@@ -674,16 +721,32 @@ class ReferenceEngine:
         tasks = self._tasks
         n = len(tasks)
         sent = 0
-        while sent < budget and self._failure is None:
+        # the earliest window, commit or user timer that falls due during this dispatch:
+        # once it is due, no message starts before the loop has run it (rules 8, 9, 23),
+        # so the clock is read per message. (One due already is _blocked's business:
+        # it holds back its own task, not the others, as in the C loop.)
+        upcoming = (self._barrier_due(t, now) for t in tasks if not t.done)
+        due = min((d for d in upcoming if d > now), default=math.inf)
+        halt = False
+        while sent < budget and self._failure is None and not halt:
             round_sent = 0
             for i in range(n):
                 t = tasks[(self._rr + i) % n]
-                if t.done or t.outstanding >= mc or not t.buffered() or self._blocked(t, now):
+                if t.done or t.outstanding >= mc or not t.buffered():
+                    continue
+                now = time.monotonic()
+                if now >= due or self._stop_flag:
+                    halt = True  # rules 8, 19: the loop acts on it before any more messages
+                    break
+                if self._blocked(t, now):
                     continue
                 self._invoke(t, self._choose(t))
                 round_sent += 1
                 if self._failure is not None:
                     break
+                d = self._barrier_due(t, now)  # a timer process() just set
+                if now < d < due:
+                    due = d
             self._rr = (self._rr + 1) % n
             if not round_sent:
                 break
@@ -791,10 +854,26 @@ class ReferenceEngine:
                     self._failure = TaskError(t.name, original=e, phase="close")
 
     def _stop_pool(self) -> None:
+        """Stop the pool threads; one still inside a process call is left running (rule 19).
+
+        The drain already waited task.shutdown.ms for outstanding calls, so a stop is
+        bounded: idle threads get a short grace to exit, a stuck one is abandoned (a
+        daemon thread; its late completion is dropped, nothing is committed for it).
+        """
         for q in self._workers:
             q.put(None)
+        deadline = time.monotonic() + _POOL_EXIT_GRACE_S
+        stuck = 0
         for th in self._threads:
-            th.join(timeout=1.0)
+            th.join(timeout=max(0.0, deadline - time.monotonic()))
+            stuck += th.is_alive()
+        if stuck:
+            log.warning(
+                "shutdown: %d pool thread(s) still inside process after task.shutdown.ms=%d; "
+                "left running, their messages are not committed",
+                stuck,
+                self.config.shutdown_ms,
+            )
 
     def _task_metrics(self, t: _Task) -> TaskMetrics:
         m = TaskMetrics(

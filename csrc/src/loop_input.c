@@ -1,0 +1,110 @@
+/* loop_input.c: the per-partition input rings (rule 6): refills, growth up
+ * to the input buffer, reader states and wake-ups. */
+#include "loop_internal.h"
+
+/* Make room in P's ring for n more items (the caller checked the limit). */
+static tr_status ring_room(part *P, uint64_t n) {
+    uint64_t used = P->tail - P->head;
+    if (used + n <= (uint64_t)P->mask + 1)
+        return TR_OK;
+    uint32_t size = pow2_at_least(used + n);
+    uint64_t *items = malloc((size_t)size * sizeof *items);
+    uint64_t *handles = malloc((size_t)size * sizeof *handles);
+    if (!items || !handles) {
+        free(items);
+        free(handles);
+        return TR_ENOMEM;
+    }
+    for (uint64_t pos = P->head; pos != P->tail; pos++) {
+        items[pos & (size - 1)] = P->items[pos & P->mask];
+        handles[pos & (size - 1)] = P->handles[pos & P->mask];
+    }
+    free(P->items);
+    free(P->handles);
+    P->items = items;
+    P->handles = handles;
+    P->mask = size - 1;
+    return TR_OK;
+}
+
+tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, uint64_t handle) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return TR_EINVAL;
+    task *T = &L->tasks[t];
+    part *P = &T->parts[p];
+    if (P->tail - P->head + P->lent >= P->limit)
+        return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
+    if (ring_room(P, 1) != TR_OK)
+        return TR_ENOMEM;
+    P->items[P->tail & P->mask] = item;
+    P->handles[P->tail & P->mask] = handle;
+    P->tail++;
+    atomic_store_explicit(&P->read_count, P->tail, TR_RELAXED); /* metrics snapshot */
+    T->buffered++;
+    trl_maybe_ready(L, t);
+    return TR_OK;
+}
+
+tr_status tr_loop_push_inputs(tr_loop *L, uint32_t t, uint32_t p, const uint64_t *items,
+                              const uint64_t *handles, size_t n) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return TR_EINVAL;
+    task *T = &L->tasks[t];
+    part *P = &T->parts[p];
+    if (n > P->limit - (P->tail - P->head + P->lent))
+        return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
+    if (ring_room(P, n) != TR_OK)
+        return TR_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        P->items[(P->tail + i) & P->mask] = items[i];
+        P->handles[(P->tail + i) & P->mask] = handles[i];
+    }
+    P->tail += n;
+    atomic_store_explicit(&P->read_count, P->tail, TR_RELAXED); /* metrics snapshot */
+    T->buffered += n;
+    if (n)
+        trl_maybe_ready(L, t);
+    return TR_OK;
+}
+
+void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return;
+    task *T = &L->tasks[t];
+    part *P = &T->parts[p];
+    if (P->state == TR_PART_ENDED || P->state == state)
+        return;
+    if (P->state == TR_PART_IDLE)
+        L->nidle--;
+    P->state = (uint8_t)state;
+    if (state == TR_PART_IDLE) {
+        if (L->nidle++ == 0)
+            L->next_idle_poll = tr_now_ns() + L->cfg.max_idle_ns;
+    } else if (state == TR_PART_ENDED) {
+        T->nended++;
+        trl_maybe_control(L, t);
+    } else {
+        trl_queue_refill(L, t, p);
+    }
+}
+
+tr_status tr_loop_partition_fill(tr_loop *L, uint32_t t, uint32_t p, uint32_t fill) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return TR_EINVAL;
+    part *P = &L->tasks[t].parts[p];
+    P->fill = fill < 1 ? 1 : fill > P->limit ? P->limit : fill;
+    /* the ring grows to the new fill on the next push (ring_room) */
+    if (P->state == TR_PART_ACTIVE && P->tail - P->head + P->lent <= P->fill / 2)
+        trl_queue_refill(L, t, p);
+    return TR_OK;
+}
+
+void tr_loop_wake_partition(tr_loop *L, uint32_t t, uint32_t p) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts)
+        return;
+    part *P = &L->tasks[t].parts[p];
+    /* acq_rel: pairs with the loop's exchange in drain_completions */
+    if (atomic_exchange_explicit(&P->woken, 1, TR_ACQ_REL))
+        return;
+    trl_cq_push(L, (tr_item){kt_word(CQ_WAKE, t), p});
+}

@@ -1,0 +1,310 @@
+/* loop_internal.h: the dispatch loop's internal structs, constants and the
+ * functions its files share (see tailrace/loop.h for the contract; packed
+ * words live in tailrace/encoding.h).
+ *
+ * The loop is split by concern:
+ *   loop.c          - the thin public API: create/destroy, errors, stop, user
+ *                     timers, watermarks, counters, drain_items
+ *   loop_schedule.c - the one place that decides what runs next: batches,
+ *                     runs, barriers, graceful stop, the run loop and its wait
+ *   loop_release.c  - completions: the completion queue, sequencer release,
+ *                     watermarks, run_done / run_escape
+ *   loop_input.c    - the per-partition input rings and reader states
+ *   loop_timers.c   - the timer heap: windows, commits, user timers, callback
+ *                     timeouts
+ *   loop_pool.c     - the worker pool (its essay: queue bounds, who blocks where)
+ *
+ * Everything in `struct tr_loop` below the "loop thread only" line is touched
+ * by the loop thread alone (during run, and by whichever thread calls the
+ * binding's run_batch, which is the loop thread). Other threads touch only:
+ * the sequencers (complete: a CAS), the completion queue (push), the notifier,
+ * the per-partition `woken` words, the per-task timer words, `stop_requested`,
+ * `error`, and the relaxed counters they read for metrics.
+ *
+ * Scheduling structures (loop thread):
+ *   ready  - FIFO ring of tasks that may be dispatched to (round robin, rule 5);
+ *            a task is in it at most once (in_ready) and is re-checked on pop.
+ *   ctl    - stack of tasks whose control work (commit > window > timer > end of
+ *            stream) is eligible now; emitted before any normal work.
+ *   dirty  - tasks with completions to release.
+ *   refill - FIFO ring of partitions whose ring has room and whose reader is active.
+ *   heap   - timers: window, commit, user timer, callback timeout (lazy deletion).
+ */
+#ifndef TAILRACE_LOOP_INTERNAL_H
+#define TAILRACE_LOOP_INTERNAL_H
+
+#include "tailrace/loop.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tailrace/atomics.h"
+#include "tailrace/clock.h"
+#include "tailrace/encoding.h"
+#include "tailrace/notifier.h"
+#include "tailrace/queue.h"
+#include "tailrace/sequencer.h"
+
+#define MAX_PARTS (1u << 20) /* partitions per task (loop.h) */
+#define BATCH_MAX 64u
+/* Messages buffered across all partitions the loop aims for: with many
+ * partitions each one is refilled in smaller polls (at least a run's worth,
+ * never more than the input buffer, rule 6), so the messages waiting stay few
+ * enough to be recycled warm instead of a cold buffer per partition. */
+#ifndef FILL_BUDGET
+#define FILL_BUDGET 65536u
+#endif
+#ifndef FILL_MIN
+#define FILL_MIN TR_RUN_MAX
+#endif
+#define BATCH_BUDGET 4096u  /* ops per run_batch call before the loop looks at parking/ticks */
+#define SPIN_ROUNDS 256     /* polls of the completion queue before parking */
+#define TICK_NS 100000000LL /* run_batch at least this often while idle (signals) */
+#define MIN_IDLE_NS 1000000LL
+#define POOL_WINDOW 128u                /* seqs a pool task may have queued/running on its worker */
+#define POOL_BATCH 64u                  /* items a worker pops from its queue at once */
+#define POOL_PEND 256u                  /* completions a worker buffers before one bulk push */
+#define POOL_BUDGET 1024u               /* ops per run_pool_batch call (lock hold) */
+#define POOL_FLUSH_NS 1000000LL         /* push buffered completions at least this often */
+#define WORKER_EXIT_GRACE_NS 50000000LL /* idle workers exit at a stop within this */
+/* Pool worker items (tailrace/encoding.h): a = kind << 56 | task, b = seq; the
+ * message item is the task's pitem[seq & pmask], written by the loop before the
+ * push (release) that the worker's pop (acquire) pairs with, and not rewritten
+ * before that seq is released. */
+enum { W_RUN = 1, W_RESUME = 2, W_STOP = 3 };
+
+/* Completion-queue items (tailrace/encoding.h): a = kind << 56 | task, b = payload. */
+enum { CQ_DONE = 1, CQ_WAKE = 2, CQ_TIMER = 3, CQ_UNRUN = 4 };
+
+/* kind << 56 | task for a task index the loop validated (t < ntasks <= TR_ENC_TASK_MAX,
+ * tr_loop_create): cannot fail; a broken invariant yields 0, which no reader accepts. */
+static inline uint64_t kt_word(uint32_t kind, uint32_t t) {
+    uint64_t w = 0;
+    if (!tr_enc_kind_task(kind, t, &w))
+        return 0;
+    return w;
+}
+
+enum { H_WINDOW = 1, H_COMMIT = 2, H_USER = 3, H_CBTIMEOUT = 4 };
+enum { PH_RUNNING = 0, PH_DRAINING = 1, PH_FINAL = 2, PH_FINISHED = 3 };
+enum {
+    CTL_NONE = 0,
+    CTL_COMMIT = TR_OP_COMMIT,
+    CTL_WINDOW = TR_OP_WINDOW,
+    CTL_TIMER = TR_OP_TIMER,
+    CTL_EOS = TR_OP_END_OF_STREAM
+};
+
+typedef struct part {
+    uint64_t *items;
+    uint64_t *handles;
+    uint64_t head; /* popped count (loop thread) */
+    uint64_t tail; /* pushed count = position of the next message read */
+    uint32_t mask; /* storage size - 1 (power of two >= limit) */
+    uint32_t limit;
+    uint32_t fill; /* refill up to this many (<= limit, see FILL_BUDGET) */
+    uint32_t lent; /* pool tasks: messages out on the worker, not yet released (rule 6) */
+    uint8_t state;
+    uint8_t refill_queued;
+    uint32_t run_taken; /* scratch while a run is filled / completed */
+    uint8_t wm_pending; /* wm_pos/wm_handle not yet written to the task's tr_watermark */
+    uint64_t wm_pos, wm_handle;
+    _Atomic uint32_t woken;      /* 1 while a CQ_WAKE item is queued: dedupes wake-ups */
+    _Atomic uint64_t read_count; /* == tail, for metrics from any thread */
+} part;
+
+typedef struct inflight {
+    int64_t t0;
+    uint64_t handle;
+    uint32_t part;
+    uint32_t done; /* 1: completed; 2: handed back unrun by the worker (not started) */
+} inflight;
+
+typedef struct task {
+    tr_sequencer *seq;
+    tr_watermark *wm;
+    part *parts;
+    inflight *infl; /* only with callback timeouts: per seq slot */
+    uint64_t infl_mask;
+    uint32_t nparts, rr, flags, worker, nended;
+    uint64_t buffered;    /* items in all rings */
+    uint64_t acquired;    /* sequence numbers handed out */
+    uint64_t completions; /* completions seen by the loop (inflight = acquired - completions) */
+    /* sequence numbers released from the sequencer; never more than `completions`
+     * (see release_task: the completion queue's bound rests on it) */
+    uint64_t seq_released;
+    /* pool tasks: seqs [redo_from, redo_from + redo_count) came back unrun from the
+     * worker (the tail of the acquired seqs); their items are pitem[seq & pmask] */
+    uint32_t limit; /* sequencer window: max_concurrency, or POOL_WINDOW for pool tasks */
+    uint64_t *pitem;
+    uint64_t pmask;
+    /* the partition of each outstanding seq: spart[seq & smask] (the sequencer's
+     * tags hold the read position and the handle, each a full 64-bit word) */
+    uint32_t *spart;
+    uint64_t smask;
+    uint64_t redo_from;
+    uint32_t redo_count;
+    uint8_t paused; /* the worker may have stopped this task: send W_RESUME first */
+    uint8_t commit_req, commit_due, window_due, timer_due, commit_hold;
+    uint8_t done, voted, in_control, control_kind, in_ready, in_ctl, in_dirty, timeout_armed;
+    uint8_t in_run;  /* a RUN op of this task is in the batch or being executed */
+    uint8_t halted;  /* a message of a run failed: never dispatch to it again */
+    uint32_t queued; /* PROCESS ops of this task in the batch, not handed out yet */
+    uint32_t timer_gen;
+    /* pool tasks: 1 while a window, timer or (sync) commit of this task is due;
+     * its worker stops invoking it and hands its queued ops back (rules 8, 9,
+     * 23). relaxed both ways: cleared before the loop pushes the W_RESUME
+     * that re-opens the task, and that push (release) / pop (acquire) orders it */
+    _Atomic uint32_t hold;
+    _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */
+    _Atomic uint32_t timer_pending; /* 1 while a CQ_TIMER item is queued */
+    /* counters: written by the loop thread, read relaxed by any thread */
+    _Atomic uint64_t processed, completed, windows, commits, timers;
+    _Atomic uint32_t done_pub;
+} task;
+
+typedef struct hent {
+    int64_t when;
+    uint32_t task;
+    uint32_t kind;
+    uint32_t gen;
+} hent;
+
+typedef struct worker {
+    tr_loop *loop;
+    tr_queue *q;
+    pthread_t thread;
+    uint32_t index;
+    int started;
+    /* 1 once the worker thread is past its last use of the binding's hooks
+     * (release: stop_workers' acquire load, then it may join) */
+    _Atomic uint32_t exited;
+    /* worker thread only */
+    int stop;         /* popped the stop sentinel */
+    uint8_t *stopped; /* [task / pool_size]: a request was made; hand the rest back */
+    size_t n, pos;    /* items[pos..n) still to hand out */
+    uint32_t budget;  /* ops left in this run_pool_batch call */
+    size_t npend;     /* completions buffered for the next bulk push */
+    int64_t pend_t0;  /* when the first of them was buffered */
+    tr_item items[POOL_BATCH];
+    tr_item pend[POOL_PEND];
+} worker;
+
+struct tr_loop {
+    tr_loop_config cfg;
+    task *tasks;
+    tr_notifier notifier; /* the loop sleeps here; cq pushes and stop notify it */
+    tr_queue *cq;         /* completions, wake-ups, timer updates (MPSC) */
+    worker *workers;
+    const tr_loop_hooks *hooks; /* &hooks_copy while running */
+    tr_loop_hooks hooks_copy;   /* workers outlive the caller's struct (see stop_workers) */
+    /* the owner's reference plus one per live worker thread; the last one out
+     * frees the loop (a worker abandoned by a bounded stop may outlive run) */
+    _Atomic uint32_t refs;
+    _Atomic uint32_t stop_requested; /* any thread sets; the loop reads after its notifier wait */
+    _Atomic uint64_t error;          /* first posted error word (CAS from 0) */
+    _Atomic uint32_t reason;
+    _Atomic uint32_t discard;  /* workers drop remaining ops */
+    _Atomic uint32_t draining; /* graceful stop: workers hand queued ops back unrun */
+    _Atomic uint64_t chosen, idle_wakeups, iterations, batches;
+    _Atomic uint64_t cq_high; /* most completion-queue items seen at one drain */
+    /* a broken invariant found off the loop thread (a completion queue push that
+     * found it full): the status, 0 while none; the loop stops with it */
+    _Atomic uint32_t broken;
+    uint64_t cq_bound; /* items the completion queue can hold at most (tr_loop_create) */
+    /* loop thread: the earliest timer (window, commit, user timer, callback
+     * timeout) as of the last build; a run ends before a message that would
+     * start after it (tr_loop_run_yield, rule 8, 9, 23) */
+    int64_t run_until;
+    int64_t run_check_from; /* run_until - coarse clock lag: earlier, certainly not due */
+    int64_t coarse_lag;
+
+    /* ---- loop thread only ---- */
+    uint32_t *ready;
+    uint32_t ready_head, ready_count;
+    uint32_t *ctl;
+    uint32_t nctl;
+    uint32_t *dirty;
+    uint32_t ndirty;
+    uint64_t *wm_dirty; /* task << 32 | partition: partitions with a pending advance */
+    uint64_t nwm_dirty;
+    uint64_t *refill; /* task << 32 | partition */
+    uint64_t refill_head, refill_count, refill_cap;
+    hent *heap;
+    size_t nheap, heap_cap;
+    tr_op batch[BATCH_MAX];
+    uint64_t run_items[TR_RUN_MAX]; /* the items of the RUN op handed out last */
+    uint32_t run_parts[TR_RUN_MAX]; /* their partitions */
+    uint32_t run_task, run_count;
+    uint32_t chain; /* PROCESS ops handed by tr_loop_next_of_task since next_op */
+    uint32_t nbatch, bpos, budget;
+    int phase;
+    int64_t now;
+    int64_t drain_deadline;
+    uint32_t final_cursor;
+    uint32_t done_count, settled_count;
+    uint32_t nidle;
+    int64_t next_idle_poll;
+    int progress, tick, ran;
+    uint64_t handed; /* ops returned by next_op */
+    tr_status internal;
+    uint32_t to_task, to_part;
+    uint64_t to_seq, to_handle;
+    uint32_t drain_task, drain_part;
+};
+
+static inline void bump(_Atomic uint64_t *c) {
+    /* single writer (the loop thread); relaxed: readers want a snapshot only */
+    atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) + 1, TR_RELAXED);
+}
+
+static inline void bump_n(_Atomic uint64_t *c, uint64_t n) {
+    atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) + n, TR_RELAXED);
+}
+
+static inline uint32_t pow2_at_least(uint64_t n) {
+    uint64_t p = 2;
+    while (p < n && p < (1ull << 30))
+        p <<= 1;
+    return (uint32_t)p;
+}
+
+static inline int commit_pending(const task *T) {
+    return T->commit_req || T->commit_due;
+}
+
+/* Ops of a pool task queued or running on its worker (not completed, not handed back). */
+static inline uint64_t at_worker(const task *T) {
+    return T->acquired - T->completions - T->redo_count;
+}
+
+/* ---- shared between the loop's files (each defined where its name says) ---- */
+
+tr_status trl_start_workers(tr_loop *L);
+int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t gen);
+void trl_heap_compact(tr_loop *L);
+void trl_maybe_ready(tr_loop *L, uint32_t t);
+void trl_maybe_control(tr_loop *L, uint32_t t);
+void trl_mark_dirty(tr_loop *L, uint32_t t);
+void trl_queue_refill(tr_loop *L, uint32_t t, uint32_t p);
+void trl_finish(tr_loop *L, tr_stop_reason reason);
+void trl_apply_requests(tr_loop *L, uint32_t t, uint32_t req);
+void trl_wm_flush(tr_loop *L);
+void trl_release_task(tr_loop *L, uint32_t t, int all);
+void trl_process_dirty(tr_loop *L);
+void trl_drain_completions(tr_loop *L);
+void trl_fire_timers(tr_loop *L);
+void trl_arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p);
+uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
+                      uint64_t *handle_out);
+uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget);
+void trl_build(tr_loop *L);
+void trl_loop_unref(tr_loop *L);
+uint32_t trl_seq_flags(uint32_t requests);
+void trl_stop_workers(tr_loop *L);
+void trl_cq_push(tr_loop *L, tr_item it);
+
+#endif

@@ -1,0 +1,626 @@
+/* loop_schedule.c: the one place that decides what runs next (rules 1-11,
+ * 14, 19, 23): ready tasks, control ops, runs, pool hand-outs, graceful stop,
+ * the run loop and its parking. Loop thread. */
+#include "loop_internal.h"
+
+static inline int worker_has_room(const tr_loop *L, const task *T) {
+    const worker *W = &L->workers[T->worker];
+    /* the loop is the only producer, so the size can only shrink meanwhile; one
+     * slot stays free for the stop sentinel */
+    return tr_queue_size_approx(W->q) + 2 <= tr_queue_capacity(W->q);
+}
+
+static int runnable(const tr_loop *L, const task *T) {
+    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due ||
+        T->in_run || T->halted)
+        return 0;
+    if (!L->cfg.async_commit && commit_pending(T))
+        return 0;
+    if (T->flags & TR_TASK_POOL) {
+        /* after the worker stopped this task, hand out again only once everything
+         * it still had came back, so the handed-back tail stays in seq order */
+        if ((T->paused || T->redo_count) && at_worker(T) != 0)
+            return 0;
+        if (!worker_has_room(L, T))
+            return 0;
+        if (T->redo_count)
+            return 1; /* already hold their seqs */
+    }
+    if (T->buffered == 0)
+        return 0;
+    if (tr_sequencer_outstanding(T->seq) >= T->limit)
+        return 0;
+    return 1;
+}
+
+void trl_maybe_ready(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    if (T->in_ready || !runnable(L, T))
+        return;
+    T->in_ready = 1;
+    L->ready[(L->ready_head + L->ready_count) % L->cfg.ntasks] = t;
+    L->ready_count++;
+}
+
+/* Which control op may run for T now (commit > window > timer > end of stream). */
+static int control_kind(const tr_loop *L, const task *T) {
+    if (T->in_control || T->done || L->phase >= PH_FINAL)
+        return CTL_NONE;
+    if (commit_pending(T)) {
+        /* rule 9: nothing invoked-and-incomplete, unless async commit (rule 10);
+         * completed-but-held messages are fine: they are exactly the tail the
+         * commit must not cover (rule 15) */
+        if (L->cfg.async_commit || T->acquired == T->completions + T->redo_count)
+            return CTL_COMMIT;
+        return CTL_NONE;
+    }
+    if (L->phase != PH_RUNNING)
+        return CTL_NONE;
+    uint32_t out = tr_sequencer_outstanding(T->seq);
+    /* ops handed back unrun (the tail) were never invoked: they do not hold
+     * a window or timer back (they run after it) */
+    if (T->window_due)
+        return out == T->redo_count ? CTL_WINDOW : CTL_NONE;
+    if (T->timer_due)
+        return out == T->redo_count ? CTL_TIMER : CTL_NONE;
+    if (T->nended == T->nparts && T->buffered == 0 && out == 0 && !T->halted)
+        return CTL_EOS;
+    return CTL_NONE;
+}
+
+void trl_maybe_control(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    if (T->in_ctl || control_kind(L, T) == CTL_NONE)
+        return;
+    T->in_ctl = 1;
+    L->ctl[L->nctl++] = t;
+}
+
+void trl_mark_dirty(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    if (T->in_dirty)
+        return;
+    T->in_dirty = 1;
+    L->dirty[L->ndirty++] = t;
+}
+
+void trl_queue_refill(tr_loop *L, uint32_t t, uint32_t p) {
+    part *P = &L->tasks[t].parts[p];
+    if (P->refill_queued || P->state != TR_PART_ACTIVE)
+        return;
+    P->refill_queued = 1;
+    L->refill[(L->refill_head + L->refill_count) % L->refill_cap] = ((uint64_t)t << 32) | p;
+    L->refill_count++;
+}
+
+void trl_finish(tr_loop *L, tr_stop_reason reason) {
+    uint32_t none = TR_STOP_NONE;
+    /* relaxed: read by stats and by the owner after run returns (join orders it) */
+    atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED,
+                                            TR_RELAXED);
+    L->phase = PH_FINISHED;
+}
+
+static void begin_drain(tr_loop *L, tr_stop_reason reason) {
+    if (L->phase != PH_RUNNING)
+        return;
+    uint32_t none = TR_STOP_NONE;
+    /* relaxed: the first reason wins; readers (stop_reason) need only the value,
+     * and the binding reads it after tr_loop_run returned */
+    atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED,
+                                            TR_RELAXED);
+    L->phase = PH_DRAINING;
+    /* workers stop invoking queued ops: dispatch has stopped (rule 19). relaxed:
+     * a worker that reads 0 late invokes one more op it already held, which is
+     * still a correct outstanding callback the drain waits for; nothing else is
+     * published through this flag */
+    atomic_store_explicit(&L->draining, 1, TR_RELAXED);
+    L->drain_deadline = L->now + (L->cfg.shutdown_ns > 0 ? L->cfg.shutdown_ns : 0);
+    for (uint32_t t = 0; t < L->cfg.ntasks; t++)
+        trl_maybe_control(L, t);
+}
+
+static void settle_check(tr_loop *L) {
+    if (L->done_count == L->cfg.ntasks)
+        begin_drain(L, TR_STOP_END_OF_STREAM);
+    else if (L->settled_count == L->cfg.ntasks)
+        begin_drain(L, TR_STOP_SHUTDOWN);
+}
+
+void trl_apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
+    task *T = &L->tasks[t];
+    if (req & TR_REQ_COMMIT_ALL) {
+        for (uint32_t u = 0; u < L->cfg.ntasks; u++) {
+            L->tasks[u].commit_req = 1;
+            trl_maybe_control(L, u);
+        }
+    } else if (req & TR_REQ_COMMIT_CURRENT) {
+        T->commit_req = 1;
+        trl_maybe_control(L, t);
+    }
+    if ((req & TR_REQ_SHUTDOWN_CURRENT) && !T->voted) {
+        T->voted = 1;
+        if (!T->done)
+            L->settled_count++;
+        settle_check(L);
+    }
+    if (req & TR_REQ_SHUTDOWN_ALL)
+        begin_drain(L, TR_STOP_SHUTDOWN);
+}
+
+static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t flags, uint64_t seq,
+                 uint64_t item, uint64_t handle) {
+    tr_op *op = &L->batch[L->nbatch++];
+    op->kind = kind;
+    op->task = t;
+    op->partition = p;
+    op->flags = flags;
+    op->seq = seq;
+    op->item = item;
+    op->handle = handle;
+    op->count = 0;
+    op->reserved = 0;
+}
+
+/* Pick the partition to serve next (round robin over non-empty rings). */
+static inline uint32_t next_part(task *T) {
+    uint32_t p = T->rr;
+    for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
+        if (T->parts[p].tail != T->parts[p].head)
+            break;
+    }
+    T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
+    return p;
+}
+
+/* A TR_TASK_INLINE task with nothing outstanding or held: hand it a run of up
+ * to TR_RUN_MAX of its buffered messages (fill_run picks them when the op is
+ * handed out). The items stay in the rings until tr_loop_run_done pops the
+ * ones the binding took. */
+static void dispatch_run(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    T->in_run = 1;
+    emit(L, TR_OP_RUN, t, 0, 0, 0, 0, 0);
+    L->batch[L->nbatch - 1].count = T->buffered < TR_RUN_MAX ? (uint32_t)T->buffered : TR_RUN_MAX;
+}
+
+/* The messages of a run, in dispatch order: one partition's in a row, or
+ * round robin message by message over the task's partitions (rule 5). */
+static uint32_t fill_run(tr_loop *L, uint32_t t, uint32_t max) {
+    task *T = &L->tasks[t];
+    uint32_t n = 0;
+    L->run_task = t;
+    if (T->nparts == 1) {
+        part *P = &T->parts[0];
+        uint64_t avail = P->tail - P->head;
+        n = avail < max ? (uint32_t)avail : max;
+        for (uint32_t i = 0; i < n; i++) {
+            L->run_items[i] = P->items[(P->head + i) & P->mask];
+            L->run_parts[i] = 0;
+        }
+    } else {
+        uint32_t p = T->rr, misses = 0;
+        while (n < max && misses < T->nparts) {
+            part *P = &T->parts[p];
+            if (P->tail - P->head > P->run_taken) {
+                L->run_items[n] = P->items[(P->head + P->run_taken) & P->mask];
+                L->run_parts[n++] = p;
+                P->run_taken++;
+                misses = 0;
+            } else {
+                misses++;
+            }
+            p = (p + 1 == T->nparts) ? 0 : p + 1;
+        }
+        T->rr = p;
+        for (uint32_t i = 0; i < n; i++)
+            T->parts[L->run_parts[i]].run_taken = 0;
+    }
+    L->run_count = n;
+    return n;
+}
+
+/* Pop T's next message (round robin over its partitions) and acquire its seq. */
+uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
+                      uint64_t *handle_out) {
+    task *T = &L->tasks[t];
+    uint32_t p = next_part(T);
+    part *P = &T->parts[p];
+    uint64_t pos = P->head;
+    uint64_t item = P->items[pos & P->mask];
+    uint64_t handle = P->handles[pos & P->mask];
+    P->head++;
+    T->buffered--;
+    uint64_t seq = 0;
+    /* cannot fail: the caller checked outstanding < limit */
+    /* the caller checked outstanding < limit, so this cannot fail; if it did, the
+     * loop stops with the status rather than run a message with no seq */
+    tr_status st = tr_sequencer_acquire(T->seq, pos, handle, &seq);
+    if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK)
+        L->internal = st;
+    T->spart[seq & T->smask] = p;
+    T->acquired++;
+    bump(&T->processed);
+    bump(&L->chosen);
+    if (T->infl)
+        trl_arm_timeout(L, t, seq, handle, p);
+    if (T->flags & TR_TASK_POOL)
+        P->lent++;
+    if (P->tail - P->head + P->lent <= P->fill / 2)
+        trl_queue_refill(L, t, p);
+    *part_out = p;
+    *item_out = item;
+    *handle_out = handle;
+    return seq;
+}
+
+/* A loop-thread task's next PROCESS op: to `dst`, or to the batch when dst is NULL. */
+static void dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
+    uint32_t p;
+    uint64_t item, handle;
+    uint64_t seq = trl_take_one(L, t, &p, &item, &handle);
+    if (dst) {
+        memset(dst, 0, sizeof *dst);
+        dst->kind = TR_OP_PROCESS;
+        dst->task = t;
+        dst->partition = p;
+        dst->seq = seq;
+        dst->item = item;
+        dst->handle = handle;
+    } else {
+        emit(L, TR_OP_PROCESS, t, p, 0, seq, item, handle);
+        L->tasks[t].queued++;
+    }
+}
+
+/* Graceful stop may proceed to the final commit: nothing invoked is
+ * incomplete, and no commit request of a live task is still to run. */
+static int drained(const tr_loop *L) {
+    for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
+        const task *T = &L->tasks[t];
+        if (T->acquired != T->completions + T->redo_count)
+            return 0; /* handed-back ops were never invoked: nothing to await */
+        if (!T->done && (T->in_control || commit_pending(T)))
+            return 0;
+    }
+    return 1;
+}
+
+static void start_final(tr_loop *L) {
+    for (uint32_t t = 0; t < L->cfg.ntasks; t++)
+        trl_release_task(L, t, 1);
+    L->phase = PH_FINAL;
+    L->final_cursor = 0;
+}
+
+/* Fill the batch: the one place that decides what runs next. */
+static void build_batch(tr_loop *L) {
+    if (L->phase == PH_FINISHED)
+        return;
+    L->nbatch = L->bpos = 0;
+    if (atomic_load_explicit(&L->error, TR_ACQUIRE)) { /* pairs with post_error's CAS */
+        trl_finish(L, TR_STOP_ERROR);
+        return;
+    }
+    /* acquire: pairs with cq_push's release CAS */
+    uint32_t broken = atomic_load_explicit(&L->broken, TR_ACQUIRE);
+    if (broken && L->internal == TR_OK)
+        L->internal = (tr_status)broken;
+    if (L->internal != TR_OK) {
+        trl_finish(L, TR_STOP_ERROR);
+        return;
+    }
+    L->now = tr_now_ns();
+    trl_drain_completions(L);
+    trl_process_dirty(L);
+    trl_fire_timers(L);
+    if (L->phase == PH_FINISHED)
+        return;
+    L->run_until = L->nheap ? L->heap[0].when : INT64_MAX;
+    L->run_check_from =
+        L->run_until > INT64_MIN + L->coarse_lag ? L->run_until - L->coarse_lag : INT64_MIN;
+    /* acquire: pairs with tr_loop_stop's release store */
+    if (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_ACQUIRE))
+        begin_drain(L, TR_STOP_EXTERNAL);
+    if (L->phase == PH_RUNNING && L->nidle && L->now >= L->next_idle_poll) {
+        for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
+            task *T = &L->tasks[t];
+            for (uint32_t p = 0; p < T->nparts; p++) {
+                if (T->parts[p].state == TR_PART_IDLE) {
+                    T->parts[p].state = TR_PART_ACTIVE;
+                    trl_queue_refill(L, t, p);
+                }
+            }
+        }
+        L->nidle = 0;
+    }
+    if (L->phase == PH_DRAINING && L->nctl == 0 && (drained(L) || L->now >= L->drain_deadline))
+        start_final(L);
+    if (L->phase == PH_FINAL) {
+        if (L->final_cursor == L->cfg.ntasks) {
+            trl_finish(L, TR_STOP_NONE);
+            return;
+        }
+        while (L->final_cursor < L->cfg.ntasks && L->nbatch < BATCH_MAX)
+            emit(L, TR_OP_COMMIT, L->final_cursor++, 0, TR_OPF_FINAL, 0, 0, 0);
+        return;
+    }
+
+    /* control work first (rules 8, 9, 11, 23) */
+    while (L->nctl && L->nbatch < BATCH_MAX) {
+        uint32_t t = L->ctl[--L->nctl];
+        task *T = &L->tasks[t];
+        T->in_ctl = 0;
+        int k = control_kind(L, T);
+        if (k == CTL_NONE)
+            continue;
+        T->in_control = 1;
+        T->control_kind = (uint8_t)k;
+        if (k == CTL_COMMIT) {
+            T->commit_req = T->commit_due = 0;
+        } else if (k == CTL_WINDOW) {
+            T->window_due = 0;
+        } else if (k == CTL_TIMER) {
+            T->timer_due = 0;
+        }
+        emit(L, (uint32_t)k, t, 0, 0, 0, 0, 0);
+    }
+    if (L->phase != PH_RUNNING)
+        return;
+
+    while (L->refill_count && L->nbatch < BATCH_MAX) {
+        uint64_t e = L->refill[L->refill_head];
+        L->refill_head = (L->refill_head + 1) % L->refill_cap;
+        L->refill_count--;
+        uint32_t t = (uint32_t)(e >> 32), p = (uint32_t)e;
+        part *P = &L->tasks[t].parts[p];
+        P->refill_queued = 0;
+        uint64_t count = P->tail - P->head + P->lent;
+        if (P->state == TR_PART_ACTIVE && count < P->fill)
+            emit(L, TR_OP_REFILL, t, p, 0, 0, 0, P->fill - count);
+    }
+
+    /* normal work, round robin over ready tasks (rules 4, 5) */
+    uint32_t pool_budget = 16 * BATCH_MAX;
+    while (L->ready_count && L->nbatch < BATCH_MAX && pool_budget) {
+        uint32_t t = L->ready[L->ready_head];
+        L->ready_head = (L->ready_head + 1) % L->cfg.ntasks;
+        L->ready_count--;
+        task *T = &L->tasks[t];
+        T->in_ready = 0;
+        if (!runnable(L, T))
+            continue;
+        if ((T->flags & TR_TASK_INLINE) && !T->commit_hold &&
+            tr_sequencer_outstanding(T->seq) == 0) {
+            dispatch_run(L, t); /* back in the ready ring after run_done */
+            continue;
+        }
+        if (T->flags & TR_TASK_POOL) {
+            uint32_t taken =
+                trl_dispatch_pool(L, t, pool_budget < POOL_WINDOW ? pool_budget : POOL_WINDOW);
+            pool_budget = taken < pool_budget ? pool_budget - taken : 0;
+        } else {
+            dispatch_one(L, t, NULL);
+        }
+        trl_maybe_ready(L, t);
+    }
+}
+
+/* Every op of a batch sees the watermarks of everything released before it
+ * was built: a control op of a task is built only when nothing of that task
+ * runs in between (rules 9, 15); other threads read at most a batch behind. */
+void trl_build(tr_loop *L) {
+    build_batch(L);
+    trl_wm_flush(L);
+}
+
+static void wait_for_work(tr_loop *L) {
+    for (int i = 0; i < SPIN_ROUNDS; i++) {
+        if (!tr_queue_empty_sc(L->cq))
+            return;
+        tr_cpu_relax();
+    }
+    int64_t now = tr_now_ns();
+    int64_t timeout = TICK_NS;
+    if (L->nheap) {
+        int64_t d = L->heap[0].when - now;
+        if (d < timeout)
+            timeout = d;
+    }
+    if (L->nidle && L->phase == PH_RUNNING) {
+        int64_t d = L->next_idle_poll - now;
+        if (d < timeout)
+            timeout = d;
+    }
+    if (L->phase == PH_DRAINING) {
+        int64_t d = L->drain_deadline - now;
+        if (d < timeout)
+            timeout = d;
+    }
+    if (timeout <= 0)
+        return;
+    int tick_only = timeout == TICK_NS;
+    uint64_t key = tr_notifier_prepare_wait(&L->notifier);
+    /* seq_cst re-check (notifier protocol): a push, stop or error published
+     * before our prepare_wait is seen here; one after it bumps the epoch */
+    if (!tr_queue_empty_sc(L->cq) || atomic_load_explicit(&L->stop_requested, TR_SEQ_CST) ||
+        atomic_load_explicit(&L->error, TR_SEQ_CST) ||
+        atomic_load_explicit(&L->broken, TR_SEQ_CST)) {
+        tr_notifier_cancel_wait(&L->notifier);
+        return;
+    }
+    tr_status st = tr_notifier_commit_wait(&L->notifier, key, timeout);
+    bump(&L->idle_wakeups);
+    if (st == TR_ETIMEDOUT && tick_only)
+        L->tick = 1;
+}
+
+tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
+    if (!L || !hooks || !hooks->run_batch || L->ran)
+        return TR_EINVAL;
+    if (L->cfg.pool_size && !hooks->run_pool_batch)
+        return TR_EINVAL;
+    L->ran = 1;
+    L->hooks_copy = *hooks;
+    L->hooks = &L->hooks_copy;
+    L->phase = PH_RUNNING;
+    L->now = tr_now_ns();
+    for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
+        task *T = &L->tasks[t];
+        for (uint32_t p = 0; p < T->nparts; p++)
+            trl_queue_refill(L, t, p);
+        if (L->cfg.window_ns > 0 && (T->flags & TR_TASK_WINDOW))
+            trl_heap_push(L, L->now + L->cfg.window_ns, t, H_WINDOW, 0);
+        if (L->cfg.commit_ns > 0)
+            trl_heap_push(L, L->now + L->cfg.commit_ns, t, H_COMMIT, 0);
+        trl_maybe_control(L, t); /* a task without partitions is at end of stream at once */
+    }
+    tr_status result = trl_start_workers(L);
+    if (result != TR_OK)
+        trl_finish(L, TR_STOP_ERROR);
+    while (L->phase != PH_FINISHED) {
+        /* a tick (an idle wake-up only for the binding's signal check) is not
+         * an iteration unless it turns up work */
+        int tick = L->tick;
+        L->tick = 0;
+        if (!tick)
+            bump(&L->iterations);
+        L->progress = 0;
+        trl_build(L);
+        if (L->phase == PH_FINISHED)
+            break;
+        if (L->nbatch || tick) {
+            uint64_t handed = L->handed;
+            L->budget = BATCH_BUDGET;
+            if (L->nbatch)
+                bump(&L->batches);
+            if (hooks->run_batch(hooks->ctx, L) != 0)
+                trl_finish(L, TR_STOP_ERROR);
+            if (tick && L->handed == handed && !L->progress && L->phase != PH_FINISHED)
+                wait_for_work(L);
+            continue;
+        }
+        if (L->progress)
+            continue;
+        wait_for_work(L);
+    }
+    trl_stop_workers(L);
+    trl_wm_flush(L);
+    /* ops the workers handed back after the loop's last drain: their items
+     * join the tails that tr_loop_drain_items gives back to the binding */
+    trl_drain_completions(L);
+    if (L->internal != TR_OK && result == TR_OK)
+        result = L->internal;
+    return result;
+}
+
+int tr_loop_next_op(tr_loop *L, tr_op *out) {
+    /* an error posted by an op of this batch stops it before the next op
+     * (acquire: pairs with post_error's CAS); the rest is left for drain_items */
+    if (TR_UNLIKELY(atomic_load_explicit(&L->error, TR_ACQUIRE) != 0) && L->phase != PH_FINISHED)
+        trl_finish(L, TR_STOP_ERROR);
+    if (L->phase == PH_FINISHED)
+        return 0;
+    if (L->bpos == L->nbatch) {
+        if (L->phase == PH_FINISHED || L->budget == 0)
+            return 0;
+        trl_build(L);
+        if (L->nbatch == 0)
+            return 0;
+    }
+    tr_op *op = &L->batch[L->bpos++];
+    *out = *op;
+    L->handed++;
+    L->chain = 0;
+    if (op->kind == TR_OP_PROCESS) {
+        L->tasks[op->task].queued--;
+    } else if (op->kind == TR_OP_RUN) {
+        out->count = fill_run(L, op->task, op->count);
+        out->partition = L->run_parts[0];
+        out->item = (uint64_t)(uintptr_t)L->run_items;
+        L->budget = L->budget > op->count ? L->budget - op->count : 0;
+    } else if (L->budget) {
+        L->budget--;
+    }
+    return 1;
+}
+
+int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
+    if (t >= L->cfg.ntasks || L->chain >= TR_RUN_MAX || L->budget == 0)
+        return 0;
+    /* acquire: pairs with post_error's CAS (as in next_op) */
+    if (TR_UNLIKELY(atomic_load_explicit(&L->error, TR_ACQUIRE) != 0) || L->phase != PH_RUNNING)
+        return 0;
+    task *T = &L->tasks[t];
+    if (T->flags & TR_TASK_POOL || tr_loop_run_yield(L))
+        return 0;
+    if (T->in_dirty) {
+        /* release what it completed (requests included) before deciding */
+        trl_release_task(L, t, 0);
+    }
+    /* its earlier messages still in the batch go first (rule 1) */
+    if (T->queued || T->in_ctl || !runnable(L, T))
+        return 0;
+    dispatch_one(L, t, out);
+    L->chain++;
+    L->handed++;
+    L->budget--;
+    return 1;
+}
+
+int tr_loop_run_yield(tr_loop *L) {
+    /* relaxed: a hint; build_batch's acquire load acts on the stop itself */
+    if (TR_UNLIKELY(atomic_load_explicit(&L->stop_requested, TR_RELAXED)))
+        return 1;
+    /* one coarse read per message; the exact clock only in the last tick or two
+     * before the earliest timer */
+    if (TR_LIKELY(tr_coarse_now_ns() < L->run_check_from))
+        return 0;
+    return tr_now_ns() >= L->run_until;
+}
+
+void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
+    if (t >= L->cfg.ntasks)
+        return;
+    task *T = &L->tasks[t];
+    if (L->phase == PH_FINAL || L->phase == PH_FINISHED) {
+        bump(&T->commits);
+        return;
+    }
+    if (!T->in_control)
+        return;
+    T->in_control = 0;
+    switch (T->control_kind) {
+    case CTL_COMMIT:
+        bump(&T->commits);
+        T->commit_hold = 0;
+        trl_mark_dirty(L, t); /* release the held tail now (rule 15) */
+        break;
+    case CTL_WINDOW:
+        bump(&T->windows);
+        break;
+    case CTL_TIMER:
+        bump(&T->timers);
+        break;
+    case CTL_EOS:
+        T->done = 1;
+        /* relaxed: a metrics flag for other threads (tr_loop_task_stats), orders nothing */
+        atomic_store_explicit(&T->done_pub, 1, TR_RELAXED);
+        L->done_count++;
+        if (!T->voted)
+            L->settled_count++;
+        break;
+    default:
+        break;
+    }
+    T->control_kind = CTL_NONE;
+    if ((T->flags & TR_TASK_POOL) && !T->window_due && !T->timer_due &&
+        (L->cfg.async_commit || !T->commit_due))
+        atomic_store_explicit(&T->hold, 0, TR_RELAXED); /* see task.hold */
+    if (requests)
+        trl_apply_requests(L, t, requests & TR_REQ_MASK);
+    if (T->done)
+        settle_check(L);
+    trl_maybe_ready(L, t);
+    trl_maybe_control(L, t);
+}

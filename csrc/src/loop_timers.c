@@ -1,0 +1,138 @@
+/* loop_timers.c: the timer heap (windows, commits, user timers, callback
+ * timeouts; lazy deletion) and what fires when an entry is due. Loop thread. */
+#include "loop_internal.h"
+
+/* ------------------------------------------------------------------ heap */
+
+int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t gen) {
+    if (L->nheap == L->heap_cap) {
+        size_t cap = L->heap_cap * 2;
+        hent *h = realloc(L->heap, cap * sizeof *h);
+        if (!h) {
+            L->internal = TR_ENOMEM;
+            return -1;
+        }
+        L->heap = h;
+        L->heap_cap = cap;
+    }
+    size_t i = L->nheap++;
+    hent e = {when, t, kind, gen};
+    while (i > 0) {
+        size_t up = (i - 1) / 2;
+        if (L->heap[up].when <= when)
+            break;
+        L->heap[i] = L->heap[up];
+        i = up;
+    }
+    L->heap[i] = e;
+    return 0;
+}
+
+static void heap_sift_down(tr_loop *L, size_t i) {
+    hent e = L->heap[i];
+    size_t n = L->nheap;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && L->heap[c + 1].when < L->heap[c].when)
+            c++;
+        if (L->heap[c].when >= e.when)
+            break;
+        L->heap[i] = L->heap[c];
+        i = c;
+    }
+    L->heap[i] = e;
+}
+
+static hent heap_pop(tr_loop *L) {
+    hent top = L->heap[0];
+    L->heap[0] = L->heap[--L->nheap];
+    if (L->nheap)
+        heap_sift_down(L, 0);
+    return top;
+}
+
+/* Drop superseded user-timer entries when they pile up (a task re-scheduling
+ * its earliest timer again and again). */
+void trl_heap_compact(tr_loop *L) {
+    size_t j = 0;
+    for (size_t i = 0; i < L->nheap; i++) {
+        hent e = L->heap[i];
+        if (e.kind == H_USER && e.gen != L->tasks[e.task].timer_gen)
+            continue;
+        L->heap[j++] = e;
+    }
+    L->nheap = j;
+    for (size_t i = j / 2; i-- > 0;)
+        heap_sift_down(L, i);
+}
+
+static void check_timeout(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    uint64_t s = tr_sequencer_released_upto(T->seq);
+    uint64_t end = tr_sequencer_next_seq(T->seq);
+    while (s < end && T->infl[s & T->infl_mask].done)
+        s++;
+    if (s == end) {
+        T->timeout_armed = 0;
+        return;
+    }
+    inflight *f = &T->infl[s & T->infl_mask];
+    int64_t deadline = f->t0 + L->cfg.callback_timeout_ns;
+    if (deadline <= L->now) {
+        L->to_task = t;
+        L->to_part = f->part;
+        L->to_seq = s;
+        L->to_handle = f->handle;
+        trl_finish(L, TR_STOP_TIMEOUT);
+        return;
+    }
+    trl_heap_push(L, deadline, t, H_CBTIMEOUT, 0);
+}
+
+static int64_t rearm(int64_t when, int64_t period, int64_t now) {
+    int64_t next = when + period;
+    return next <= now ? now + period : next;
+}
+
+void trl_fire_timers(tr_loop *L) {
+    while (L->nheap && L->heap[0].when <= L->now && L->phase != PH_FINISHED) {
+        hent e = heap_pop(L);
+        task *T = &L->tasks[e.task];
+        if (e.kind == H_CBTIMEOUT) {
+            check_timeout(L, e.task);
+            continue;
+        }
+        if (T->done || L->phase != PH_RUNNING)
+            continue;
+        if ((T->flags & TR_TASK_POOL) && (e.kind != H_COMMIT || !L->cfg.async_commit) &&
+            (e.kind != H_USER || e.gen == T->timer_gen))
+            atomic_store_explicit(&T->hold, 1, TR_RELAXED); /* see task.hold */
+        if (e.kind == H_WINDOW) {
+            T->window_due = 1; /* coalesces: one pending window at a time */
+            trl_heap_push(L, rearm(e.when, L->cfg.window_ns, L->now), e.task, H_WINDOW, 0);
+        } else if (e.kind == H_COMMIT) {
+            T->commit_due = 1;
+            trl_heap_push(L, rearm(e.when, L->cfg.commit_ns, L->now), e.task, H_COMMIT, 0);
+        } else if (e.kind == H_USER) {
+            if (e.gen != T->timer_gen)
+                continue;
+            T->timer_due = 1;
+        }
+        trl_maybe_control(L, e.task);
+    }
+}
+
+void trl_arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p) {
+    task *T = &L->tasks[t];
+    inflight *f = &T->infl[seq & T->infl_mask];
+    f->t0 = L->now;
+    f->handle = handle;
+    f->part = p;
+    f->done = 0;
+    if (!T->timeout_armed) {
+        T->timeout_armed = 1;
+        trl_heap_push(L, L->now + L->cfg.callback_timeout_ns, t, H_CBTIMEOUT, 0);
+    }
+}
