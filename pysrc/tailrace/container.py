@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from .aio import AsyncioRunner, AsyncioTask
 from .api import TaskContext, TimerService, task_kind
+from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
 from .config import Config, parse_config
 from .errors import ConfigError, InputError
@@ -68,6 +69,7 @@ class JobPlan:
     systems: dict[str, System] = field(default_factory=dict)
     # the event loop of ``async def`` tasks (None when there are none)
     asyncio_runner: AsyncioRunner | None = None
+    clock: Clock = SYSTEM_CLOCK  # every deadline of the run (tailrace.testing passes a ManualClock)
     _commit_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def commit(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
@@ -131,6 +133,8 @@ class Container:
     GroupByPartition): task "Partition N" owns partition N of every input.
     ``config``: Samza keys (or snake_case keywords). ``checkpoints``: a
     CheckpointStore (default: in memory). ``engine``: "c" (default) or "python".
+    ``clock``: where every deadline of the run is read (default real time; tests pass a
+    :class:`~tailrace.clock.ManualClock` through :mod:`tailrace.testing`).
 
     ``run()`` blocks until end of stream, shutdown or error, and returns a
     RunResult; an error raises TaskError (or another TailraceError) after the
@@ -147,8 +151,10 @@ class Container:
         checkpoints: CheckpointStore | None = None,
         engine: str = "c",
         default_output_system: str | None = None,
+        clock: Clock | None = None,
         **config_kwargs: Any,
     ) -> None:
+        self._clock = clock if clock is not None else SYSTEM_CLOCK
         self.config = parse_config(config, **config_kwargs)
         self._engine_cls = load_engine(engine)
         self.engine_name = engine
@@ -225,7 +231,7 @@ class Container:
             if runner is not None:
                 runner.close()
             raise
-        return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner)
+        return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner, self._clock)
 
     # -- running --------------------------------------------------------------
     def run(self) -> RunResult:

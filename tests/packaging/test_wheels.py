@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 
 # the one place the version lives (pyproject reads it with scikit-build-core's regex provider)
 SOURCE_VERSION = re.search(
-    r'^__version__ = "([^"]+)"$', (ROOT / "pysrc/tailrace/__init__.py").read_text(), re.M
+    r'^__version__ = "([^"]+)"', (ROOT / "pysrc/tailrace/__init__.py").read_text(), re.M
 )
 assert SOURCE_VERSION is not None
 VERSION = SOURCE_VERSION[1]

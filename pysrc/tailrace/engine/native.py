@@ -25,8 +25,9 @@ from typing import Any
 
 from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartState, _TaskSlot
 from ..api import hook
+from ..clock import Clock
 from ..container import JobPlan
-from ..errors import CallbackTimeoutError, TailraceError, TaskError
+from ..errors import CallbackTimeoutError, ConfigError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
 from .timers import TimerHeap
 
@@ -42,11 +43,16 @@ class _Timers:
     earliest due time, which wakes it (tr_loop_set_user_timer).
     """
 
-    def __init__(self, runner: LoopRunner | None, index: int) -> None:
+    def __init__(self, runner: LoopRunner | None, index: int, clock: Clock) -> None:
         self._lock = threading.Lock()
         self._timers = TimerHeap()
         self.runner = runner
         self.index = index
+        self._clock = clock
+
+    def now(self) -> float:
+        """The run's clock in epoch seconds (``context.now()``)."""
+        return self._clock.time()
 
     def _publish(self) -> None:
         # lock held: the latest call into the loop carries the latest earliest time
@@ -82,6 +88,13 @@ class NativeEngine:
     """
 
     def __init__(self, plan: JobPlan) -> None:
+        if plan.clock.manual:
+            raise ConfigError(
+                "the C engine runs on real time only; a virtual clock (tailrace.testing) needs "
+                "engine='python'",
+                key="engine",
+                allowed="python",
+            )
         self.plan = plan
         self.config = cfg = plan.config
         self._slots: list[_TaskSlot] = []
@@ -92,7 +105,7 @@ class NativeEngine:
             process = tp.task.process if tp.kind == "sync" else tp.task.process_async
             self._slots.append(_TaskSlot(tp.name, tp, process, tp.collector, tp.kind == "async", parts))
             self._windows.append(hook(tp.task, "window") if cfg.window_ms > 0 else None)
-            self._timers.append(_Timers(None, tp.index))
+            self._timers.append(_Timers(None, tp.index, plan.clock))
         self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows])
         for timers in self._timers:
             timers.runner = self._runner

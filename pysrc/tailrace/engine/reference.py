@@ -61,13 +61,13 @@ import functools
 import logging
 import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from .._core import COMMIT_ALL, COMMIT_CURRENT, SHUTDOWN_ALL, SHUTDOWN_CURRENT, Coordinator, Envelope
 from ..api import hook
+from ..clock import Clock
 from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
@@ -159,10 +159,15 @@ class _Timers:
     loop reads due timers with ``next_due``/``pop_due``.
     """
 
-    def __init__(self, wake: Callable[[], None]) -> None:
+    def __init__(self, wake: Callable[[], None], clock: Clock) -> None:
         self._lock = threading.Lock()
         self._timers = TimerHeap()
         self._wake = wake
+        self._clock = clock
+
+    def now(self) -> float:
+        """The run's clock in epoch seconds (``context.now()``: virtual under a test driver)."""
+        return self._clock.time()
 
     def schedule(self, key: Any, when: float, fn: Callable[..., Any]) -> None:
         with self._lock:
@@ -174,7 +179,7 @@ class _Timers:
             return self._timers.remove(key)
 
     def next_due(self) -> float | None:
-        """The earliest registered time (time.time() seconds), or None."""
+        """The earliest registered time (epoch seconds, as the clock's ``time()``), or None."""
         with self._lock:
             return self._timers.earliest()
 
@@ -205,7 +210,7 @@ class _Task:
         self.window = hook(plan.task, "window") if cfg.window_ms > 0 else None
         self.eos_hook = hook(plan.task, "end_of_stream")
         self.coordinator = Coordinator()  # reused by sync process on one thread
-        self.timers = _Timers(engine._wakeup)
+        self.timers = _Timers(engine._wakeup, engine._clock)
         # sequencing (rules 2, 12, 15)
         self.next_seq = 0
         self.next_release = 0
@@ -249,12 +254,13 @@ class ReferenceEngine:
         self.config = plan.config
         # Condition over an RLock: stop() may run in a signal handler on the loop
         # thread while that thread holds the lock.
-        self._cv = threading.Condition(threading.RLock())
+        self._clock = plan.clock  # every deadline of the run comes from it (tailrace.clock)
+        self._cv = self._clock.condition(threading.RLock())
         self._events: deque[tuple[str, _Callback, BaseException | None]] = deque()
         self._signalled = False  # reader wakeup / timer change since the last wait
         self._stop_flag = False
         self._ran = False
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._tasks = [_Task(self, tp, now) for tp in plan.tasks]
         self._rr = 0  # round-robin cursor over tasks (rule 5)
         self._failure: BaseException | None = None
@@ -290,7 +296,7 @@ class ReferenceEngine:
         if self._ran:
             raise TailraceError("ReferenceEngine.run() may be called once")
         self._ran = True
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             self._start()
             if self._failure is None:
@@ -299,11 +305,12 @@ class ReferenceEngine:
         finally:
             self._close_tasks()
             self._stop_pool()
+            self._clock.forget(self._cv)
         if self._failure is not None:
             raise self._failure
         tasks, container = self.metrics()
         committed = {p.ssp: p.committed for t in self._tasks for p in t.parts if p.committed is not None}
-        return RunResult(tasks, container, committed, self._reason, time.monotonic() - started)
+        return RunResult(tasks, container, committed, self._reason, self._clock.monotonic() - started)
 
     # -- threads other than the loop ------------------------------------------
     def _wakeup(self) -> None:
@@ -384,7 +391,7 @@ class ReferenceEngine:
                     return
                 if all(t.outstanding == 0 and not t.commit_requested for t in self._tasks):
                     return
-                if time.monotonic() >= self._drain_deadline:
+                if self._clock.monotonic() >= self._drain_deadline:
                     log.warning(
                         "shutdown: %d callbacks still outstanding after task.shutdown.ms=%d; "
                         "committing low watermarks",
@@ -439,7 +446,7 @@ class ReferenceEngine:
         """Callback timeout (rule 16): the oldest unresolved callback of each task."""
         if self._timeout is None or self._failure is not None:
             return
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for t in self._tasks:
             if not t.unresolved:
                 continue
@@ -516,7 +523,7 @@ class ReferenceEngine:
         log.debug("run loop stopping: %s", reason)
         self._reason = reason
         self._draining = True
-        self._drain_deadline = time.monotonic() + self.config.shutdown_ms / 1000
+        self._drain_deadline = self._clock.monotonic() + self.config.shutdown_ms / 1000
 
     # -- 4. input -------------------------------------------------------------
     def _poll_inputs(self) -> bool:
@@ -543,7 +550,7 @@ class ReferenceEngine:
     # -- 5. barriers: commit, window, timers ----------------------------------
     def _run_barriers(self, commit_only: bool) -> bool:
         ran = False
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for t in self._tasks:
             if self._failure is not None:
                 break
@@ -568,7 +575,7 @@ class ReferenceEngine:
                 continue
             if t.next_window is not None and now >= t.next_window:
                 self._run_window(t)
-                t.next_window = time.monotonic() + self.config.window_ms / 1000  # coalesced (rule 8)
+                t.next_window = self._clock.monotonic() + self.config.window_ms / 1000  # coalesced (rule 8)
                 ran = True
             if not t.outstanding and not t.commit_requested and self._failure is None:
                 ran |= self._run_timers(t)
@@ -583,7 +590,7 @@ class ReferenceEngine:
         if t.next_window is not None and now >= t.next_window:
             return True
         due = t.timers.next_due()
-        return due is not None and due <= time.time()
+        return due is not None and due <= self._clock.time()
 
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
@@ -618,7 +625,7 @@ class ReferenceEngine:
         self._apply_requests(t, coordinator.take())
 
     def _run_timers(self, t: _Task) -> bool:
-        due = t.timers.pop_due(time.time())
+        due = t.timers.pop_due(self._clock.time())
         for key, fn in due:
             coordinator = Coordinator()
             try:
@@ -661,7 +668,7 @@ class ReferenceEngine:
         """Hand buffered envelopes to tasks below their concurrency limit, round robin
         over tasks and, within a task, over its partitions (rules 1-5)."""
         mc = self.config.max_concurrency
-        now = time.monotonic()
+        now = self._clock.monotonic()
         tasks = self._tasks
         n = len(tasks)
         sent = 0
@@ -705,7 +712,7 @@ class ReferenceEngine:
         t.processed += 1
         cb = _Callback(self, t, seq, part, env.offset)
         if self._timeout is not None:
-            cb.deadline = time.monotonic() + self._timeout
+            cb.deadline = self._clock.monotonic() + self._timeout
         t.unresolved[seq] = cb
         if t.kind == "sync":
             if not self._workers:
@@ -729,8 +736,8 @@ class ReferenceEngine:
     def _wait(self) -> None:
         """Block until a completion, input, timer, stop or the next deadline (rule 7)."""
         timeout = self.config.max_idle_ms / 1000
-        now = time.monotonic()
-        wall = time.time()
+        now = self._clock.monotonic()
+        wall = self._clock.time()
         for t in self._tasks:
             # A barrier already due waits for completions (which notify), not for time.
             if t.next_commit is not None and t.next_commit > now:
@@ -751,7 +758,7 @@ class ReferenceEngine:
                 return
             if timeout <= 0:
                 return
-            self._cv.wait(timeout)
+            self._clock.wait(self._cv, timeout)
             self._signalled = False
         self._metrics.idle_wakeups += 1
 
