@@ -81,7 +81,7 @@ class ManualClock(Clock):
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
         self._lock = threading.Lock()
-        self._elapsed = 0.0
+        self._elapsed_ns = 0  # an integer, as the C clock: ten 100 ms steps make exactly 1 s
         self._start = float(start)
         self._conditions: list[_WatchedCondition] = []
         self._went_idle = threading.Event()  # set whenever an engine starts waiting
@@ -92,18 +92,18 @@ class ManualClock(Clock):
 
     def monotonic(self) -> float:
         with self._lock:
-            return self._elapsed
+            return self._elapsed_ns / 1e9
 
     def time(self) -> float:
         with self._lock:
-            return self._start + self._elapsed
+            return self._start + self._elapsed_ns / 1e9
 
     def advance(self, seconds: float) -> None:
         """Move time forward by ``seconds`` (>= 0) and wake every engine waiting on this clock."""
         if seconds < 0:
             raise ValueError(f"a clock never goes back: advance({seconds!r})")
         with self._lock:
-            self._elapsed += seconds
+            self._elapsed_ns += round(seconds * 1e9)
             conditions = list(self._conditions)
         for cond in conditions:
             with cond:

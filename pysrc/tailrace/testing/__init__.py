@@ -75,9 +75,11 @@ class TestDriver:
     """Runs one task class over in-memory input streams on a :class:`~tailrace.clock.ManualClock`.
 
     ``task``: a task class (or a factory returning task instances), as for ``Container``.
-    ``inputs``: input streams and their partition counts, ``{"words": 2}``; the test feeds them
-    with :meth:`send`. Outputs go to streams of the same in-memory system (``system``, default
-    ``"mem"``: ``collector.send("mem.counts", ...)``), read with :meth:`outputs`.
+    ``inputs``: input streams and their partition counts, ``{"words": 2}``, or the messages each
+    partition holds at the start, ``{"words": [["a", "b"], ["c"]]}`` (a restarted job skips what its
+    checkpoint covers); the test feeds them with :meth:`send`. Outputs go to streams of the same
+    in-memory system (``system``, default ``"mem"``: ``collector.send("mem.counts", ...)``), read
+    with :meth:`outputs`.
     ``config``: Samza keys as for ``Container``. ``engine``: ``"python"`` (the reference engine);
     ``"c"`` is refused until the C loop can take its time from a virtual clock.
     ``checkpoints``: a checkpoint store (default in memory; pass the same store to a second
@@ -94,7 +96,7 @@ class TestDriver:
         self,
         task: type | Callable[[], Any],
         *,
-        inputs: Mapping[str, int],
+        inputs: Mapping[str, int | Sequence[Sequence[Any]]],
         config: Mapping[str, Any] | Config | None = None,
         engine: str = "python",
         checkpoints: CheckpointStore | None = None,
@@ -117,8 +119,12 @@ class TestDriver:
         self.system = MemorySystem(system, output_partitions=output_partitions)
         self._streams = list(inputs)
         self._shutdown_s = parsed.shutdown_ms / 1000
-        for stream, partitions in inputs.items():
-            self.system.add_live_stream(stream, partitions)
+        for stream, spec in inputs.items():
+            initial = [[]] * spec if isinstance(spec, int) else [list(p) for p in spec]
+            self.system.add_live_stream(stream, len(initial))
+            for partition, messages in enumerate(initial):
+                for message in messages:
+                    self.system.append(stream, partition, message)
         self.checkpoints = checkpoints if checkpoints is not None else MemoryCheckpointStore()
         self._pending: list[Pending] = []
         self._pending_lock = threading.Lock()
