@@ -158,6 +158,7 @@ struct tr_loop {
     worker *workers;
     const tr_loop_hooks *hooks;
     _Atomic uint32_t stop_requested; /* any thread sets; the loop reads after its notifier wait */
+    _Atomic uint32_t parked;         /* in wait_for_work's sleep (tr_loop_idle) */
     _Atomic uint64_t error;          /* first posted error word (CAS from 0) */
     _Atomic uint32_t reason;
     _Atomic uint32_t discard;  /* workers drop remaining ops */
@@ -197,6 +198,11 @@ struct tr_loop {
     uint64_t to_seq, to_handle;
     uint32_t drain_task, drain_part;
 };
+
+/* The loop's clock (tr_loop_config.clock_fn; virtual under a test driver). */
+static inline int64_t loop_now(const tr_loop *L) {
+    return L->cfg.clock_fn ? L->cfg.clock_fn(L->cfg.clock_ctx) : tr_now_ns();
+}
 
 static inline void bump(_Atomic uint64_t *c) {
     /* single writer (the loop thread); relaxed: readers want a snapshot only */
@@ -832,7 +838,7 @@ static void build_batch(tr_loop *L) {
         finish(L, TR_STOP_ERROR);
         return;
     }
-    L->now = tr_now_ns();
+    L->now = loop_now(L);
     drain_completions(L);
     process_dirty(L);
     fire_timers(L);
@@ -1278,7 +1284,7 @@ static void wait_for_work(tr_loop *L) {
             return;
         tr_cpu_relax();
     }
-    int64_t now = tr_now_ns();
+    int64_t now = loop_now(L);
     int64_t timeout = TICK_NS;
     if (L->nheap) {
         int64_t d = L->heap[0].when - now;
@@ -1301,12 +1307,21 @@ static void wait_for_work(tr_loop *L) {
     uint64_t key = tr_notifier_prepare_wait(&L->notifier);
     /* seq_cst re-check (notifier protocol): a push, stop or error published
      * before our prepare_wait is seen here; one after it bumps the epoch */
-    if (!tr_queue_empty_sc(L->cq) || atomic_load_explicit(&L->stop_requested, TR_SEQ_CST) ||
-        atomic_load_explicit(&L->error, TR_SEQ_CST)) {
+    if (!tr_queue_empty_sc(L->cq) ||
+        (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_SEQ_CST)) ||
+        atomic_load_explicit(&L->error, TR_SEQ_CST) ||
+        (L->cfg.clock_manual && loop_now(L) != now)) { /* moved before prepare_wait */
         tr_notifier_cancel_wait(&L->notifier);
         return;
     }
+    if (L->cfg.clock_manual) { /* virtual deadlines pass only by tr_loop_clock_moved */
+        timeout = TICK_NS;
+        tick_only = 1;
+    }
+    /* seq_cst: tr_loop_idle reads it with the queue, after a push it must see as work */
+    atomic_store_explicit(&L->parked, 1, TR_SEQ_CST);
     tr_status st = tr_notifier_commit_wait(&L->notifier, key, timeout);
+    atomic_store_explicit(&L->parked, 0, TR_SEQ_CST);
     bump(&L->idle_wakeups);
     if (st == TR_ETIMEDOUT && tick_only)
         L->tick = 1;
@@ -1320,7 +1335,7 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     L->ran = 1;
     L->hooks = hooks;
     L->phase = PH_RUNNING;
-    L->now = tr_now_ns();
+    L->now = loop_now(L);
     for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
         task *T = &L->tasks[t];
         for (uint32_t p = 0; p < T->nparts; p++)
@@ -1587,7 +1602,7 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
     P->state = (uint8_t)state;
     if (state == TR_PART_IDLE) {
         if (L->nidle++ == 0)
-            L->next_idle_poll = tr_now_ns() + L->cfg.max_idle_ns;
+            L->next_idle_poll = loop_now(L) + L->cfg.max_idle_ns;
     } else if (state == TR_PART_ENDED) {
         T->nended++;
         maybe_control(L, t);
@@ -1731,7 +1746,20 @@ void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
 void tr_loop_stop(tr_loop *L) {
     /* release: pairs with build()'s acquire load; seq_cst for the notifier's re-check */
     atomic_store_explicit(&L->stop_requested, 1, TR_SEQ_CST);
+    atomic_store_explicit(&L->parked, 0, TR_SEQ_CST); /* busy until it parks again (tr_loop_idle) */
     tr_notifier_notify(&L->notifier);
+}
+
+void tr_loop_clock_moved(tr_loop *L) {
+    /* seq_cst: a tr_loop_idle after this call sees the loop busy until it parks again */
+    atomic_store_explicit(&L->parked, 0, TR_SEQ_CST);
+    tr_notifier_notify(&L->notifier);
+}
+
+int tr_loop_idle(tr_loop *L) {
+    /* seq_cst: pairs with the stores around wait_for_work's sleep; a claimed ticket counts */
+    return atomic_load_explicit(&L->parked, TR_SEQ_CST) && tr_queue_size_approx(L->cq) == 0 &&
+           !atomic_load_explicit(&L->error, TR_SEQ_CST);
 }
 
 tr_status tr_loop_watermark(tr_loop *L, uint32_t t, uint32_t p, tr_mark *out) {

@@ -249,12 +249,14 @@ cdef class LoopRunner:
     cdef object _fatal_error
     cdef bint _running
     cdef uint32_t _input_buffer
+    cdef capi.tr_manual_clock _manual_clock  # the loop's clock when ``clock`` is manual
+    cdef object _clock  # a manual tailrace.clock.Clock, or None (real time)
 
     def __cinit__(self):
         self._loop = NULL
         self._slotv = NULL
 
-    def __init__(self, list slots, handler, config, list window_flags):
+    def __init__(self, list slots, handler, config, list window_flags, clock=None):
         cdef capi.tr_loop_config cfg
         cdef capi.tr_loop_task *tasks
         cdef Py_ssize_t i
@@ -275,6 +277,16 @@ cdef class LoopRunner:
         cfg.callback_timeout_ns = <int64_t>config.callback_timeout_ms * 1000000
         cfg.max_idle_ns = <int64_t>config.max_idle_ms * 1000000
         cfg.shutdown_ns = <int64_t>config.shutdown_ms * 1000000
+        cfg.clock_fn = NULL  # real time (tr_now_ns)
+        cfg.clock_ctx = NULL
+        cfg.clock_manual = 0
+        self._clock = None
+        if clock is not None and clock.manual:  # virtual time: the clock's owner moves it
+            self._clock = clock
+            capi.tr_manual_clock_set(&self._manual_clock, <int64_t>round(clock.monotonic() * 1e9))
+            cfg.clock_fn = capi.tr_manual_clock_read
+            cfg.clock_ctx = <void *>&self._manual_clock
+            cfg.clock_manual = 1
         tasks = <capi.tr_loop_task *>malloc(max(1, self._ntasks) * sizeof(capi.tr_loop_task))
         self._slotv = <PyObject **>malloc(max(1, self._ntasks) * sizeof(PyObject *))
         if tasks is NULL or self._slotv is NULL:
@@ -726,6 +738,15 @@ cdef class LoopRunner:
         """Request a graceful stop; wakes a parked loop (any thread, signal handlers)."""
         capi.tr_loop_stop(self._loop)
 
+    def clock_moved(self, int64_t ns):
+        """A manual clock moved to ``ns``: the loop reads it and runs what became due (any thread)."""
+        capi.tr_manual_clock_set(&self._manual_clock, ns)
+        capi.tr_loop_clock_moved(self._loop)
+
+    def idle(self):
+        """True when the loop is parked with nothing queued for it (any thread)."""
+        return capi.tr_loop_idle(self._loop) != 0
+
     def waker(self, uint32_t task, uint32_t partition):
         """A callable for PartitionReader.start: new input may be ready (any thread)."""
         return _Waker(self, task, partition)
@@ -735,6 +756,9 @@ cdef class LoopRunner:
         cdef int64_t ns
         if when is None:
             ns = 0x7fffffffffffffff
+        elif self._clock is not None:
+            ns = capi.tr_manual_clock_read(&self._manual_clock) + <int64_t>round(
+                (when - self._clock.time()) * 1e9)
         else:
             ns = capi.tr_now_ns() + <int64_t>((when - _time.time()) * 1e9)
         capi.tr_loop_set_user_timer(self._loop, task, ns)

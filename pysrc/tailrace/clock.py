@@ -5,8 +5,9 @@ timeouts, the shutdown wait) is read from one :class:`Clock`. :data:`SYSTEM_CLOC
 :class:`ManualClock` is virtual time that only moves when a test calls :meth:`ManualClock.advance`
 (``tailrace.testing.TestDriver`` uses it), so a window test never sleeps.
 
-An engine creates its wake-up condition with :meth:`Clock.condition` and blocks with
-:meth:`Clock.wait`: on real time that is a plain ``Condition.wait(timeout)``; on a manual clock the
+The Python engine creates its wake-up condition with :meth:`Clock.condition` and blocks with
+:meth:`Clock.wait` (the C loop reads a C clock that the binding moves: ``tr_loop_config.clock_fn``,
+:meth:`ManualClock.attach`). On real time that is a plain ``Condition.wait(timeout)``; on a manual clock the
 engine waits until it is notified (a completion, new input, a stop) or the clock moves, and the
 clock can tell whether the engine has reached that wait with nothing left to do
 (:meth:`ManualClock.settled`): the test driver's "run until idle".
@@ -85,6 +86,8 @@ class ManualClock(Clock):
         self._start = float(start)
         self._conditions: list[_WatchedCondition] = []
         self._went_idle = threading.Event()  # set whenever an engine starts waiting
+        # engines that wait in C (the C loop): (is it idle?, the clock moved to ns) pairs
+        self._probes: list[tuple[Callable[[], bool], Callable[[int], None]]] = []
 
     @property
     def manual(self) -> bool:
@@ -104,7 +107,11 @@ class ManualClock(Clock):
             raise ValueError(f"a clock never goes back: advance({seconds!r})")
         with self._lock:
             self._elapsed_ns += round(seconds * 1e9)
+            elapsed_ns = self._elapsed_ns
             conditions = list(self._conditions)
+            probes = list(self._probes)
+        for _, moved in probes:
+            moved(elapsed_ns)
         for cond in conditions:
             with cond:
                 cond.kicked = True
@@ -136,13 +143,25 @@ class ManualClock(Clock):
         notified or advanced)."""
         with self._lock:
             conditions = list(self._conditions)
-        if not conditions:
+            probes = list(self._probes)
+        if not conditions and not probes:
             return False
         for cond in conditions:
             with cond:
                 if not cond.idle:
                     return False
-        return True
+        return all(idle() for idle, _ in probes)
+
+    def attach(self, idle: Callable[[], bool], moved: Callable[[int], None]) -> None:
+        """An engine that waits outside Python (the C loop): ``idle()`` says it is parked with
+        nothing to do; ``moved(ns)`` hands it the new time (``monotonic()`` in ns) and wakes it."""
+        with self._lock:
+            self._probes.append((idle, moved))
+
+    def detach(self, idle: Callable[[], bool]) -> None:
+        """Forget an engine given to :meth:`attach` (its run ended)."""
+        with self._lock:
+            self._probes = [p for p in self._probes if p[0] != idle]
 
     def wait_settled(self, timeout: float, running: Callable[[], bool]) -> bool:
         """Block (real time, at most ``timeout`` seconds) until :meth:`settled` or ``running()``
@@ -155,7 +174,8 @@ class ManualClock(Clock):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self._went_idle.wait(min(left, 0.05))  # the short cap also catches a run that ended
+            # an engine in C does not set the event: poll it briefly; the cap also sees a run end
+            self._went_idle.wait(min(left, 0.001 if self._probes else 0.05))
         return True
 
     def forget(self, cond: threading.Condition) -> None:

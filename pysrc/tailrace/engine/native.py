@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +26,7 @@ from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartSt
 from ..api import hook
 from ..clock import Clock
 from ..container import JobPlan
-from ..errors import CallbackTimeoutError, ConfigError, TailraceError, TaskError
+from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
 from .timers import TimerHeap
 
@@ -88,13 +87,6 @@ class NativeEngine:
     """
 
     def __init__(self, plan: JobPlan) -> None:
-        if plan.clock.manual:
-            raise ConfigError(
-                "the C engine runs on real time only; a virtual clock (tailrace.testing) needs "
-                "engine='python'",
-                key="engine",
-                allowed="python",
-            )
         self.plan = plan
         self.config = cfg = plan.config
         self._slots: list[_TaskSlot] = []
@@ -106,7 +98,8 @@ class NativeEngine:
             self._slots.append(_TaskSlot(tp.name, tp, process, tp.collector, tp.kind == "async", parts))
             self._windows.append(hook(tp.task, "window") if cfg.window_ms > 0 else None)
             self._timers.append(_Timers(None, tp.index, plan.clock))
-        self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows])
+        self._clock = plan.clock
+        self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows], plan.clock)
         for timers in self._timers:
             timers.runner = self._runner
         self._ran = False
@@ -129,7 +122,11 @@ class NativeEngine:
         if self._ran:
             raise TailraceError("NativeEngine.run() may be called once")
         self._ran = True
-        started = time.monotonic()
+        clock = self._clock
+        started = clock.monotonic()
+        idle = self._runner.idle
+        if clock.manual:  # a test driver's virtual time: it moves the C loop's clock
+            clock.attach(idle, self._runner.clock_moved)
         try:
             if self._start():
                 self._loop()
@@ -137,11 +134,13 @@ class NativeEngine:
                 self._final_commit()  # the low watermark, never past a failure (rules 18, 19)
         finally:
             self._close_tasks()
+            if clock.manual:
+                clock.detach(idle)
         if self._failure is not None:
             raise self._failure
         tasks, container = self.metrics()
         committed = {p.ssp: p.committed for s in self._slots for p in s.parts if p.committed is not None}
-        return RunResult(tasks, container, committed, self._reason, time.monotonic() - started)
+        return RunResult(tasks, container, committed, self._reason, clock.monotonic() - started)
 
     # -- start, loop, end -------------------------------------------------------------
     def _start(self) -> bool:
@@ -263,7 +262,7 @@ class NativeEngine:
     def on_timer(self, i: int) -> int:
         s = self._slots[i]
         requests = 0
-        for key, fn in self._timers[i].pop_due(time.time() + _TIMER_SLACK):
+        for key, fn in self._timers[i].pop_due(self._clock.time() + _TIMER_SLACK):
             coordinator = Coordinator()
             try:
                 fn(key, s.collector, coordinator)
