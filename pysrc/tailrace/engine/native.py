@@ -24,7 +24,7 @@ from typing import Any
 
 from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartState, _TaskSlot
 from ..api import hook
-from ..clock import Clock
+from ..clock import Clock, ManualClock
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
@@ -125,8 +125,9 @@ class NativeEngine:
         clock = self._clock
         started = clock.monotonic()
         idle = self._runner.idle
-        if clock.manual:  # a test driver's virtual time: it moves the C loop's clock
-            clock.attach(idle, self._runner.clock_moved)
+        manual = clock if isinstance(clock, ManualClock) else None
+        if manual is not None:  # a test driver's virtual time: it moves the C loop's clock
+            manual.attach(idle, self._runner.clock_moved)
         try:
             if self._start():
                 self._loop()
@@ -134,8 +135,8 @@ class NativeEngine:
                 self._final_commit()  # the low watermark, never past a failure (rules 18, 19)
         finally:
             self._close_tasks()
-            if clock.manual:
-                clock.detach(idle)
+            if manual is not None:
+                manual.detach(idle)
         if self._failure is not None:
             raise self._failure
         tasks, container = self.metrics()

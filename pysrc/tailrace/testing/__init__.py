@@ -80,8 +80,8 @@ class TestDriver:
     checkpoint covers); the test feeds them with :meth:`send`. Outputs go to streams of the same
     in-memory system (``system``, default ``"mem"``: ``collector.send("mem.counts", ...)``), read
     with :meth:`outputs`.
-    ``config``: Samza keys as for ``Container``. ``engine``: ``"python"`` (the reference engine);
-    ``"c"`` is refused until the C loop can take its time from a virtual clock.
+    ``config``: Samza keys as for ``Container``. ``engine``: ``"python"`` (the reference engine)
+    or ``"c"`` (the C loop); both take every deadline from the driver's clock.
     ``checkpoints``: a checkpoint store (default in memory; pass the same store to a second
     driver to test a restart). ``stores``: state stores, passed to ``Container`` when it takes
     them. ``start``: the virtual epoch time the run starts at.
