@@ -98,6 +98,7 @@ step "pytest (Python $(python -c 'import sys; print("%d.%d" % sys.version_info[:
 python -m pytest -q -p no:cacheprovider "$@"
 for v in "${others[@]}"; do
   step "pytest (Python $v: behaviour, jobs, asyncio, testing driver)"
-  "$ROOT/.venv-test-$v/bin/python" -m pytest -q -p no:cacheprovider tests/behaviour tests/jobs tests/asyncio
+  "$ROOT/.venv-test-$v/bin/python" -m pytest -q -p no:cacheprovider tests/behaviour tests/jobs tests/asyncio \
+    tests/testing
 done
 step "done"
