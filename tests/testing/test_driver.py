@@ -3,7 +3,9 @@ are due, in time order, without sleeping; callbacks complete in any order; resul
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from tailrace.clock import ManualClock
 from tailrace.testing import TestDriver
 
 WINDOW = {"task.window.ms": 1000, "task.commit.ms": 5000}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(params=["python", "c"])
@@ -241,3 +244,19 @@ def test_both_engines_fire_the_same_hooks_at_the_same_virtual_times() -> None:
         ("timer", "t", 1.5),
         ("window", (2, 3), 2.0),
     ]
+
+
+def test_a_job_file_runs_under_the_driver(tmp_path: Path, engine: str) -> None:
+    job = tmp_path / "wordcount"
+    shutil.copytree(EXAMPLES / "wordcount", job, ignore=shutil.ignore_patterns("state", "output"))
+    with TestDriver.from_job(job, engine=engine, overrides={"task.commit.ms": 5000}) as d:
+        assert d.system.name == "files" and d.system.partitions("lines") == 3
+        d.send("lines", "Call me Ishmael, call me", partition=1)
+        assert d.outputs("counts") == []
+        d.advance(1000)  # the job's task.window.ms
+        counts = {m["word"]: m["count"] for m in d.outputs("counts")}
+        assert counts == {"call": 2, "me": 2, "ishmael": 1}
+        assert {m["task"] for m in d.outputs("counts")} == {"Partition 1"}
+        d.advance(4000)
+        assert d.committed_offset("lines", 1) == 0
+    assert not (job / "state").exists()  # the driver's checkpoints stay in memory

@@ -19,9 +19,11 @@ own asyncio loop runs on real time).
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..api import task_kind
@@ -104,6 +106,7 @@ class TestDriver:
         system: str = "mem",
         output_partitions: int = 1,
         start: float = 1_700_000_000.0,
+        default_output_system: str | None = None,
     ) -> None:
         if not inputs:
             raise ConfigError("a test driver needs at least one input stream", key="inputs")
@@ -142,12 +145,58 @@ class TestDriver:
             checkpoints=self.checkpoints,
             engine=engine,
             clock=self.clock,
+            default_output_system=default_output_system,
             **options,
         )
         self._result: RunResult | None = None
         self._error: BaseException | None = None
         self._error_reported = False
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_job(
+        cls,
+        job: str | os.PathLike[str],
+        *,
+        inputs: Mapping[str, int | Sequence[Sequence[Any]]] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        engine: str | None = None,
+        checkpoints: CheckpointStore | None = None,
+    ) -> TestDriver:
+        """A driver for the task and config of a job file (``tailrace run``'s TOML or .py).
+
+        The job's inputs must all be streams of one system; the driver replaces that system by
+        an in-memory one of the same name, so ``collector.send("files.counts", ...)`` lands in
+        :meth:`outputs`. ``inputs`` defaults to each input stream with the partition count the
+        job's system reports. ``overrides`` are ``--config`` pairs (``{"task.window.ms": 100}``);
+        ``engine`` wins over the job's. Checkpoints stay in memory unless ``checkpoints`` is given.
+        """
+        from ..jobfile import load_job
+        from ..types import parse_system_stream
+
+        spec = load_job(Path(job), overrides, engine)
+        streams = [parse_system_stream(name) for name in spec.inputs]
+        systems = {ss.system for ss in streams}
+        if len(systems) != 1:
+            raise ConfigError(
+                f"the test driver feeds the inputs of one system; {spec.source} reads from {sorted(systems)}",
+                key="job.inputs",
+                source=str(spec.source),
+            )
+        (system,) = systems
+        if inputs is None:
+            inputs = {ss.stream: spec.systems[system].partitions(ss.stream) for ss in streams}
+        for s in spec.systems.values():
+            s.close()
+        return cls(
+            spec.load_task(),
+            inputs=inputs,
+            config=spec.config,
+            engine=spec.engine,
+            checkpoints=checkpoints,
+            system=system,
+            default_output_system=spec.default_output,
+        )
 
     # -- the task ---------------------------------------------------------------
     def _factory(self, task: type | Callable[[], Any]) -> Callable[[], Any]:
