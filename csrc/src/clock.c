@@ -6,6 +6,8 @@
 
 #include <time.h>
 
+#include "tailrace/atomics.h"
+
 int64_t tr_now_ns(void) {
     struct timespec ts;
     /* CLOCK_MONOTONIC cannot fail on Linux with a valid pointer. */
@@ -33,4 +35,14 @@ int64_t tr_coarse_lag_ns(void) {
 #else
     return 0;
 #endif
+}
+
+int64_t tr_manual_clock_read(void *clock) {
+    /* acquire: pairs with tr_manual_clock_set's release, so the loop that sees the new time
+     * also sees what the owner did before moving it */
+    return atomic_load_explicit(&((tr_manual_clock *)clock)->ns, TR_ACQUIRE);
+}
+
+void tr_manual_clock_set(tr_manual_clock *clock, int64_t ns) {
+    atomic_store_explicit(&clock->ns, ns, TR_RELEASE); /* pairs with tr_manual_clock_read */
 }

@@ -44,7 +44,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     L->cfg = *cfg;
     atomic_init(&L->refs, 1);
     L->cq_bound = cq_cap;
-    L->coarse_lag = tr_coarse_lag_ns();
+    L->coarse_lag = cfg->clock_fn ? 0 : tr_coarse_lag_ns(); /* a configured clock is exact */
     L->run_until = INT64_MAX;
     L->run_check_from = INT64_MAX;
     if (L->cfg.max_idle_ns < MIN_IDLE_NS)
@@ -241,7 +241,20 @@ void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
 void tr_loop_stop(tr_loop *L) {
     /* release: pairs with trl_build()'s acquire load; seq_cst for the notifier's re-check */
     atomic_store_explicit(&L->stop_requested, 1, TR_SEQ_CST);
+    atomic_store_explicit(&L->parked, 0, TR_SEQ_CST); /* busy until it parks again (tr_loop_idle) */
     tr_notifier_notify(&L->notifier);
+}
+
+void tr_loop_clock_moved(tr_loop *L) {
+    /* seq_cst: a tr_loop_idle after this call sees the loop busy until it parks again */
+    atomic_store_explicit(&L->parked, 0, TR_SEQ_CST);
+    tr_notifier_notify(&L->notifier);
+}
+
+int tr_loop_idle(tr_loop *L) {
+    /* seq_cst: pairs with the stores around wait_for_work's sleep; a claimed ticket counts */
+    return atomic_load_explicit(&L->parked, TR_SEQ_CST) && tr_queue_size_approx(L->cq) == 0 &&
+           !atomic_load_explicit(&L->error, TR_SEQ_CST);
 }
 
 tr_status tr_loop_watermark(tr_loop *L, uint32_t t, uint32_t p, tr_mark *out) {

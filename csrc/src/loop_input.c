@@ -79,7 +79,7 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
     P->state = (uint8_t)state;
     if (state == TR_PART_IDLE) {
         if (L->nidle++ == 0)
-            L->next_idle_poll = tr_now_ns() + L->cfg.max_idle_ns;
+            L->next_idle_poll = trl_now(L) + L->cfg.max_idle_ns;
     } else if (state == TR_PART_ENDED) {
         T->nended++;
         trl_maybe_control(L, t);

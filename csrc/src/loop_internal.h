@@ -205,6 +205,7 @@ struct tr_loop {
      * frees the loop (a worker abandoned by a bounded stop may outlive run) */
     _Atomic uint32_t refs;
     _Atomic uint32_t stop_requested; /* any thread sets; the loop reads after its notifier wait */
+    _Atomic uint32_t parked;         /* in wait_for_work's sleep (tr_loop_idle) */
     _Atomic uint64_t error;          /* first posted error word (CAS from 0) */
     _Atomic uint32_t reason;
     _Atomic uint32_t discard;  /* workers drop remaining ops */
@@ -255,6 +256,16 @@ struct tr_loop {
     uint64_t to_seq, to_handle;
     uint32_t drain_task, drain_part;
 };
+
+/* The loop's clock (tr_loop_config.clock_fn; virtual under a test driver). */
+static inline int64_t trl_now(const tr_loop *L) {
+    return L->cfg.clock_fn ? L->cfg.clock_fn(L->cfg.clock_ctx) : tr_now_ns();
+}
+
+/* The same clock read cheaply (tr_coarse_now_ns); a configured clock is read as is. */
+static inline int64_t trl_coarse_now(const tr_loop *L) {
+    return L->cfg.clock_fn ? L->cfg.clock_fn(L->cfg.clock_ctx) : tr_coarse_now_ns();
+}
 
 static inline void bump(_Atomic uint64_t *c) {
     /* single writer (the loop thread); relaxed: readers want a snapshot only */

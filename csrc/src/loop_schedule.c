@@ -310,7 +310,7 @@ static void build_batch(tr_loop *L) {
         trl_finish(L, TR_STOP_ERROR);
         return;
     }
-    L->now = tr_now_ns();
+    L->now = trl_now(L);
     trl_drain_completions(L);
     trl_process_dirty(L);
     trl_fire_timers(L);
@@ -420,7 +420,7 @@ static void wait_for_work(tr_loop *L) {
             return;
         tr_cpu_relax();
     }
-    int64_t now = tr_now_ns();
+    int64_t now = trl_now(L);
     int64_t timeout = TICK_NS;
     if (L->nheap) {
         int64_t d = L->heap[0].when - now;
@@ -443,13 +443,23 @@ static void wait_for_work(tr_loop *L) {
     uint64_t key = tr_notifier_prepare_wait(&L->notifier);
     /* seq_cst re-check (notifier protocol): a push, stop or error published
      * before our prepare_wait is seen here; one after it bumps the epoch */
-    if (!tr_queue_empty_sc(L->cq) || atomic_load_explicit(&L->stop_requested, TR_SEQ_CST) ||
+    if (!tr_queue_empty_sc(L->cq) ||
+        /* a stop is news only while running: draining, the flag stays set (no busy spin) */
+        (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_SEQ_CST)) ||
         atomic_load_explicit(&L->error, TR_SEQ_CST) ||
-        atomic_load_explicit(&L->broken, TR_SEQ_CST)) {
+        atomic_load_explicit(&L->broken, TR_SEQ_CST) ||
+        (L->cfg.clock_manual && trl_now(L) != now)) { /* moved before prepare_wait */
         tr_notifier_cancel_wait(&L->notifier);
         return;
     }
+    if (L->cfg.clock_manual) { /* virtual deadlines pass only by tr_loop_clock_moved */
+        timeout = TICK_NS;
+        tick_only = 1;
+    }
+    /* seq_cst: tr_loop_idle reads it with the queue, after a push it must see as work */
+    atomic_store_explicit(&L->parked, 1, TR_SEQ_CST);
     tr_status st = tr_notifier_commit_wait(&L->notifier, key, timeout);
+    atomic_store_explicit(&L->parked, 0, TR_SEQ_CST);
     bump(&L->idle_wakeups);
     if (st == TR_ETIMEDOUT && tick_only)
         L->tick = 1;
@@ -464,7 +474,7 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     L->hooks_copy = *hooks;
     L->hooks = &L->hooks_copy;
     L->phase = PH_RUNNING;
-    L->now = tr_now_ns();
+    L->now = trl_now(L);
     for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
         task *T = &L->tasks[t];
         for (uint32_t p = 0; p < T->nparts; p++)
@@ -574,9 +584,9 @@ int tr_loop_run_yield(tr_loop *L) {
         return 1;
     /* one coarse read per message; the exact clock only in the last tick or two
      * before the earliest timer */
-    if (TR_LIKELY(tr_coarse_now_ns() < L->run_check_from))
+    if (TR_LIKELY(trl_coarse_now(L) < L->run_check_from))
         return 0;
-    return tr_now_ns() >= L->run_until;
+    return trl_now(L) >= L->run_until;
 }
 
 void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {

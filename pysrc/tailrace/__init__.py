@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from . import _core  # noqa: F401 - fail early with a clear message
@@ -39,7 +39,10 @@ from .sqlite import SqliteCheckpointStore
 from .stores import KeyValueStore
 from .types import Scope, SystemStream, SystemStreamPartition
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:  # imported lazily at run time (see __getattr__); typed for checkers
+    from .redis import RedisCheckpointStore, RedisSystem
+
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (scikit-build-core regex provider)
 
 __all__ = [
     "AsyncStreamTask",

@@ -22,6 +22,10 @@ cdef extern from "tailrace/status.h" nogil:
 
 cdef extern from "tailrace/clock.h" nogil:
     int64_t tr_now_ns()
+    ctypedef struct tr_manual_clock:
+        pass
+    int64_t tr_manual_clock_read(void *clock)
+    void tr_manual_clock_set(tr_manual_clock *clock, int64_t ns)
 
 
 cdef extern from "tailrace/encoding.h" nogil:
@@ -158,6 +162,9 @@ cdef extern from "tailrace/loop.h" nogil:
         int64_t callback_timeout_ns
         int64_t max_idle_ns
         int64_t shutdown_ns
+        int64_t (*clock_fn)(void *clock_ctx) noexcept nogil
+        void *clock_ctx
+        int32_t clock_manual
     ctypedef struct tr_loop_task:
         uint32_t npartitions
         uint32_t flags
@@ -208,6 +215,8 @@ cdef extern from "tailrace/loop.h" nogil:
     void tr_loop_wake_partition(tr_loop *loop, uint32_t task, uint32_t partition)
     void tr_loop_set_user_timer(tr_loop *loop, uint32_t task, int64_t when_ns)
     void tr_loop_stop(tr_loop *loop)
+    void tr_loop_clock_moved(tr_loop *loop)
+    int tr_loop_idle(tr_loop *loop)
     tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
     tr_status tr_loop_committed(const tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
     uint64_t tr_loop_read_count(const tr_loop *loop, uint32_t task, uint32_t partition)

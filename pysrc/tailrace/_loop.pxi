@@ -307,6 +307,8 @@ cdef class LoopRunner:
     # a StuckCallWatch (tailrace.engine.watchdog) or None: told about each sync call
     # on the loop thread while callback timeouts are on
     cdef public object watch
+    cdef capi.tr_manual_clock _manual_clock  # the loop's clock when ``clock`` is manual
+    cdef object _clock  # a manual tailrace.clock.Clock, or None (real time)
 
     def __cinit__(self):
         self._loop = NULL
@@ -314,7 +316,7 @@ cdef class LoopRunner:
         self._wgil = NULL
         self._wts = NULL
 
-    def __init__(self, list slots, handler, config, list window_flags):
+    def __init__(self, list slots, handler, config, list window_flags, clock=None):
         cdef capi.tr_loop_config cfg
         cdef capi.tr_loop_task *tasks
         cdef Py_ssize_t i
@@ -340,6 +342,16 @@ cdef class LoopRunner:
         self._wts = <PyThreadState **>malloc(max(1, cfg.pool_size) * sizeof(PyThreadState *))
         if self._wgil is NULL or self._wts is NULL:
             raise MemoryError()
+        cfg.clock_fn = NULL  # real time (tr_now_ns)
+        cfg.clock_ctx = NULL
+        cfg.clock_manual = 0
+        self._clock = None
+        if clock is not None and clock.manual:  # virtual time: the clock's owner moves it
+            self._clock = clock
+            capi.tr_manual_clock_set(&self._manual_clock, <int64_t>round(clock.monotonic() * 1e9))
+            cfg.clock_fn = capi.tr_manual_clock_read
+            cfg.clock_ctx = <void *>&self._manual_clock
+            cfg.clock_manual = 1
         tasks = <capi.tr_loop_task *>malloc(max(1, self._ntasks) * sizeof(capi.tr_loop_task))
         self._slotv = <PyObject **>malloc(max(1, self._ntasks) * sizeof(PyObject *))
         if tasks is NULL or self._slotv is NULL:
@@ -872,6 +884,15 @@ cdef class LoopRunner:
         """Request a graceful stop; wakes a parked loop (any thread, signal handlers)."""
         capi.tr_loop_stop(self._loop)
 
+    def clock_moved(self, int64_t ns):
+        """A manual clock moved to ``ns``: the loop reads it and runs what became due (any thread)."""
+        capi.tr_manual_clock_set(&self._manual_clock, ns)
+        capi.tr_loop_clock_moved(self._loop)
+
+    def idle(self):
+        """True when the loop is parked with nothing queued for it (any thread)."""
+        return capi.tr_loop_idle(self._loop) != 0
+
     def waker(self, uint32_t task, uint32_t partition):
         """A callable for PartitionReader.start: new input may be ready (any thread)."""
         return _Waker(self, task, partition)
@@ -884,8 +905,12 @@ cdef class LoopRunner:
         if when is not None:
             # a timer at inf, or centuries ahead, is "never" to the loop (the reference
             # engine agrees: it never fires; a NaN one neither)
-            ahead = (<double>when - _time.time()) * 1e9
-            now = capi.tr_now_ns()
+            if self._clock is not None:  # virtual time: the run's clock, not the wall's
+                ahead = (<double>when - <double>self._clock.time()) * 1e9
+                now = capi.tr_manual_clock_read(&self._manual_clock)
+            else:
+                ahead = (<double>when - _time.time()) * 1e9
+                now = capi.tr_now_ns()
             if ahead <= 0:
                 ns = now
             elif ahead < <double>(0x7fffffffffffffff - now):

@@ -483,6 +483,9 @@ class _LoopTimers:
     def cancel(self, key: Any) -> bool:
         return self._inner.cancel(key)
 
+    def now(self) -> float:
+        return self._inner.now()
+
 
 def _finish(runner: AsyncioRunner, result: Any) -> Any:
     """A hook's result: a coroutine (or other awaitable) is run to completion on

@@ -74,6 +74,8 @@ class TimerService(Protocol):
 
     def cancel(self, key: Any) -> bool: ...
 
+    def now(self) -> float: ...
+
 
 class TaskContext:
     """What a task learns about itself in ``init(context)``.
@@ -135,6 +137,11 @@ class TaskContext:
     def cancel(self, key: Any) -> bool:
         """Remove the timer registered under ``key``; True if there was one."""
         return self._timers.cancel(key)
+
+    def now(self) -> float:
+        """The run's clock in epoch seconds: ``time.time()``, or the virtual time of a test
+        driver. Compute ``schedule`` times from it (``context.now() + 5``)."""
+        return self._timers.now()
 
     def __repr__(self) -> str:
         return f"TaskContext(task_name={self.task_name!r}, partitions={list(map(str, self.partitions))})"

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from .aio import AsyncioRunner, AsyncioTask
 from .api import TaskContext, TimerService, check_task_class, task_kind
+from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
 from .config import Config, parse_config
 from .errors import ConfigError, InputError
@@ -74,6 +75,7 @@ class JobPlan:
     systems: dict[str, System] = field(default_factory=dict)
     # the event loop of ``async def`` tasks (None when there are none)
     asyncio_runner: AsyncioRunner | None = None
+    clock: Clock = SYSTEM_CLOCK  # every deadline of the run (tailrace.testing passes a ManualClock)
     _commit_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def commit(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
@@ -157,6 +159,8 @@ class Container:
     ``stores``: key-value stores of every task (rules 25-29), ``{NAME: {option:
     value}}`` with the options of ``stores.NAME.*`` (``{}`` for the defaults) or a
     list of names; tasks get them with ``context.store(NAME)`` in ``init``.
+    ``clock``: where every deadline of the run is read (default real time; tests pass a
+    :class:`~tailrace.clock.ManualClock` through :mod:`tailrace.testing`).
 
     ``run()`` blocks until end of stream, shutdown or error, and returns a
     RunResult; an error raises TaskError (or another TailraceError) after the
@@ -174,10 +178,12 @@ class Container:
         engine: str = "c",
         default_output_system: str | None = None,
         stores: Mapping[str, Mapping[str, Any] | None] | Sequence[str] | None = None,
+        clock: Clock | None = None,
         **config_kwargs: Any,
     ) -> None:
         if stores is not None:
             config_kwargs["stores"] = stores
+        self._clock = clock if clock is not None else SYSTEM_CLOCK
         self.config = parse_config(config, **config_kwargs)
         self._engine_cls = load_engine(engine)
         self.engine_name = engine
@@ -268,7 +274,7 @@ class Container:
             if runner is not None:
                 runner.close()
             raise
-        return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner)
+        return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner, self._clock)
 
     def _check_task(self, instance: Any) -> None:
         """Start-up checks of the task class (misspelled hooks, a window that never runs);

@@ -157,6 +157,12 @@ typedef struct tr_loop_config {
     int64_t callback_timeout_ns; /* <= 0 disables (rule 16) */
     int64_t max_idle_ns;         /* idle re-poll period (clamped to >= 1 ms) */
     int64_t shutdown_ns;         /* graceful wait for outstanding callbacks (rule 19) */
+    /* The loop's clock (ns; NULL: tr_now_ns). Every period, deadline and timer reads it. With
+     * clock_manual set it is virtual (tr_manual_clock_read): the loop never waits for real time
+     * to reach a deadline; the clock's owner moves it and calls tr_loop_clock_moved. */
+    int64_t (*clock_fn)(void *clock_ctx);
+    void *clock_ctx;
+    int32_t clock_manual;
 } tr_loop_config;
 
 typedef struct tr_loop_hooks {
@@ -312,6 +318,11 @@ void tr_loop_set_user_timer(tr_loop *loop, uint32_t task, int64_t when_ns);
  * FUTEX_WAKE syscall, no lock (elsewhere the notify takes a mutex: call it
  * from a thread, not a handler). Stops gracefully (rule 19). */
 void tr_loop_stop(tr_loop *loop);
+/* Any thread: a manual clock moved; wake the loop to run what became due. */
+void tr_loop_clock_moved(tr_loop *loop);
+/* Any thread: 1 when the loop is parked with nothing to do (no completion, wake-up or stop
+ * queued for it): what a test driver on a manual clock waits for. */
+int tr_loop_idle(tr_loop *loop);
 
 /* Loop thread: the task partition's low watermark / record a durable commit. */
 tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out);

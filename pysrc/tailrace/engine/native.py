@@ -20,12 +20,12 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartState, _TaskSlot
 from ..api import hook
+from ..clock import Clock, ManualClock
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
@@ -44,11 +44,16 @@ class _Timers:
     earliest due time, which wakes it (tr_loop_set_user_timer).
     """
 
-    def __init__(self, runner: LoopRunner | None, index: int) -> None:
+    def __init__(self, runner: LoopRunner | None, index: int, clock: Clock) -> None:
         self._lock = threading.Lock()
         self._timers = TimerHeap()
         self.runner = runner
         self.index = index
+        self._clock = clock
+
+    def now(self) -> float:
+        """The run's clock in epoch seconds (``context.now()``)."""
+        return self._clock.time()
 
     def _publish(self) -> None:
         # lock held: the latest call into the loop carries the latest earliest time
@@ -94,8 +99,9 @@ class NativeEngine:
             process = tp.task.process if tp.kind == "sync" else tp.task.process_async
             self._slots.append(_TaskSlot(tp.name, tp, process, tp.collector, tp.kind == "async", parts))
             self._windows.append(hook(tp.task, "window") if cfg.window_ms > 0 else None)
-            self._timers.append(_Timers(None, tp.index))
-        self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows])
+            self._timers.append(_Timers(None, tp.index, plan.clock))
+        self._clock = plan.clock
+        self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows], plan.clock)
         for timers in self._timers:
             timers.runner = self._runner
         self._ran = False
@@ -118,7 +124,12 @@ class NativeEngine:
         if self._ran:
             raise TailraceError("NativeEngine.run() may be called once")
         self._ran = True
-        started = time.monotonic()
+        clock = self._clock
+        started = clock.monotonic()
+        idle = self._runner.idle
+        manual = clock if isinstance(clock, ManualClock) else None
+        if manual is not None:  # a test driver's virtual time: it moves the C loop's clock
+            manual.attach(idle, self._runner.clock_moved)
         try:
             if self._start():
                 self._loop()
@@ -126,11 +137,13 @@ class NativeEngine:
                 self._final_commit()  # the low watermark, never past a failure (rules 18, 19)
         finally:
             self._close_tasks()
+            if manual is not None:
+                manual.detach(idle)
         if self._failure is not None:
             raise self._failure
         tasks, container = self.metrics()
         committed = {p.ssp: p.committed for s in self._slots for p in s.parts if p.committed is not None}
-        return RunResult(tasks, container, committed, self._reason, time.monotonic() - started)
+        return RunResult(tasks, container, committed, self._reason, clock.monotonic() - started)
 
     # -- start, loop, end -------------------------------------------------------------
     def _start(self) -> bool:
@@ -268,7 +281,7 @@ class NativeEngine:
     def on_timer(self, i: int) -> int:
         s = self._slots[i]
         requests = 0
-        for key, fn in self._timers[i].pop_due(time.time() + _TIMER_SLACK):
+        for key, fn in self._timers[i].pop_due(self._clock.time() + _TIMER_SLACK):
             coordinator = Coordinator()
             try:
                 fn(key, s.collector, coordinator)

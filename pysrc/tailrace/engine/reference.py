@@ -71,6 +71,7 @@ from typing import Any
 
 from .._core import COMMIT_ALL, COMMIT_CURRENT, SHUTDOWN_ALL, SHUTDOWN_CURRENT, Coordinator, Envelope
 from ..api import hook
+from ..clock import Clock
 from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
@@ -164,10 +165,15 @@ class _Timers:
     loop reads due timers with ``next_due``/``pop_due``.
     """
 
-    def __init__(self, wake: Callable[[], None]) -> None:
+    def __init__(self, wake: Callable[[], None], clock: Clock) -> None:
         self._lock = threading.Lock()
         self._timers = TimerHeap()
         self._wake = wake
+        self._clock = clock
+
+    def now(self) -> float:
+        """The run's clock in epoch seconds (``context.now()``: virtual under a test driver)."""
+        return self._clock.time()
 
     def schedule(self, key: Any, when: float, fn: Callable[..., Any]) -> None:
         with self._lock:
@@ -179,7 +185,7 @@ class _Timers:
             return self._timers.remove(key)
 
     def next_due(self) -> float | None:
-        """The earliest registered time (time.time() seconds), or None."""
+        """The earliest registered time (epoch seconds, as the clock's ``time()``), or None."""
         with self._lock:
             return self._timers.earliest()
 
@@ -210,7 +216,7 @@ class _Task:
         self.window = hook(plan.task, "window") if cfg.window_ms > 0 else None
         self.eos_hook = hook(plan.task, "end_of_stream")
         self.coordinator = Coordinator()  # reused by sync process on one thread
-        self.timers = _Timers(engine._wakeup)
+        self.timers = _Timers(engine._wakeup, engine._clock)
         # sequencing (rules 2, 12, 15)
         self.next_seq = 0
         self.next_release = 0
@@ -254,13 +260,14 @@ class ReferenceEngine:
         self.config = plan.config
         # Condition over an RLock: stop() may run in a signal handler on the loop
         # thread while that thread holds the lock.
-        self._cv = threading.Condition(threading.RLock())
+        self._clock = plan.clock  # every deadline of the run comes from it (tailrace.clock)
+        self._cv = self._clock.condition(threading.RLock())
         self._events: deque[tuple[str, _Callback, BaseException | None]] = deque()
         self._signalled = False  # reader wakeup / timer change since the last wait
         self._stop_flag = False
         self._ran = False
         self._watch: StuckCallWatch | None = None  # sync calls on the loop thread (rules 3, 16)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._tasks = [_Task(self, tp, now) for tp in plan.tasks]
         self._rr = 0  # round-robin cursor over tasks (rule 5)
         self._failure: BaseException | None = None
@@ -296,7 +303,7 @@ class ReferenceEngine:
         if self._ran:
             raise TailraceError("ReferenceEngine.run() may be called once")
         self._ran = True
-        started = time.monotonic()
+        started = self._clock.monotonic()
         ms = self.config.callback_timeout_ms
         if ms > 0 and not self.config.thread_pool_size:
             self._watch = StuckCallWatch(ms, threading.get_ident())
@@ -310,11 +317,12 @@ class ReferenceEngine:
             self._stop_pool()
             if self._watch is not None:
                 self._watch.close()
+            self._clock.forget(self._cv)
         if self._failure is not None:
             raise self._failure
         tasks, container = self.metrics()
         committed = {p.ssp: p.committed for t in self._tasks for p in t.parts if p.committed is not None}
-        return RunResult(tasks, container, committed, self._reason, time.monotonic() - started)
+        return RunResult(tasks, container, committed, self._reason, self._clock.monotonic() - started)
 
     # -- threads other than the loop ------------------------------------------
     def _wakeup(self) -> None:
@@ -338,7 +346,7 @@ class ReferenceEngine:
         error: BaseException | None = None
         watch = self._watch if not self._workers else None  # the loop thread's own calls
         if watch is not None:
-            started = time.monotonic()
+            started = time.monotonic()  # real time, as the C engine: the call takes real time
             watch.begin(t.name, cb.part.ssp, cb.offset, started)
         try:
             t.process(env, t.collector, coordinator)
@@ -421,7 +429,7 @@ class ReferenceEngine:
                     return
                 if all(t.outstanding == 0 and not t.commit_requested for t in self._tasks):
                     return
-                if time.monotonic() >= self._drain_deadline:
+                if self._clock.monotonic() >= self._drain_deadline:
                     log.warning(
                         "shutdown: %d callbacks still outstanding after task.shutdown.ms=%d; "
                         "committing low watermarks",
@@ -476,7 +484,7 @@ class ReferenceEngine:
         """Callback timeout (rule 16): the oldest unresolved callback of each task."""
         if self._timeout is None or self._failure is not None:
             return
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for t in self._tasks:
             if not t.unresolved:
                 continue
@@ -553,7 +561,7 @@ class ReferenceEngine:
         log.debug("run loop stopping: %s", reason)
         self._reason = reason
         self._draining = True
-        self._drain_deadline = time.monotonic() + self.config.shutdown_ms / 1000
+        self._drain_deadline = self._clock.monotonic() + self.config.shutdown_ms / 1000
 
     # -- 4. input -------------------------------------------------------------
     def _poll_inputs(self) -> bool:
@@ -580,7 +588,7 @@ class ReferenceEngine:
     # -- 5. barriers: commit, window, timers ----------------------------------
     def _run_barriers(self, commit_only: bool) -> bool:
         ran = False
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for t in self._tasks:
             if self._failure is not None:
                 break
@@ -605,7 +613,7 @@ class ReferenceEngine:
                 continue
             if t.next_window is not None and now >= t.next_window:
                 self._run_window(t)
-                t.next_window = time.monotonic() + self.config.window_ms / 1000  # coalesced (rule 8)
+                t.next_window = self._clock.monotonic() + self.config.window_ms / 1000  # coalesced (rule 8)
                 ran = True
             if not t.outstanding and not t.commit_requested and self._failure is None:
                 ran |= self._run_timers(t)
@@ -620,7 +628,7 @@ class ReferenceEngine:
         if t.next_window is not None and now >= t.next_window:
             return True
         due = t.timers.next_due()
-        return due is not None and due <= time.time()
+        return due is not None and due <= self._clock.time()
 
     def _barrier_due(self, t: _Task, now: float) -> float:
         """When t's next window, commit or user timer is due (monotonic seconds; inf: none)."""
@@ -631,7 +639,7 @@ class ReferenceEngine:
             due = t.next_window
         timer = t.timers.next_due()  # wall clock
         if timer is not None:
-            due = min(due, now + (timer - time.time()))
+            due = min(due, now + (timer - self._clock.time()))
         return due
 
     def _commit(self, t: _Task) -> None:
@@ -674,7 +682,7 @@ class ReferenceEngine:
         self._apply_requests(t, coordinator.take())
 
     def _run_timers(self, t: _Task) -> bool:
-        due = t.timers.pop_due(time.time())
+        due = t.timers.pop_due(self._clock.time())
         for key, fn in due:
             coordinator = Coordinator()
             try:
@@ -717,7 +725,7 @@ class ReferenceEngine:
         """Hand buffered envelopes to tasks below their concurrency limit, round robin
         over tasks and, within a task, over its partitions (rules 1-5)."""
         mc = self.config.max_concurrency
-        now = time.monotonic()
+        now = self._clock.monotonic()
         tasks = self._tasks
         n = len(tasks)
         sent = 0
@@ -734,7 +742,7 @@ class ReferenceEngine:
                 t = tasks[(self._rr + i) % n]
                 if t.done or t.outstanding >= mc or not t.buffered():
                     continue
-                now = time.monotonic()
+                now = self._clock.monotonic()
                 if now >= due or self._stop_flag:
                     halt = True  # rules 8, 19: the loop acts on it before any more messages
                     break
@@ -777,7 +785,7 @@ class ReferenceEngine:
         t.processed += 1
         cb = _Callback(self, t, seq, part, env.offset)
         if self._timeout is not None:
-            cb.deadline = time.monotonic() + self._timeout
+            cb.deadline = self._clock.monotonic() + self._timeout
         t.unresolved[seq] = cb
         if t.kind == "sync":
             if not self._workers:
@@ -801,8 +809,8 @@ class ReferenceEngine:
     def _wait(self) -> None:
         """Block until a completion, input, timer, stop or the next deadline (rule 7)."""
         timeout = self.config.max_idle_ms / 1000
-        now = time.monotonic()
-        wall = time.time()
+        now = self._clock.monotonic()
+        wall = self._clock.time()
         for t in self._tasks:
             # A barrier already due waits for completions (which notify), not for time.
             if t.next_commit is not None and t.next_commit > now:
@@ -823,7 +831,7 @@ class ReferenceEngine:
                 return
             if timeout <= 0:
                 return
-            self._cv.wait(timeout)
+            self._clock.wait(self._cv, timeout)
             self._signalled = False
         self._metrics.idle_wakeups += 1
 

@@ -1,0 +1,262 @@
+"""tailrace.testing.TestDriver: virtual time fires exactly the windows, commits and timers that
+are due, in time order, without sleeping; callbacks complete in any order; results are exposed."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tailrace
+from tailrace.clock import ManualClock
+from tailrace.testing import TestDriver
+
+WINDOW = {"task.window.ms": 1000, "task.commit.ms": 5000}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(params=["python", "c"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Every test body runs on both engines: both take their time from the driver's clock."""
+    return str(request.param)
+
+
+class Recorder(tailrace.StreamTask):
+    """Logs every hook with the virtual time it ran at."""
+
+    def init(self, context: Any) -> None:
+        self.context = context
+        self.log: list[tuple[str, Any, float]] = []
+        self.buffer: list[Any] = []
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.log.append(("process", envelope.message, self.context.now()))
+        self.buffer.append(envelope.message)
+        if isinstance(envelope.message, tuple) and envelope.message[0] == "schedule":
+            _, key, delay = envelope.message
+            self.context.schedule(key, self.context.now() + delay, self.fire)
+
+    def window(self, collector: Any, coordinator: Any) -> None:
+        self.log.append(("window", tuple(self.buffer), self.context.now()))
+        collector.send("mem.windows", list(self.buffer))
+        self.buffer.clear()
+
+    def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+        self.log.append(("timer", key, self.context.now()))
+        collector.send("mem.timers", key)
+
+
+def test_windows_fire_exactly_when_due_and_never_before(tailrace_driver: Any, engine: str) -> None:  # rule 8
+    d = tailrace_driver(Recorder, inputs={"in": 1}, config=WINDOW, engine=engine)
+    start = d.now
+    d.send_all("in", [1, 2])
+    for _ in range(9):
+        d.advance(100)
+    assert d.outputs("windows") == []
+    d.advance(100)
+    assert d.outputs("windows") == [[1, 2]]
+    d.send("in", 3)
+    d.advance(999)
+    assert d.outputs("windows") == [[1, 2]]
+    d.advance(1)
+    assert d.outputs("windows") == [[1, 2], [3]]
+    (task,) = d.tasks
+    assert [(kind, at - start) for kind, _, at in task.log if kind == "window"] == [
+        ("window", 1.0),
+        ("window", 2.0),
+    ]
+    assert d.metrics()[0]["Partition 0"].windows == 2
+
+
+def test_a_long_advance_fires_a_window_once(tailrace_driver: Any, engine: str) -> None:  # rule 8: coalesced
+    d = tailrace_driver(Recorder, inputs={"in": 1}, config=WINDOW, engine=engine)
+    d.send("in", "x")
+    d.advance(10_000)
+    assert d.outputs("windows") == [["x"]]
+    d.advance(999)
+    assert d.outputs("windows") == [["x"]]  # the next period counts from when the window ran
+    d.advance(1)
+    assert d.outputs("windows") == [["x"], []]
+
+
+def test_timers_fire_in_time_order_at_their_due_time(tailrace_driver: Any, engine: str) -> None:  # rule 23
+    d = tailrace_driver(Recorder, inputs={"in": 1}, engine=engine)
+    start = d.now
+    d.send("in", ("schedule", "late", 3.0))
+    d.send("in", ("schedule", "early", 1.0))
+    d.send("in", ("schedule", "middle", 2.0))
+    d.send("in", ("schedule", "replaced", 1.5))
+    d.send("in", ("schedule", "replaced", 2.5))  # re-registering a key replaces its timer
+    d.advance(999)
+    assert d.outputs("timers") == []
+    d.advance(1)
+    assert d.outputs("timers") == ["early"]
+    d.advance(5000)  # one step over several timers: all due ones, in time order
+    assert d.outputs("timers") == ["early", "middle", "replaced", "late"]
+    (task,) = d.tasks
+    fired = [(key, round(at - start, 3)) for kind, key, at in task.log if kind == "timer"]
+    assert fired == [("early", 1.0), ("middle", 6.0), ("replaced", 6.0), ("late", 6.0)]
+    # (the ``timers`` metric is not compared: the C engine counts timer barriers, the reference
+    # engine timer functions)
+
+
+def test_commits_follow_the_virtual_commit_period(tailrace_driver: Any, engine: str) -> None:  # rule 9
+    d = tailrace_driver(Recorder, inputs={"in": 2}, config=WINDOW, engine=engine)
+    d.send("in", "a", partition=0)
+    d.send("in", "b", partition=1)
+    d.send("in", "c", partition=1)
+    d.advance(4999)
+    assert d.committed() == {}
+    d.advance(1)
+    assert d.committed_offset("in", 0) == 0 and d.committed_offset("in", 1) == 1
+    assert d.checkpoints.committed() == d.committed()  # what the store holds
+    d.send("in", "d", partition=0)
+    d.advance(5000)
+    assert d.committed_offset("in", 0) == 1
+
+
+def test_no_real_time_passes_for_virtual_hours(tailrace_driver: Any, engine: str) -> None:
+    d = tailrace_driver(Recorder, inputs={"in": 1}, config={"task.window.ms": 60_000}, engine=engine)
+    began = time.monotonic()
+    for i in range(60):  # an hour of one-minute windows
+        d.send("in", i)
+        d.advance(60_000)
+    assert len(d.outputs("windows")) == 60
+    assert time.monotonic() - began < 30  # milliseconds per step in practice; never a real minute
+
+
+class Lookup(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        collector.send("mem.asked", envelope.message)
+
+
+def test_callbacks_complete_in_any_order_and_commit_the_low_watermark(
+    tailrace_driver: Any, engine: str
+) -> None:  # rule 12
+    d = tailrace_driver(
+        Lookup, inputs={"in": 1}, config={"task.max.concurrency": 4, "task.commit.ms": 100}, engine=engine
+    )
+    d.send_all("in", list(range(6)))
+    assert [p.offset for p in d.pending] == [0, 1, 2, 3]  # rule 2: at most 4 outstanding
+    by_offset = {p.offset: p for p in d.pending}
+    for offset in (3, 1, 2):
+        by_offset[offset].complete()
+    d.advance(100)
+    assert d.committed_offset("in") is None  # 0 is still out (rule 13)
+    by_offset[0].complete()
+    assert [p.offset for p in d.pending] == [4, 5]
+    d.advance(100)
+    assert d.committed_offset("in") == 3
+    for p in reversed(d.pending):
+        p.complete()
+    d.advance(100)
+    assert d.committed_offset("in") == 5
+    assert d.outputs("asked") == list(range(6))
+
+
+def test_callback_timeout_is_virtual(tailrace_driver: Any, engine: str) -> None:  # rule 16
+    d = tailrace_driver(Lookup, inputs={"in": 1}, config={"task.callback.timeout.ms": 30_000}, engine=engine)
+    d.send("in", "slow")
+    d.advance(29_999)
+    assert d.running
+    with pytest.raises(tailrace.CallbackTimeoutError):
+        d.advance(1)
+    assert not d.running
+
+
+def test_end_of_input_runs_end_of_stream_and_a_restart_resumes_from_the_checkpoint(
+    engine: str,
+) -> None:  # rule 11, 13
+    class Last(Recorder):
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            collector.send("mem.last", list(self.buffer))
+
+    with TestDriver(Last, inputs={"in": 1}, engine=engine) as first:
+        first.send_all("in", ["a", "b"])
+        first.end_input()
+        assert first.outputs("last") == [["a", "b"]]
+        assert not first.running and first.result is not None
+        assert first.result.reason == "end_of_stream"
+    # the same job again over the same input plus one message: offsets 0 and 1 were committed
+    with TestDriver(
+        Last, inputs={"in": [["a", "b", "c"]]}, checkpoints=first.checkpoints, engine=engine
+    ) as second:
+        second.end_input()
+        assert second.outputs("last") == [["c"]]
+
+
+def test_close_waits_for_pending_callbacks_for_task_shutdown_ms_of_virtual_time(
+    engine: str,
+) -> None:  # rule 19
+    d = TestDriver(
+        Lookup,
+        inputs={"in": 1},
+        config={"task.max.concurrency": 2, "task.shutdown.ms": 60_000},
+        engine=engine,
+    )
+    d.start()
+    d.send_all("in", ["done", "never"])
+    d.pending[0].complete()
+    began = time.monotonic()
+    result = d.close()
+    assert result is not None and result.committed[tailrace.SystemStreamPartition("mem", "in", 0)] == 0
+    assert time.monotonic() - began < 30
+
+
+def test_the_driver_refuses_what_it_cannot_make_deterministic() -> None:
+    with pytest.raises(tailrace.ConfigError, match=r"thread\.pool\.size"):
+        TestDriver(Recorder, inputs={"in": 1}, config={"job.container.thread.pool.size": 2})
+
+    class Coroutine(tailrace.AsyncStreamTask):
+        async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="async def process"), TestDriver(Coroutine, inputs={"in": 1}):
+        pass
+
+
+def test_manual_clock_moves_only_forward() -> None:
+    clock = ManualClock(start=100.0)
+    assert (clock.time(), clock.monotonic()) == (100.0, 0.0)
+    clock.advance(1.5)
+    assert (clock.time(), clock.monotonic()) == (101.5, 1.5)
+    with pytest.raises(ValueError, match="never goes back"):
+        clock.advance(-1)
+
+
+def test_both_engines_fire_the_same_hooks_at_the_same_virtual_times() -> None:
+    logs = []
+    for engine in ("python", "c"):
+        with TestDriver(Recorder, inputs={"in": 1}, config=WINDOW, engine=engine) as d:
+            start = d.now
+            d.send("in", ("schedule", "t", 1.5))
+            for i in range(4):
+                d.send("in", i)
+                d.advance(500)
+            (task,) = d.tasks
+            logs.append([(kind, what, round(at - start, 6)) for kind, what, at in task.log])
+    assert logs[0] == logs[1]
+    assert [entry for entry in logs[0] if entry[0] != "process"] == [
+        ("window", (("schedule", "t", 1.5), 0, 1), 1.0),
+        ("timer", "t", 1.5),
+        ("window", (2, 3), 2.0),
+    ]
+
+
+def test_a_job_file_runs_under_the_driver(tmp_path: Path, engine: str) -> None:
+    job = tmp_path / "wordcount"
+    shutil.copytree(EXAMPLES / "wordcount", job, ignore=shutil.ignore_patterns("state", "output"))
+    with TestDriver.from_job(job, engine=engine, overrides={"task.commit.ms": 5000}) as d:
+        assert d.system.name == "files" and d.system.partitions("lines") == 3
+        d.send("lines", "Call me Ishmael, call me", partition=1)
+        assert d.outputs("counts") == []
+        d.advance(1000)  # the job's task.window.ms
+        counts = {m["word"]: m["count"] for m in d.outputs("counts")}
+        assert counts == {"call": 2, "me": 2, "ishmael": 1}
+        assert {m["task"] for m in d.outputs("counts")} == {"Partition 1"}
+        d.advance(4000)
+        assert d.committed_offset("lines", 1) == 0
+    assert not (job / "state").exists()  # the driver's checkpoints stay in memory
