@@ -78,7 +78,8 @@ for v in $EXTRA_PYTHONS; do
   "$venv/bin/python" -m build --wheel --outdir "dist/py$v" dist/tailrace-*.tar.gz >>build-wheel.log 2>&1 \
     || { tail -50 build-wheel.log; exit 1; }
   repair_wheel "dist/py$v"/tailrace-*.whl
-  "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$WHEELHOUSE"/tailrace-*-cp"${v/./}"-*.whl
+  # with its dependencies (rich), as a user's pip install would
+  "$venv/bin/python" -m pip install -q --force-reinstall "$WHEELHOUSE"/tailrace-*-cp"${v/./}"-*.whl
   others+=("$v")
 done
 ls "$WHEELHOUSE"
