@@ -35,7 +35,6 @@ import logging
 import os
 import re
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -43,6 +42,7 @@ from typing import Any, BinaryIO
 from ._core import Envelope
 from .errors import ConfigError, InputError
 from .interfaces import PartitionReader, Producer, System
+from .serdes import _json_decode, _json_encode  # the raw functions: errors stay the codec's own
 from .types import Offset, SystemStreamPartition
 
 log = logging.getLogger("tailrace.files")
@@ -51,6 +51,10 @@ FORMATS = {".jsonl": "jsonl", ".txt": "text"}
 _PARTITION_FILE = re.compile(r"^partition-(0|[1-9][0-9]*)(\.jsonl|\.txt)$")
 _CHUNK = 1 << 16  # bytes read from a file at a time
 _LOGGED_SKIPS = 10  # bad lines logged individually per partition before going quiet
+
+
+def _decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8")
 
 
 def partition_file(directory: Path, partition: int, fmt: str = "jsonl") -> Path:
@@ -97,7 +101,15 @@ def scan_stream(directory: Path) -> tuple[int, str]:
 
 
 class FileReader(PartitionReader):
-    """Reads one partition file on a read-ahead thread into a bounded buffer."""
+    """Reads one partition file on the engine's loop thread, lazily, one chunk at a time.
+
+    No thread of its own: ``poll`` reads the next chunk (``os.read``, which drops the
+    GIL while the kernel copies), splits it into lines, tracks each line's byte offset
+    and decodes at most ``max_messages`` (and at most ``read_ahead``) of them. So the
+    reader holds one chunk of undecoded bytes and never more than one poll's messages:
+    backpressure is the engine simply not polling (rule 6). A file input never waits
+    for data (inputs are bounded), so ``wakeup`` is never needed.
+    """
 
     def __init__(
         self,
@@ -115,18 +127,17 @@ class FileReader(PartitionReader):
         self._capacity = max(1, read_ahead)
         self._skip_bad = skip_bad_lines
         self._key_field = key_field
-        self._buf: deque[Envelope] = deque()
-        self._cond = threading.Condition()
-        self._done = False  # the thread reached the end of the file (or failed)
-        self._error: InputError | None = None
-        self._closed = False
-        self._starved = False  # the last poll returned nothing: wake the engine on news
-        self._wakeup: Callable[[], None] | None = None
+        self._decode_line: Callable[[bytes], Any] = _decode_text if fmt == "text" else _json_decode
         self._skipped = 0
-        self._thread: threading.Thread | None = None
-        self._file: BinaryIO | None = None
-        self._first_line = 1  # line number of the first line read (None once unknown)
-        self._start_pos = 0
+        self._fd = -1
+        self._closed = False
+        # the current chunk: complete lines (no newline), the next to decode, its offset
+        self._lines: list[bytes] = []
+        self._next = 0
+        self._pos = 0  # byte offset of self._lines[self._next]
+        self._tail = b""  # bytes after the chunk's last newline (start of the next line)
+        self._eof = False
+        self._line_base = 1  # line number of self._lines[0]; 0 when unknown (resumed mid-file)
 
     # -- engine side (loop thread) ---------------------------------------------
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
@@ -137,15 +148,12 @@ class FileReader(PartitionReader):
             pos = 0
             if after is not None:
                 pos = self._seek_after(f, after)
-        except BaseException:
+            fd = os.dup(f.fileno())
+        finally:
             f.close()
-            raise
-        self._file = f
-        self._start_pos = pos
-        self._first_line = 1 if after is None else 0  # 0: unknown, computed on error
-        self._wakeup = wakeup
-        self._thread = threading.Thread(target=self._run, name=f"tailrace-read-{self.ssp}", daemon=True)
-        self._thread.start()
+        self._fd = fd
+        self._pos = pos
+        self._line_base = 1 if after is None else 0  # 0: unknown, computed on error
 
     def _seek_after(self, f: BinaryIO, after: Offset) -> int:
         """Position just past the line that starts at committed offset ``after``."""
@@ -172,97 +180,89 @@ class FileReader(PartitionReader):
         f.readline()  # the committed message itself
         return f.tell()
 
+    def _fill(self) -> bool:
+        """Read the next chunk into ``_lines``; False at the end of the file."""
+        if self._line_base:
+            self._line_base += len(self._lines)
+        self._lines = []
+        self._next = 0
+        while not self._eof:
+            try:
+                chunk = os.pread(self._fd, _CHUNK, self._pos + len(self._tail))
+            except OSError as e:
+                raise InputError(f"read failed: {e}", source=str(self.path)) from None
+            if not chunk:
+                self._eof = True
+                if self._tail:  # a last line without a newline
+                    self._lines = [self._tail]
+                    self._tail = b""
+                    return True
+                return False
+            data = self._tail + chunk if self._tail else chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                self._tail = data  # a line longer than a chunk: read on
+                continue
+            self._lines = data[:cut].split(b"\n")
+            self._tail = data[cut + 1 :]
+            return True
+        return False
+
     def poll(self, max_messages: int) -> list[Envelope]:
-        with self._cond:
-            n = min(max_messages, len(self._buf))
-            if n == 0:
-                if self._error is not None:
-                    raise self._error
-                self._starved = True
-                return []
-            buf = self._buf
-            out = [buf.popleft() for _ in range(n)]
-            self._starved = False
-            self._cond.notify()  # room for the reader thread
-            return out
+        if self._fd < 0:
+            return []
+        out: list[Envelope] = []
+        want = min(max_messages, self._capacity)
+        s = self.ssp
+        system, stream, partition = s.system, s.stream, s.partition
+        decode = self._decode_line
+        key_field = self._key_field
+        append = out.append
+        while len(out) < want:
+            lines = self._lines
+            i = self._next
+            if i >= len(lines):
+                if not self._fill():
+                    break
+                continue
+            stop = min(len(lines), i + want - len(out))
+            pos = self._pos
+            while i < stop:
+                raw = lines[i]
+                start = pos
+                pos += len(raw) + 1
+                i += 1
+                if raw.endswith(b"\r"):
+                    raw = raw[:-1]
+                try:
+                    message = decode(raw)
+                except ValueError as e:
+                    self._next, self._pos = i, pos
+                    self._bad_line(start, self._line_base + i - 1 if self._line_base else 0, e)
+                    continue
+                key = message.get(key_field) if key_field is not None and type(message) is dict else None
+                append(Envelope(system, stream, partition, start, key, message))
+            self._next, self._pos = i, pos
+        return out
 
     def at_end(self) -> bool:
-        with self._cond:
-            if not self._buf and self._error is not None:
-                raise self._error
-            return self._done and not self._buf
+        """True once every line was polled; reads ahead one chunk to know (never a guess)."""
+        if self._fd < 0:
+            return True
+        if self._next < len(self._lines):
+            return False
+        return not self._fill()
 
     def skipped(self) -> int:
         return self._skipped
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._wakeup = None
-            self._cond.notify_all()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    # -- reader thread ---------------------------------------------------------
-    def _run(self) -> None:
-        f = self._file
-        assert f is not None
-        s = self.ssp
-        pos = self._start_pos
-        line_no = self._first_line  # 0 when unknown (resumed mid-file)
-        pending = b""
-        batch: list[Envelope] = []
-        try:
-            f.seek(pos)
-            while True:
-                chunk = f.read(_CHUNK)
-                if not chunk:
-                    lines = [pending] if pending else []
-                    pending = b""
-                else:
-                    data = pending + chunk
-                    cut = data.rfind(b"\n") + 1
-                    lines = data[:cut].splitlines(keepends=True)
-                    pending = data[cut:]
-                for raw in lines:
-                    start = pos
-                    pos += len(raw)
-                    try:
-                        message = self._decode(raw)
-                    except ValueError as e:
-                        self._bad_line(start, line_no, e)
-                    else:
-                        key = None
-                        if self._key_field is not None and isinstance(message, dict):
-                            key = message.get(self._key_field)
-                        batch.append(Envelope(s.system, s.stream, s.partition, start, key, message))
-                    if line_no:
-                        line_no += 1
-                    if len(batch) >= 256 and not self._push(batch):
-                        return
-                if batch and not self._push(batch):
-                    return
-                if not chunk:
-                    break
-            self._finish(None)
-        except InputError as e:
-            if batch:
-                self._push(batch)
-            self._finish(e)
-        except OSError as e:
-            self._finish(InputError(f"read failed: {e}", source=str(self.path)))
-
-    def _decode(self, raw: bytes) -> Any:
-        line = raw[:-1] if raw.endswith(b"\n") else raw
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if self.fmt == "text":
-            return line.decode("utf-8")
-        return json.loads(line)
+        self._closed = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._lines = []
+        self._tail = b""
 
     def _bad_line(self, start: int, line_no: int, exc: ValueError) -> None:
         if not line_no:
@@ -293,47 +293,34 @@ class FileReader(PartitionReader):
                 remaining -= len(chunk)
         return count + 1
 
-    def _push(self, batch: list[Envelope]) -> bool:
-        """Move ``batch`` into the buffer, waiting for room (backpressure). False once closed."""
-        i = 0
-        while i < len(batch):
-            with self._cond:
-                while len(self._buf) >= self._capacity and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return False
-                room = self._capacity - len(self._buf)
-                self._buf.extend(batch[i : i + room])
-                i += room
-                wake = self._wakeup if self._starved else None
-                self._starved = False
-            if wake is not None:
-                wake()  # outside the lock: the engine may poll right away
-        batch.clear()
-        return True
 
-    def _finish(self, error: InputError | None) -> None:
-        with self._cond:
-            self._done = True
-            self._error = error
-            wake = self._wakeup
-            self._starved = False
-        if wake is not None:
-            wake()
+class _Output:
+    """One open output partition file and its encoded, not yet written lines."""
+
+    __slots__ = ("fd", "lines", "nbytes")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lines: list[bytes] = []
+        self.nbytes = 0
 
 
 class FileProducer(Producer):
-    """Appends JSON Lines to ``<root>/<stream>/partition-N.jsonl``; ``flush`` writes and fsyncs."""
+    """Appends JSON Lines to ``<root>/<stream>/partition-N.jsonl``; ``flush`` writes and fsyncs.
 
-    def __init__(self, root: Path, partitions: Callable[[str], int], buffer_bytes: int = 1 << 16) -> None:
+    ``send`` encodes on the caller's thread (the loop's GIL hold) and appends to the
+    partition's buffer; a buffer is written in one ``os.write`` (which drops the GIL)
+    once it holds ``buffer_bytes``, and every buffer is written and fsynced by
+    ``flush`` (before every checkpoint). Thread-safe.
+    """
+
+    def __init__(self, root: Path, partitions: Callable[[str], int], buffer_bytes: int = 1 << 18) -> None:
         self._root = root
         self._partitions = partitions
         self._limit = buffer_bytes
         self._lock = threading.Lock()
-        self._fds: dict[tuple[str, int], int] = {}
-        self._pending: dict[int, list[bytes]] = {}
-        self._pending_bytes: dict[int, int] = {}
-        self._dirty: set[int] = set()
+        self._outs: dict[tuple[str, int], _Output] = {}
+        self._dirty: set[_Output] = set()
         self._closed = False
 
     def partitions(self, stream: str) -> int:
@@ -341,24 +328,23 @@ class FileProducer(Producer):
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         try:
-            line = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+            line = _json_encode(message) + b"\n"
         except (TypeError, ValueError) as e:
             raise ValueError(
                 f"file output {stream}[{partition}]: message is not JSON-serialisable: {e}"
             ) from None
         with self._lock:
-            if self._closed:
-                raise ValueError(f"file output {stream}[{partition}]: producer is closed")
-            fd = self._fds.get((stream, partition))
-            if fd is None:
-                fd = self._open(stream, partition)
-            pend = self._pending[fd]
-            pend.append(line)
-            self._pending_bytes[fd] += len(line)
-            if self._pending_bytes[fd] >= self._limit:
-                self._write(fd)
+            out = self._outs.get((stream, partition))
+            if out is None:
+                if self._closed:
+                    raise ValueError(f"file output {stream}[{partition}]: producer is closed")
+                out = self._open(stream, partition)
+            out.lines.append(line)
+            out.nbytes += len(line)
+            if out.nbytes >= self._limit:
+                self._write(out)
 
-    def _open(self, stream: str, partition: int) -> int:
+    def _open(self, stream: str, partition: int) -> _Output:
         directory = self._root / stream
         created_dir = not directory.is_dir()
         directory.mkdir(parents=True, exist_ok=True)
@@ -378,28 +364,26 @@ class FileProducer(Producer):
         if created_dir:
             _fsync_dir(directory.parent)
         _fsync_dir(directory)
-        self._fds[(stream, partition)] = fd
-        self._pending[fd] = []
-        self._pending_bytes[fd] = 0
-        return fd
+        out = self._outs[(stream, partition)] = _Output(fd)
+        return out
 
-    def _write(self, fd: int) -> None:
-        data = b"".join(self._pending[fd])
-        self._pending[fd].clear()
-        self._pending_bytes[fd] = 0
+    def _write(self, out: _Output) -> None:
+        data = b"".join(out.lines)
+        out.lines.clear()
+        out.nbytes = 0
         view = memoryview(data)
         while view:
-            n = os.write(fd, view)
+            n = os.write(out.fd, view)
             view = view[n:]
-        self._dirty.add(fd)
+        self._dirty.add(out)
 
     def flush(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
-                if self._pending[fd]:
-                    self._write(fd)
-            for fd in self._dirty:
-                os.fsync(fd)
+            for out in self._outs.values():
+                if out.lines:
+                    self._write(out)
+            for out in self._dirty:
+                os.fsync(out.fd)
             self._dirty.clear()
 
     def close(self) -> None:
@@ -409,9 +393,9 @@ class FileProducer(Producer):
         self.flush()
         with self._lock:
             self._closed = True
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            for out in self._outs.values():
+                os.close(out.fd)
+            self._outs.clear()
 
 
 def _complete_prefix(fd: int, size: int) -> int:
