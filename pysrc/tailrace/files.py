@@ -12,14 +12,16 @@ its directory, N = 0, 1, ... without gaps; one stream uses one format. The
 restart after committed offset X seeks to X, skips that one line and reads on:
 nothing before it is read again.
 
-Inputs are bounded: a partition ends at the end of its file. Each reader reads
-ahead on its own thread into a bounded buffer (``read_ahead`` messages) and
-calls the engine's ``wakeup`` when data or the end arrives (rule 6).
+Inputs are bounded: a partition ends at the end of its file. A reader has no
+thread: the engine's ``poll`` (on its loop thread) reads the next chunk, splits it
+into lines and decodes at most ``read_ahead`` messages, so an input never holds
+more than one chunk of bytes, and a slow task simply polls less (rule 6).
 
 Outputs are written as JSON Lines to ``<output_path>/<stream>/partition-N.jsonl``
 (``output_path`` defaults to ``path``), one line per message (the message
-only; the key places it in a partition). ``flush`` (called before every
-checkpoint) writes and fsyncs them. A partial last line left by a hard kill is
+only; the key places it in a partition), encoded by ``tailrace.serdes`` (orjson
+when installed, byte for byte the standard library's output). ``flush`` (called
+before every checkpoint) writes and fsyncs them. A partial last line left by a hard kill is
 cut off when the file is reopened (it was never covered by a checkpoint).
 
 Bad input is never silent: a missing directory or file, a partition gap, a line
@@ -328,7 +330,7 @@ class FileProducer(Producer):
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         try:
-            line = _json_encode(message) + b"\n"
+            line = _json_encode(message)  # the newlines are added by _write's join
         except (TypeError, ValueError) as e:
             raise ValueError(
                 f"file output {stream}[{partition}]: message is not JSON-serialisable: {e}"
@@ -340,7 +342,7 @@ class FileProducer(Producer):
                     raise ValueError(f"file output {stream}[{partition}]: producer is closed")
                 out = self._open(stream, partition)
             out.lines.append(line)
-            out.nbytes += len(line)
+            out.nbytes += len(line) + 1
             if out.nbytes >= self._limit:
                 self._write(out)
 
@@ -368,7 +370,8 @@ class FileProducer(Producer):
         return out
 
     def _write(self, out: _Output) -> None:
-        data = b"".join(out.lines)
+        out.lines.append(b"")  # the join's last newline
+        data = b"\n".join(out.lines)
         out.lines.clear()
         out.nbytes = 0
         view = memoryview(data)
@@ -427,7 +430,7 @@ class FileSystem(System):
     stream (default 1), or a mapping ``{stream: n}`` with an optional ``"*"``
     default; ``skip_bad_lines``: skip and count bad lines instead of failing;
     ``key_field``: JSON field used as the envelope key (JSON objects only);
-    ``read_ahead``: messages buffered per partition by the read-ahead thread.
+    ``read_ahead``: most messages one poll of a partition decodes.
     """
 
     def __init__(

@@ -239,3 +239,19 @@ def test_existing_output_with_another_partition_count_is_refused(tmp_path: Path)
     assert FileSystem("files", tmp_path, output_partitions=3).producer().partitions("out") == 3
     (tmp_path / "out" / "partition-2.jsonl").unlink()  # not yet written (e.g. killed early): fine
     assert FileSystem("files", tmp_path, output_partitions=3).producer().partitions("out") == 3
+
+
+def test_producer_writes_a_full_buffer_at_once_and_the_rest_on_flush(tmp_path: Path) -> None:
+    from tailrace.files import FileProducer
+
+    p = FileProducer(tmp_path, lambda stream: 1, buffer_bytes=100)
+    f = tmp_path / "o" / "partition-0.jsonl"
+    p.send("o", 0, None, {"seq": 0})
+    assert f.read_bytes() == b""  # buffered: nothing written per message
+    for i in range(1, 12):
+        p.send("o", 0, None, {"seq": i})
+    written = f.read_bytes()
+    assert written and written.endswith(b"\n") and len(written) >= 100  # one buffer, whole lines
+    p.flush()  # the Producer.flush contract: everything sent is on disk before a checkpoint
+    assert [json.loads(x) for x in f.read_bytes().splitlines()] == [{"seq": i} for i in range(12)]
+    p.close()
