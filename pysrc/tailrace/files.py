@@ -297,14 +297,18 @@ class FileReader(PartitionReader):
 
 
 class _Output:
-    """One open output partition file and its encoded, not yet written lines."""
+    """One open output partition file and its encoded, not yet written lines.
 
-    __slots__ = ("fd", "lines", "nbytes")
+    The lines are copied into one bytearray rather than kept as bytes objects: an
+    encoder's bytes (orjson's especially) can hold far more memory than their length,
+    and thousands of them waiting for a write cost tens of MiB.
+    """
+
+    __slots__ = ("buf", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.lines: list[bytes] = []
-        self.nbytes = 0
+        self.buf = bytearray()
 
 
 class FileProducer(Producer):
@@ -330,7 +334,7 @@ class FileProducer(Producer):
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         try:
-            line = _json_encode(message)  # the newlines are added by _write's join
+            line = _json_encode(message)
         except (TypeError, ValueError) as e:
             raise ValueError(
                 f"file output {stream}[{partition}]: message is not JSON-serialisable: {e}"
@@ -341,9 +345,10 @@ class FileProducer(Producer):
                 if self._closed:
                     raise ValueError(f"file output {stream}[{partition}]: producer is closed")
                 out = self._open(stream, partition)
-            out.lines.append(line)
-            out.nbytes += len(line) + 1
-            if out.nbytes >= self._limit:
+            buf = out.buf
+            buf += line
+            buf += b"\n"
+            if len(buf) >= self._limit:
                 self._write(out)
 
     def _open(self, stream: str, partition: int) -> _Output:
@@ -370,10 +375,8 @@ class FileProducer(Producer):
         return out
 
     def _write(self, out: _Output) -> None:
-        out.lines.append(b"")  # the join's last newline
-        data = b"\n".join(out.lines)
-        out.lines.clear()
-        out.nbytes = 0
+        data = out.buf
+        out.buf = bytearray()
         view = memoryview(data)
         while view:
             n = os.write(out.fd, view)
@@ -383,7 +386,7 @@ class FileProducer(Producer):
     def flush(self) -> None:
         with self._lock:
             for out in self._outs.values():
-                if out.lines:
+                if out.buf:
                     self._write(out)
             for out in self._dirty:
                 os.fsync(out.fd)
