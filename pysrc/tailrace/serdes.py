@@ -97,9 +97,17 @@ def _long_digits(data: bytes) -> bool:
     return _LONG_RUN in data.translate(_DIGITS_ONLY)
 
 
-def _std_decides(out: bytes) -> bool:
-    """True when orjson's ``out`` may differ from the standard library's bytes."""
-    return b"null" in out or b"0.0000" in out or b"0e" in out.translate(_DIGIT_E)
+def _std_decides(data: bytes) -> bool:
+    """True when orjson's output ``data`` may differ from the standard library's bytes."""
+    return b"null" in data or b"0.0000" in data or b"0e" in data.translate(_DIGIT_E)
+
+
+_py_long_digits, _py_std_decides = _long_digits, _std_decides
+try:  # the same scans compiled (one pass, no allocation): tailrace._core
+    from ._core import json_long_digits as _long_digits
+    from ._core import json_std_decides as _std_decides
+except ImportError:  # pragma: no cover - the compiled core is missing
+    pass
 
 
 def _json_encode_std(obj: Any) -> bytes:

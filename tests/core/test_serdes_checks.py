@@ -1,12 +1,16 @@
-"""The orjson fast path's two byte checks (serdes._long_digits, serdes._std_decides) give the
-same answers as the regular expressions they replace, on random and on crafted bytes."""
+"""The orjson fast path's two byte checks give the same answers as the regular expressions they
+stand for, on random and crafted bytes: the compiled scans (tailrace._core, used by serdes) and
+serdes' pure-Python versions."""
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 
-from tailrace import serdes
+import pytest
+
+from tailrace import _core, serdes
 
 LONG = re.compile(rb"[0-9]{19}")
 STD = re.compile(rb"[0-9][eE]|0\.0000|null")
@@ -39,11 +43,18 @@ def _cases() -> list[bytes]:
     return out
 
 
-def test_long_digits_matches_the_regex() -> None:
+@pytest.mark.parametrize("impl", [_core.json_long_digits, serdes._py_long_digits])
+def test_long_digits_matches_the_regex(impl: Callable[[bytes], bool]) -> None:
     for data in _cases():
-        assert serdes._long_digits(data) == (LONG.search(data) is not None), data
+        assert impl(data) == (LONG.search(data) is not None), data
 
 
-def test_std_decides_matches_the_regex() -> None:
+@pytest.mark.parametrize("impl", [_core.json_std_decides, serdes._py_std_decides])
+def test_std_decides_matches_the_regex(impl: Callable[[bytes], bool]) -> None:
     for data in _cases():
-        assert serdes._std_decides(data) == (STD.search(data) is not None), data
+        assert impl(data) == (STD.search(data) is not None), data
+
+
+def test_serdes_uses_the_compiled_scans() -> None:
+    assert serdes._long_digits is _core.json_long_digits
+    assert serdes._std_decides is _core.json_std_decides
