@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 from pathlib import Path
@@ -255,3 +256,67 @@ def test_producer_writes_a_full_buffer_at_once_and_the_rest_on_flush(tmp_path: P
     p.flush()  # the Producer.flush contract: everything sent is on disk before a checkpoint
     assert [json.loads(x) for x in f.read_bytes().splitlines()] == [{"seq": i} for i in range(12)]
     p.close()
+
+
+needs_msgpack = pytest.mark.skipif(
+    importlib.util.find_spec("msgpack") is None, reason="msgpack files need tailrace[fast]"
+)
+
+
+@needs_msgpack
+def test_msgpack_stream_round_trips_with_byte_offsets_and_restart(tmp_path: Path) -> None:
+    msgs = [{"seq": i, "blob": bytes([i % 256]) * (i % 7), "nested": [i, {"x": None}]} for i in range(3000)]
+    offsets = write_stream(tmp_path / "in" / "s", [msgs], "msgpack")
+    fs = FileSystem("files", tmp_path / "in", output_path=tmp_path / "out", key_field="seq")
+    assert fs.partitions("s") == 1
+    got = drain(fs.reader(SSP0), batch=101)
+    assert [e.message for e in got] == msgs
+    assert [e.offset for e in got] == offsets[0]
+    assert [e.key for e in got] == list(range(3000))
+    for k in (0, 1500, 2998, 2999):  # rule 13: resume right after the committed value
+        again = drain(fs.reader(SSP0), after=offsets[0][k], batch=64)
+        assert [e.message for e in again] == msgs[k + 1 :]
+    with pytest.raises(InputError, match="beyond the end of the file"):
+        fs.reader(SSP0).start(10**9, lambda: None)
+
+
+@needs_msgpack
+def test_msgpack_bad_or_truncated_data_names_file_and_byte_offset(tmp_path: Path) -> None:
+    import msgpack
+
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    good = msgpack.packb({"a": 1}) + msgpack.packb("two")
+    (d / "partition-0.msgpack").write_bytes(good + msgpack.packb([1, 2, 3])[:-1])  # cut short
+    fs = FileSystem("files", tmp_path / "in")
+    with pytest.raises(
+        InputError, match=rf"partition-0.msgpack: truncated msgpack value at byte offset {len(good)}"
+    ):
+        drain(fs.reader(SSP0))
+    (d / "partition-0.msgpack").write_bytes(good + b"\xc1")  # 0xc1: never used in msgpack
+    with pytest.raises(InputError, match=rf"bad msgpack data at byte offset {len(good)}"):
+        drain(fs.reader(SSP0))
+
+
+@needs_msgpack
+def test_msgpack_output_format_writes_values_and_cuts_a_partial_one(tmp_path: Path) -> None:
+    import msgpack
+
+    fs = FileSystem("files", tmp_path, output_partitions=2, output_format="msgpack")
+    p = fs.producer()
+    for i in range(10):
+        p.send("o", i % 2, None, {"i": i, "b": b"\x00\xff"})
+    p.close()
+    assert read_stream(tmp_path / "o") == [
+        [{"i": i, "b": b"\x00\xff"} for i in range(j, 10, 2)] for j in (0, 1)
+    ]
+    f = tmp_path / "o" / "partition-0.msgpack"
+    f.write_bytes(f.read_bytes() + msgpack.packb({"partial": "x" * 50})[:20])  # as after a hard kill
+    p = FileSystem("files", tmp_path, output_partitions=2, output_format="msgpack").producer()
+    p.send("o", 0, None, "after")
+    p.close()
+    assert read_stream(tmp_path / "o")[0] == [{"i": i, "b": b"\x00\xff"} for i in range(0, 10, 2)] + ["after"]
+    with pytest.raises(ValueError, match="not msgpack-serialisable"):
+        fs.producer().send("o", 0, None, object())
+    with pytest.raises(ConfigError, match=r"systems.files.output_format"):
+        FileSystem("files", tmp_path, output_format="csv")
