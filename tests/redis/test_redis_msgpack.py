@@ -48,3 +48,16 @@ def test_msgpack_entries_round_trip_through_producer_and_reader(redis_server: Re
 def test_unknown_codec_lists_msgpack(redis_server: RedisServer) -> None:
     with pytest.raises(ConfigError, match="msgpack"):
         RedisSystem("redis", redis_server.url, codec="protobuf")
+
+
+def test_a_value_msgpack_cannot_take_is_a_type_error_and_changes_nothing(redis_server: RedisServer) -> None:
+    system = RedisSystem("redis", redis_server.url, codec="msgpack", output_partitions=1)
+    system.create_stream("out", 1)
+    producer = system.producer()
+    producer.send("out", 0, None, {"ok": 1})
+    with pytest.raises(TypeError, match="msgpack"):
+        producer.send("out", 0, None, object())
+    producer.flush()
+    assert [m for _, _, m in system.read_all("out", 0)] == [{"ok": 1}]
+    producer.close()
+    system.close()

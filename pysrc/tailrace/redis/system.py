@@ -30,7 +30,7 @@ from typing import Any
 from .._core import Envelope
 from ..errors import ConfigError, InputError
 from ..interfaces import PartitionReader, Producer, System
-from ..serdes import SerdeError, serde
+from ..serdes import SerdeError, _json_encode, serde
 from ..types import Offset, SystemStreamPartition
 from . import _resp
 from ._io import (
@@ -60,8 +60,18 @@ _Decoded = tuple[bytes, list[str], list[Any], list[Any], bool, "tuple[str, BaseE
 
 
 def _encoder(codec: str) -> Callable[[Any], bytes | str]:
-    if codec in ("json", "msgpack"):
-        return serde(codec).encode
+    if codec == "json":
+        return _json_encode  # the raw function: a value JSON cannot take raises TypeError
+    if codec == "msgpack":
+        packer = serde(codec)
+
+        def encode(v: Any) -> bytes:
+            try:
+                return packer.encode(v)
+            except SerdeError as e:  # the producer's contract: an unencodable value is a TypeError
+                raise TypeError(str(e)) from e
+
+        return encode
     if codec == "str":
         return lambda v: v if isinstance(v, (str, bytes)) else str(v)
     return lambda v: v if isinstance(v, bytes) else str(v).encode()
