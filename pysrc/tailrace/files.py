@@ -5,12 +5,14 @@ Layout (input and output alike)::
     <path>/<stream>/partition-0.jsonl     JSON Lines: one JSON value per line
     <path>/<stream>/partition-1.jsonl
     <path>/<stream>/partition-0.txt       plain text: one message (a str) per line
+    <path>/<stream>/partition-0.msgpack   msgpack values back to back (tailrace[fast])
 
-A stream is every ``partition-N.jsonl`` (or every ``partition-N.txt``) file in
+A stream is every ``partition-N.jsonl`` (or ``.txt``, or ``.msgpack``) file in
 its directory, N = 0, 1, ... without gaps; one stream uses one format. The
 **offset** of a message is the byte offset of the start of its line, so a
 restart after committed offset X seeks to X, skips that one line and reads on:
-nothing before it is read again.
+nothing before it is read again (msgpack: the byte offset where the value starts;
+see MsgpackReader).
 
 Inputs are bounded: a partition ends at the end of its file. A reader has no
 thread: the engine's ``poll`` (on its loop thread) reads the next chunk, splits it
@@ -21,8 +23,9 @@ Outputs are written as JSON Lines to ``<output_path>/<stream>/partition-N.jsonl`
 (``output_path`` defaults to ``path``), one line per message (the message
 only; the key places it in a partition), encoded by ``tailrace.serdes`` (orjson
 when installed, byte for byte the standard library's output). ``flush`` (called
-before every checkpoint) writes and fsyncs them. A partial last line left by a hard kill is
-cut off when the file is reopened (it was never covered by a checkpoint).
+before every checkpoint) writes and fsyncs them. ``output_format = "msgpack"`` writes
+``partition-N.msgpack`` files instead. A partial last line (or value) left by a hard kill
+is cut off when the file is reopened (it was never covered by a checkpoint).
 
 Bad input is never silent: a missing directory or file, a partition gap, a line
 that is not valid JSON (or UTF-8) raises InputError naming the file and line;
@@ -139,7 +142,6 @@ class FileReader(PartitionReader):
         self._decode_line: Callable[[bytes], Any] = _decode_text if fmt == "text" else _json_decode
         self._skipped = 0
         self._fd = -1
-        self._closed = False
         # the current chunk: complete lines (no newline), the next to decode, its offset
         self._lines: list[bytes] = []
         self._next = 0
@@ -266,7 +268,6 @@ class FileReader(PartitionReader):
         return self._skipped
 
     def close(self) -> None:
-        self._closed = True
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
