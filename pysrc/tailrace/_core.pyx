@@ -8,6 +8,7 @@ Assembled from fragments, one concern each (uvloop style):
   _collector.pxi   Collector (send is called once per emitted message)
   _primitives.pxi  Python wrappers of the C queue, sequencer and watermark
   _loop.pxi        the C dispatch loop binding: trampolines, Callback, LoopRunner
+  _serde_scan.pxi  byte scans of tailrace.serdes' orjson fast path (once per message)
 """
 
 cimport cython
@@ -23,3 +24,4 @@ include "_collector.pxi"
 include "_primitives.pxi"
 include "_aio.pxi"
 include "_loop.pxi"
+include "_serde_scan.pxi"

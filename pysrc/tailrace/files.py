@@ -5,12 +5,14 @@ Layout (input and output alike)::
     <path>/<stream>/partition-0.jsonl     JSON Lines: one JSON value per line
     <path>/<stream>/partition-1.jsonl
     <path>/<stream>/partition-0.txt       plain text: one message (a str) per line
+    <path>/<stream>/partition-0.msgpack   msgpack values back to back (tailrace[fast])
 
-A stream is every ``partition-N.jsonl`` (or every ``partition-N.txt``) file in
+A stream is every ``partition-N.jsonl`` (or ``.txt``, or ``.msgpack``) file in
 its directory, N = 0, 1, ... without gaps; one stream uses one format. The
 **offset** of a message is the byte offset of the start of its line, so a
 restart after committed offset X seeks to X, skips that one line and reads on:
-nothing before it is read again.
+nothing before it is read again (msgpack: the byte offset where the value starts;
+see MsgpackReader).
 
 A file replaced under a checkpoint is refused, even with lines of the same
 shape: after a checkpoint (at most once a second per partition) the reader
@@ -19,15 +21,18 @@ of the file that end with that line) in
 ``<path>/.tailrace-fingerprints/<stream>/partition-N.jsonl``, and a restart
 verifies it before seeking (see :func:`verify_fingerprint`).
 
-Inputs are bounded: a partition ends at the end of its file. Each reader reads
-ahead on its own thread into a bounded buffer (``read_ahead`` messages) and
-calls the engine's ``wakeup`` when data or the end arrives (rule 6).
+Inputs are bounded: a partition ends at the end of its file. A reader has no
+thread: the engine's ``poll`` (on its loop thread) reads the next chunk, splits it
+into lines and decodes at most ``read_ahead`` messages, so an input never holds
+more than one chunk of bytes, and a slow task simply polls less (rule 6).
 
 Outputs are written as JSON Lines to ``<output_path>/<stream>/partition-N.jsonl``
 (``output_path`` defaults to ``path``), one line per message (the message
-only; the key places it in a partition). ``flush`` (called before every
-checkpoint) writes and fsyncs them. A partial last line left by a hard kill is
-cut off when the file is reopened (it was never covered by a checkpoint).
+only; the key places it in a partition), encoded by ``tailrace.serdes`` (orjson
+when installed, byte for byte the standard library's output). ``flush`` (called
+before every checkpoint) writes and fsyncs them. ``output_format = "msgpack"`` writes
+``partition-N.msgpack`` files instead. A partial last line (or value) left by a hard kill
+is cut off when the file is reopened (it was never covered by a checkpoint).
 
 Bad input is never silent: a missing directory or file, a partition gap, a line
 that is not valid JSON (or UTF-8) raises InputError naming the file and line;
@@ -44,7 +49,6 @@ import os
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -52,19 +56,25 @@ from typing import Any, BinaryIO
 from ._core import Envelope
 from .errors import ConfigError, InputError
 from .interfaces import PartitionReader, Producer, System
+from .serdes import _json_decode, _json_encode  # the raw functions: errors stay the codec's own
 from .types import Offset, SystemStreamPartition
 
 log = logging.getLogger("tailrace.files")
 
-FORMATS = {".jsonl": "jsonl", ".txt": "text"}
-_PARTITION_FILE = re.compile(r"^partition-(0|[1-9][0-9]*)(\.jsonl|\.txt)$")
+FORMATS = {".jsonl": "jsonl", ".txt": "text", ".msgpack": "msgpack"}
+_EXTENSIONS = {fmt: ext for ext, fmt in FORMATS.items()}
+_PARTITION_FILE = re.compile(r"^partition-(0|[1-9][0-9]*)(\.jsonl|\.txt|\.msgpack)$")
 _CHUNK = 1 << 16  # bytes read from a file at a time
 _LOGGED_SKIPS = 10  # bad lines logged individually per partition before going quiet
 
 
+def _decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8")
+
+
 def partition_file(directory: Path, partition: int, fmt: str = "jsonl") -> Path:
-    """The file of one partition: ``<directory>/partition-<N>.jsonl`` (or ``.txt``)."""
-    return directory / f"partition-{partition}.{'jsonl' if fmt == 'jsonl' else 'txt'}"
+    """The file of one partition: ``<directory>/partition-<N>.jsonl`` (or ``.txt``, ``.msgpack``)."""
+    return directory / f"partition-{partition}{_EXTENSIONS[fmt]}"
 
 
 def scan_stream(directory: Path) -> tuple[int, str]:
@@ -79,13 +89,16 @@ def scan_stream(directory: Path) -> tuple[int, str]:
         m = _PARTITION_FILE.match(entry)
         if m is None:
             raise InputError(
-                f"unexpected file {entry!r} (a stream directory holds only partition-N.jsonl "
-                "or partition-N.txt files)",
+                f"unexpected file {entry!r} (a stream directory holds only partition-N.jsonl, "
+                "partition-N.txt or partition-N.msgpack files)",
                 source=str(directory),
             )
         n = int(m.group(1))
         if n in found:
-            raise InputError(f"partition {n} has two files (.jsonl and .txt)", source=str(directory))
+            raise InputError(
+                f"partition {n} has two files ({_EXTENSIONS[found[n]]} and {m.group(2)})",
+                source=str(directory),
+            )
         found[n] = FORMATS[m.group(2)]
         formats.add(found[n])
     if not found:
@@ -93,7 +106,10 @@ def scan_stream(directory: Path) -> tuple[int, str]:
             "stream directory has no partition files (partition-0.jsonl ...)", source=str(directory)
         )
     if len(formats) > 1:
-        raise InputError("stream mixes .jsonl and .txt partition files", source=str(directory))
+        raise InputError(
+            f"stream mixes {' and '.join(sorted(_EXTENSIONS[f] for f in formats))} partition files",
+            source=str(directory),
+        )
     missing = [n for n in range(max(found) + 1) if n not in found]
     if missing:
         fmt = formats.pop()
@@ -175,7 +191,15 @@ def verify_fingerprint(path: Path, f: BinaryIO, ssp: SystemStreamPartition, afte
 
 
 class FileReader(PartitionReader):
-    """Reads one partition file on a read-ahead thread into a bounded buffer."""
+    """Reads one partition file on the engine's loop thread, lazily, one chunk at a time.
+
+    No thread of its own: ``poll`` reads the next chunk (``os.read``, which drops the
+    GIL while the kernel copies), splits it into lines, tracks each line's byte offset
+    and decodes at most ``max_messages`` (and at most ``read_ahead``) of them. So the
+    reader holds one chunk of undecoded bytes and never more than one poll's messages:
+    backpressure is the engine simply not polling (rule 6). A file input never waits
+    for data (inputs are bounded), so ``wakeup`` is never needed.
+    """
 
     def __init__(
         self,
@@ -193,18 +217,16 @@ class FileReader(PartitionReader):
         self._capacity = max(1, read_ahead)
         self._skip_bad = skip_bad_lines
         self._key_field = key_field
-        self._buf: deque[Envelope] = deque()
-        self._cond = threading.Condition()
-        self._done = False  # the thread reached the end of the file (or failed)
-        self._error: InputError | None = None
-        self._closed = False
-        self._starved = False  # the last poll returned nothing: wake the engine on news
-        self._wakeup: Callable[[], None] | None = None
+        self._decode_line: Callable[[bytes], Any] = _decode_text if fmt == "text" else _json_decode
         self._skipped = 0
-        self._thread: threading.Thread | None = None
-        self._file: BinaryIO | None = None
-        self._first_line = 1  # line number of the first line read (None once unknown)
-        self._start_pos = 0
+        self._fd = -1
+        # the current chunk: complete lines (no newline), the next to decode, its offset
+        self._lines: list[bytes] = []
+        self._next = 0
+        self._pos = 0  # byte offset of self._lines[self._next]
+        self._tail = b""  # bytes after the chunk's last newline (start of the next line)
+        self._eof = False
+        self._line_base = 1  # line number of self._lines[0]; 0 when unknown (resumed mid-file)
         self._fingerprint_warned = False
         self._fingerprinted: int | None = None  # offset of the last fingerprint recorded
         self._fingerprinted_at = -FINGERPRINT_INTERVAL_S
@@ -219,15 +241,12 @@ class FileReader(PartitionReader):
             if after is not None:
                 pos = self._seek_after(f, after)
                 verify_fingerprint(self.path, f, self.ssp, after)
-        except BaseException:
+            fd = os.dup(f.fileno())
+        finally:
             f.close()
-            raise
-        self._file = f
-        self._start_pos = pos
-        self._first_line = 1 if after is None else 0  # 0: unknown, computed on error
-        self._wakeup = wakeup
-        self._thread = threading.Thread(target=self._run, name=f"tailrace-read-{self.ssp}", daemon=True)
-        self._thread.start()
+        self._fd = fd
+        self._pos = pos
+        self._line_base = 1 if after is None else 0  # 0: unknown, computed on error
 
     def _seek_after(self, f: BinaryIO, after: Offset) -> int:
         """Position just past the line that starts at committed offset ``after``."""
@@ -254,25 +273,78 @@ class FileReader(PartitionReader):
         f.readline()  # the committed message itself
         return f.tell()
 
+    def _fill(self) -> bool:
+        """Read the next chunk into ``_lines``; False at the end of the file."""
+        if self._line_base:
+            self._line_base += len(self._lines)
+        self._lines = []
+        self._next = 0
+        while not self._eof:
+            try:
+                chunk = os.pread(self._fd, _CHUNK, self._pos + len(self._tail))
+            except OSError as e:
+                raise InputError(f"read failed: {e}", source=str(self.path)) from None
+            if not chunk:
+                self._eof = True
+                if self._tail:  # a last line without a newline
+                    self._lines = [self._tail]
+                    self._tail = b""
+                    return True
+                return False
+            data = self._tail + chunk if self._tail else chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                self._tail = data  # a line longer than a chunk: read on
+                continue
+            self._lines = data[:cut].split(b"\n")
+            self._tail = data[cut + 1 :]
+            return True
+        return False
+
     def poll(self, max_messages: int) -> list[Envelope]:
-        with self._cond:
-            n = min(max_messages, len(self._buf))
-            if n == 0:
-                if self._error is not None:
-                    raise self._error
-                self._starved = True
-                return []
-            buf = self._buf
-            out = [buf.popleft() for _ in range(n)]
-            self._starved = False
-            self._cond.notify()  # room for the reader thread
-            return out
+        if self._fd < 0:
+            return []
+        out: list[Envelope] = []
+        want = min(max_messages, self._capacity)
+        s = self.ssp
+        system, stream, partition = s.system, s.stream, s.partition
+        decode = self._decode_line
+        key_field = self._key_field
+        append = out.append
+        while len(out) < want:
+            lines = self._lines
+            i = self._next
+            if i >= len(lines):
+                if not self._fill():
+                    break
+                continue
+            stop = min(len(lines), i + want - len(out))
+            pos = self._pos
+            while i < stop:
+                raw = lines[i]
+                start = pos
+                pos += len(raw) + 1
+                i += 1
+                if raw.endswith(b"\r"):
+                    raw = raw[:-1]
+                try:
+                    message = decode(raw)
+                except ValueError as e:
+                    self._next, self._pos = i, pos
+                    self._bad_line(start, self._line_base + i - 1 if self._line_base else 0, e)
+                    continue
+                key = message.get(key_field) if key_field is not None and type(message) is dict else None
+                append(Envelope(system, stream, partition, start, key, message))
+            self._next, self._pos = i, pos
+        return out
 
     def at_end(self) -> bool:
-        with self._cond:
-            if not self._buf and self._error is not None:
-                raise self._error
-            return self._done and not self._buf
+        """True once every line was polled; reads ahead one chunk to know (never a guess)."""
+        if self._fd < 0:
+            return True
+        if self._next < len(self._lines):
+            return False
+        return not self._fill()
 
     def skipped(self) -> int:
         return self._skipped
@@ -292,73 +364,11 @@ class FileReader(PartitionReader):
                 log.warning("%s: cannot record its fingerprint (%s): replacement not detected", self.path, e)
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._wakeup = None
-            self._cond.notify_all()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    # -- reader thread ---------------------------------------------------------
-    def _run(self) -> None:
-        f = self._file
-        assert f is not None
-        s = self.ssp
-        pos = self._start_pos
-        line_no = self._first_line  # 0 when unknown (resumed mid-file)
-        pending = b""
-        batch: list[Envelope] = []
-        try:
-            f.seek(pos)
-            while True:
-                chunk = f.read(_CHUNK)
-                if not chunk:
-                    lines = [pending] if pending else []
-                    pending = b""
-                else:
-                    data = pending + chunk
-                    cut = data.rfind(b"\n") + 1
-                    lines = data[:cut].splitlines(keepends=True)
-                    pending = data[cut:]
-                for raw in lines:
-                    start = pos
-                    pos += len(raw)
-                    try:
-                        message = self._decode(raw)
-                    except ValueError as e:
-                        self._bad_line(start, line_no, e)
-                    else:
-                        key = None
-                        if self._key_field is not None and isinstance(message, dict):
-                            key = message.get(self._key_field)
-                        batch.append(Envelope(s.system, s.stream, s.partition, start, key, message))
-                    if line_no:
-                        line_no += 1
-                    if len(batch) >= 256 and not self._push(batch):
-                        return
-                if batch and not self._push(batch):
-                    return
-                if not chunk:
-                    break
-            self._finish(None)
-        except InputError as e:
-            if batch:
-                self._push(batch)
-            self._finish(e)
-        except OSError as e:
-            self._finish(InputError(f"read failed: {e}", source=str(self.path)))
-
-    def _decode(self, raw: bytes) -> Any:
-        line = raw[:-1] if raw.endswith(b"\n") else raw
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if self.fmt == "text":
-            return line.decode("utf-8")
-        return json.loads(line)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._lines = []
+        self._tail = b""
 
     def _bad_line(self, start: int, line_no: int, exc: ValueError) -> None:
         if not line_no:
@@ -389,47 +399,156 @@ class FileReader(PartitionReader):
                 remaining -= len(chunk)
         return count + 1
 
-    def _push(self, batch: list[Envelope]) -> bool:
-        """Move ``batch`` into the buffer, waiting for room (backpressure). False once closed."""
-        i = 0
-        while i < len(batch):
-            with self._cond:
-                while len(self._buf) >= self._capacity and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return False
-                room = self._capacity - len(self._buf)
-                self._buf.extend(batch[i : i + room])
-                i += room
-                wake = self._wakeup if self._starved else None
-                self._starved = False
-            if wake is not None:
-                wake()  # outside the lock: the engine may poll right away
-        batch.clear()
-        return True
 
-    def _finish(self, error: InputError | None) -> None:
-        with self._cond:
-            self._done = True
-            self._error = error
-            wake = self._wakeup
-            self._starved = False
-        if wake is not None:
-            wake()
+class MsgpackReader(FileReader):
+    """Reads a ``partition-N.msgpack`` file: msgpack values back to back, no separators.
+
+    The offset of a message is the byte offset where its value starts. A restart after
+    offset X decodes the value at X (to skip it) and reads on; without separators a
+    changed file is caught only when that value or a later one does not decode. Bad data
+    always stops the partition with InputError naming the file and byte offset
+    (``skip_bad_lines`` cannot apply: a decoder cannot find the next value after garbage).
+    """
+
+    def __init__(self, ssp: SystemStreamPartition, path: Path, **kw: Any) -> None:
+        super().__init__(ssp, path, "msgpack", **kw)
+        self._unpacker: Any = None
+        self._base = 0  # file offset of the unpacker's first byte
+        self._read_pos = 0  # file offset of the next byte to feed
+        self._ahead: tuple[int, Any] | None = None  # one value decoded by at_end
+
+    def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
+        mp = _msgpack()
+        if not self.path.is_file():
+            raise InputError("partition file does not exist", source=str(self.path))
+        fd = os.open(self.path, os.O_RDONLY)
+        self._fd = fd
+        self._unpacker = mp.Unpacker(raw=False, strict_map_key=False)
+        if after is None:
+            return
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            self.close()
+            raise InputError(
+                f"committed offset {after!r} is not a file offset (a byte offset >= 0)", source=str(self.path)
+            )
+        size = os.fstat(fd).st_size
+        if after >= size:
+            self.close()
+            raise InputError(
+                f"committed offset {after} is beyond the end of the file ({size} bytes): "
+                "the file was truncated or replaced since the checkpoint",
+                source=str(self.path),
+            )
+        self._base = self._read_pos = after
+        try:
+            if self._next_value() is None:
+                raise InputError(f"no value at committed offset {after}", source=str(self.path))
+        except InputError:
+            self.close()
+            raise
+
+    def _next_value(self) -> tuple[int, Any] | None:
+        """(offset, value) of the next value, reading as needed; None at the end."""
+        if self._ahead is not None:
+            got, self._ahead = self._ahead, None
+            return got
+        if self._fd < 0:
+            return None
+        mp = _msgpack()
+        u = self._unpacker
+        start = self._base + u.tell()  # before unpack: a value cut by the chunk end moves tell()
+        while True:
+            try:
+                return start, u.unpack()
+            except mp.OutOfData:
+                pass
+            except Exception as e:  # noqa: BLE001 - FormatError, StackError, UnicodeDecodeError...: the data
+                raise InputError(
+                    f"bad msgpack data at byte offset {start}: {e!r}", source=str(self.path)
+                ) from None
+            try:
+                chunk = os.pread(self._fd, _CHUNK, self._read_pos)
+            except OSError as e:
+                raise InputError(f"read failed: {e}", source=str(self.path)) from None
+            if not chunk:
+                if self._read_pos > start:
+                    raise InputError(
+                        f"truncated msgpack value at byte offset {start} (the file ends inside it)",
+                        source=str(self.path),
+                    )
+                return None
+            u.feed(chunk)
+            self._read_pos += len(chunk)
+
+    def poll(self, max_messages: int) -> list[Envelope]:
+        out: list[Envelope] = []
+        s = self.ssp
+        key_field = self._key_field
+        for _ in range(min(max_messages, self._capacity)):
+            got = self._next_value()
+            if got is None:
+                break
+            offset, message = got
+            key = message.get(key_field) if key_field is not None and type(message) is dict else None
+            out.append(Envelope(s.system, s.stream, s.partition, offset, key, message))
+        return out
+
+    def at_end(self) -> bool:
+        if self._ahead is None:
+            self._ahead = self._next_value()
+        return self._ahead is None
+
+
+def _msgpack() -> Any:
+    try:
+        import msgpack
+    except ImportError:
+        raise InputError("msgpack files need msgpack: pip install 'tailrace[fast]'") from None
+    return msgpack
+
+
+class _Output:
+    """One open output partition file and its encoded, not yet written lines.
+
+    The lines are copied into one bytearray rather than kept as bytes objects: an
+    encoder's bytes (orjson's especially) can hold far more memory than their length,
+    and thousands of them waiting for a write cost tens of MiB.
+    """
+
+    __slots__ = ("buf", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = bytearray()
 
 
 class FileProducer(Producer):
-    """Appends JSON Lines to ``<root>/<stream>/partition-N.jsonl``; ``flush`` writes and fsyncs."""
+    """Appends JSON Lines to ``<root>/<stream>/partition-N.jsonl``; ``flush`` writes and fsyncs.
 
-    def __init__(self, root: Path, partitions: Callable[[str], int], buffer_bytes: int = 1 << 16) -> None:
+    ``send`` encodes on the caller's thread (the loop's GIL hold) and appends to the
+    partition's buffer; a buffer is written in one ``os.write`` (which drops the GIL)
+    once it holds ``buffer_bytes``, and every buffer is written and fsynced by
+    ``flush`` (before every checkpoint). Thread-safe.
+    """
+
+    def __init__(
+        self, root: Path, partitions: Callable[[str], int], buffer_bytes: int = 1 << 18, fmt: str = "jsonl"
+    ) -> None:
         self._root = root
         self._partitions = partitions
         self._limit = buffer_bytes
+        self._fmt = fmt
+        # jsonl: one encoded line and a newline; msgpack: values back to back
+        self._encode: Callable[[Any], bytes] = _json_encode
+        self._sep = b"\n"
+        if fmt == "msgpack":
+            packer = _msgpack().Packer(use_bin_type=True)
+            self._encode, self._sep = packer.pack, b""
+        elif fmt != "jsonl":
+            raise ValueError(f"file output format {fmt!r}: expected jsonl or msgpack")
         self._lock = threading.Lock()
-        self._fds: dict[tuple[str, int], int] = {}
-        self._pending: dict[int, list[bytes]] = {}
-        self._pending_bytes: dict[int, int] = {}
-        self._dirty: set[int] = set()
+        self._outs: dict[tuple[str, int], _Output] = {}
+        self._dirty: set[_Output] = set()
         self._closed = False
 
     def partitions(self, stream: str) -> int:
@@ -437,35 +556,36 @@ class FileProducer(Producer):
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         try:
-            line = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-        except (TypeError, ValueError) as e:
+            line = self._encode(message)
+        except (TypeError, ValueError, OverflowError) as e:
+            what = "JSON" if self._fmt == "jsonl" else "msgpack"
             raise ValueError(
-                f"file output {stream}[{partition}]: message is not JSON-serialisable: {e}"
+                f"file output {stream}[{partition}]: message is not {what}-serialisable: {e}"
             ) from None
         with self._lock:
-            if self._closed:
-                raise ValueError(f"file output {stream}[{partition}]: producer is closed")
-            fd = self._fds.get((stream, partition))
-            if fd is None:
-                fd = self._open(stream, partition)
-            pend = self._pending[fd]
-            pend.append(line)
-            self._pending_bytes[fd] += len(line)
-            if self._pending_bytes[fd] >= self._limit:
-                self._write(fd)
+            out = self._outs.get((stream, partition))
+            if out is None:
+                if self._closed:
+                    raise ValueError(f"file output {stream}[{partition}]: producer is closed")
+                out = self._open(stream, partition)
+            buf = out.buf
+            buf += line
+            buf += self._sep
+            if len(buf) >= self._limit:
+                self._write(out)
 
-    def _open(self, stream: str, partition: int) -> int:
+    def _open(self, stream: str, partition: int) -> _Output:
         directory = self._root / stream
         created_dir = not directory.is_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        path = partition_file(directory, partition)
+        path = partition_file(directory, partition, self._fmt)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         size = os.fstat(fd).st_size
         if size:
-            keep = _complete_prefix(fd, size)
+            keep = _complete_prefix(fd, size) if self._fmt == "jsonl" else _complete_values(fd, size)
             if keep != size:
                 log.warning(
-                    "%s: cut off a partial last line (%d bytes) left by an earlier hard stop",
+                    "%s: cut off a partial last record (%d bytes) left by an earlier hard stop",
                     path,
                     size - keep,
                 )
@@ -474,28 +594,25 @@ class FileProducer(Producer):
         if created_dir:
             _fsync_dir(directory.parent)
         _fsync_dir(directory)
-        self._fds[(stream, partition)] = fd
-        self._pending[fd] = []
-        self._pending_bytes[fd] = 0
-        return fd
+        out = self._outs[(stream, partition)] = _Output(fd)
+        return out
 
-    def _write(self, fd: int) -> None:
-        data = b"".join(self._pending[fd])
-        self._pending[fd].clear()
-        self._pending_bytes[fd] = 0
+    def _write(self, out: _Output) -> None:
+        data = out.buf
+        out.buf = bytearray()
         view = memoryview(data)
         while view:
-            n = os.write(fd, view)
+            n = os.write(out.fd, view)
             view = view[n:]
-        self._dirty.add(fd)
+        self._dirty.add(out)
 
     def flush(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
-                if self._pending[fd]:
-                    self._write(fd)
-            for fd in self._dirty:
-                os.fsync(fd)
+            for out in self._outs.values():
+                if out.buf:
+                    self._write(out)
+            for out in self._dirty:
+                os.fsync(out.fd)
             self._dirty.clear()
 
     def close(self) -> None:
@@ -505,9 +622,9 @@ class FileProducer(Producer):
         self.flush()
         with self._lock:
             self._closed = True
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            for out in self._outs.values():
+                os.close(out.fd)
+            self._outs.clear()
 
 
 def _complete_prefix(fd: int, size: int) -> int:
@@ -521,6 +638,26 @@ def _complete_prefix(fd: int, size: int) -> int:
             return start + i + 1
         pos = start
     return 0
+
+
+def _complete_values(fd: int, size: int) -> int:
+    """Length of a msgpack file up to the end of its last complete value (reads it all)."""
+    u = _msgpack().Unpacker(raw=False, strict_map_key=False)
+    mp = _msgpack()
+    pos = end = 0
+    while pos < size:
+        chunk = os.pread(fd, _CHUNK, pos)
+        if not chunk:
+            break
+        pos += len(chunk)
+        u.feed(chunk)
+        try:
+            while True:
+                u.skip()
+                end = u.tell()
+        except mp.OutOfData:
+            pass
+    return end
 
 
 def _fsync_dir(path: Path) -> None:
@@ -539,7 +676,10 @@ class FileSystem(System):
     stream (default 1), or a mapping ``{stream: n}`` with an optional ``"*"``
     default; ``skip_bad_lines``: skip and count bad lines instead of failing;
     ``key_field``: JSON field used as the envelope key (JSON objects only);
-    ``read_ahead``: messages buffered per partition by the read-ahead thread.
+    ``read_ahead``: most messages one poll of a partition decodes;
+    ``output_format``: ``"jsonl"`` (default) or ``"msgpack"`` (``partition-N.msgpack``
+    files of msgpack values back to back; needs ``tailrace[fast]``). Inputs are read in
+    the format their files' extension names.
     """
 
     def __init__(
@@ -552,6 +692,7 @@ class FileSystem(System):
         skip_bad_lines: bool = False,
         key_field: str | None = None,
         read_ahead: int = 4096,
+        output_format: str = "jsonl",
     ) -> None:
         super().__init__(name)
         where = f"systems.{name}"
@@ -565,6 +706,17 @@ class FileSystem(System):
             raise ConfigError(
                 f"expected an integer >= 1, got {read_ahead!r}", key=f"{where}.read_ahead", allowed=">= 1"
             )
+        if output_format not in ("jsonl", "msgpack"):
+            raise ConfigError(
+                f"unknown output format {output_format!r}",
+                key=f"{where}.output_format",
+                allowed="jsonl, msgpack",
+            )
+        if output_format == "msgpack":
+            try:
+                _msgpack()
+            except InputError as e:
+                raise ConfigError(str(e), key=f"{where}.output_format") from None
         counts = output_partitions if isinstance(output_partitions, Mapping) else {"*": output_partitions}
         for stream, n in counts.items():
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -579,6 +731,7 @@ class FileSystem(System):
         self.skip_bad_lines = skip_bad_lines
         self.key_field = key_field
         self.read_ahead = read_ahead
+        self.output_format = output_format
         self._streams: dict[str, tuple[int, str]] = {}
         self._checked_outputs: set[str] = set()
 
@@ -601,9 +754,12 @@ class FileSystem(System):
             raise InputError(
                 f"stream has no partition {ssp.partition} (it has {n})", source=str(self.path / ssp.stream)
             )
+        path = partition_file(self.path / ssp.stream, ssp.partition, fmt)
+        if fmt == "msgpack":
+            return MsgpackReader(ssp, path, read_ahead=self.read_ahead, key_field=self.key_field)
         return FileReader(
             ssp,
-            partition_file(self.path / ssp.stream, ssp.partition, fmt),
+            path,
             fmt,
             read_ahead=self.read_ahead,
             skip_bad_lines=self.skip_bad_lines,
@@ -633,7 +789,7 @@ class FileSystem(System):
         return n
 
     def producer(self) -> Producer:
-        return FileProducer(self.output_path, self.output_partitions)
+        return FileProducer(self.output_path, self.output_partitions, fmt=self.output_format)
 
 
 def write_stream(
@@ -641,7 +797,8 @@ def write_stream(
 ) -> list[list[int]]:
     """Write an input stream (one list of messages per partition); returns each message's offset.
 
-    A helper for tests and examples: ``fmt`` "jsonl" (JSON values) or "text" (str lines).
+    A helper for tests and examples: ``fmt`` "jsonl" (JSON values), "text" (str lines) or
+    "msgpack" (msgpack values).
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -651,7 +808,10 @@ def write_stream(
         offs: list[int] = []
         with open(partition_file(d, p, fmt), "wb") as f:
             for m in messages:
-                line = (m if fmt == "text" else json.dumps(m, separators=(",", ":"))).encode() + b"\n"
+                if fmt == "msgpack":
+                    line = _msgpack().packb(m, use_bin_type=True)
+                else:
+                    line = (m if fmt == "text" else json.dumps(m, separators=(",", ":"))).encode() + b"\n"
                 offs.append(pos)
                 f.write(line)
                 pos += len(line)
@@ -666,6 +826,9 @@ def read_stream(directory: str | os.PathLike[str]) -> list[list[Any]]:
     out: list[list[Any]] = []
     for p in range(n):
         with open(partition_file(d, p, fmt), "rb") as f:
+            if fmt == "msgpack":
+                out.append(list(_msgpack().Unpacker(f, raw=False, strict_map_key=False)))
+                continue
             lines = f.read().splitlines()
         out.append([line.decode() if fmt == "text" else json.loads(line) for line in lines])
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 from pathlib import Path
@@ -17,7 +18,8 @@ SSP0 = SystemStreamPartition("files", "s", 0)
 
 
 def drain(reader: FileReader, after: Any = None, batch: int = 7) -> list[Any]:
-    """Start a reader and poll it to the end like an engine would (blocking on wakeup)."""
+    """Start a reader and poll it to the end like an engine would (an empty poll before
+    the end waits for wakeup, rule 6)."""
     woken = threading.Event()
     reader.start(after, woken.set)
     out = []
@@ -139,35 +141,69 @@ def test_missing_directory_and_file(tmp_path: Path) -> None:
         r.start(None, lambda: None)
 
 
-def test_read_ahead_is_bounded_and_wakes_the_engine(tmp_path: Path) -> None:
-    # rule 6: the read-ahead thread stops at `read_ahead` messages until polled
+def test_read_ahead_bounds_each_poll(tmp_path: Path) -> None:
+    # rule 6: the reader decodes only what a poll asks for (at most read_ahead messages)
     fs = make(tmp_path, [list(range(1000))], read_ahead=10)
     r = fs.reader(SSP0)
-    woken = threading.Event()
-    r.start(None, woken.set)
+    r.start(None, lambda: None)
     try:
         seen: list[int] = []
-        for _ in range(2000):
+        while not r.at_end():
             got = r.poll(1000)
-            assert len(got) <= 10, "buffered more than read_ahead messages"
+            assert 0 < len(got) <= 10, "a poll returned nothing before the end, or more than read_ahead"
             seen.extend(e.message for e in got)
-            if r.at_end():
-                break
-            if not got:
-                assert woken.wait(10), "no wakeup after an empty poll"
-                woken.clear()
         assert seen == list(range(1000))
+        assert r.poll(10) == []
     finally:
         r.close()
 
 
-def test_close_stops_a_blocked_read_ahead_thread(tmp_path: Path) -> None:
-    fs = make(tmp_path, [list(range(10000))], read_ahead=5)
+def test_reader_runs_on_the_callers_thread_and_holds_one_chunk(tmp_path: Path) -> None:
+    # no thread per partition (issue 18): reading happens inside poll, on the engine's
+    # loop thread, and an unpolled reader holds at most one chunk of raw bytes
+    msgs = [{"seq": i, "pad": "y" * 100} for i in range(20000)]  # ~2.4 MB
+    fs = make(tmp_path, [msgs], read_ahead=100)
     r = fs.reader(SSP0)
+    before = threading.active_count()
     r.start(None, lambda: None)
-    assert len(r.poll(3)) <= 3
-    r.close()  # must not hang on the full buffer
-    assert r._thread is not None and not r._thread.is_alive()
+    try:
+        assert threading.active_count() == before
+        assert len(r.poll(5)) == 5
+        assert threading.active_count() == before
+        held = sum(len(x) for x in r._lines) + len(r._tail)
+        assert held <= 2 * (1 << 16)
+        assert [e.message for e in r.poll(100)] == msgs[5:105]
+    finally:
+        r.close()
+    assert r.at_end() and r.poll(5) == []  # closed: no more reads
+
+
+def test_lines_longer_than_a_chunk_crlf_and_no_final_newline(tmp_path: Path) -> None:
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    big = "z" * 200_000  # spans several read chunks
+    raw = (json.dumps({"a": big}) + "\r\n" + json.dumps({"b": 1}) + "\n\n" + '"last"').encode()
+    (d / "partition-0.jsonl").write_bytes(raw.replace(b"\n\n", b"\n"))
+    fs = FileSystem("files", tmp_path / "in")
+    got = drain(fs.reader(SSP0), batch=1)
+    assert [e.message for e in got] == [{"a": big}, {"b": 1}, "last"]
+    data = (d / "partition-0.jsonl").read_bytes()
+    assert [e.offset for e in got] == [0, data.index(b'{"b"'), data.index(b'"last"')]
+
+
+def test_bad_line_number_is_exact_across_chunks_and_after_a_resume(tmp_path: Path) -> None:
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    lines = [json.dumps({"seq": i, "pad": "p" * 50}) for i in range(9000)]
+    lines[7000] = "{broken"  # line 7001, far past the first 64 KiB chunk
+    (d / "partition-0.jsonl").write_text("\n".join(lines) + "\n")
+    fs = FileSystem("files", tmp_path / "in")
+    with pytest.raises(InputError, match=r"partition-0.jsonl:7001: line is not valid JSON") as info:
+        drain(fs.reader(SSP0), batch=333)
+    assert info.value.line == 7001
+    after = sum(len(x) + 1 for x in lines[:4000])  # resumed after line 4001
+    with pytest.raises(InputError, match=r"partition-0.jsonl:7001:"):
+        drain(fs.reader(SSP0), after=after, batch=333)
 
 
 def test_producer_writes_json_lines_and_flush_makes_them_visible(tmp_path: Path) -> None:
@@ -204,3 +240,83 @@ def test_existing_output_with_another_partition_count_is_refused(tmp_path: Path)
     assert FileSystem("files", tmp_path, output_partitions=3).producer().partitions("out") == 3
     (tmp_path / "out" / "partition-2.jsonl").unlink()  # not yet written (e.g. killed early): fine
     assert FileSystem("files", tmp_path, output_partitions=3).producer().partitions("out") == 3
+
+
+def test_producer_writes_a_full_buffer_at_once_and_the_rest_on_flush(tmp_path: Path) -> None:
+    from tailrace.files import FileProducer
+
+    p = FileProducer(tmp_path, lambda stream: 1, buffer_bytes=100)
+    f = tmp_path / "o" / "partition-0.jsonl"
+    p.send("o", 0, None, {"seq": 0})
+    assert f.read_bytes() == b""  # buffered: nothing written per message
+    for i in range(1, 12):
+        p.send("o", 0, None, {"seq": i})
+    written = f.read_bytes()
+    assert written and written.endswith(b"\n") and len(written) >= 100  # one buffer, whole lines
+    p.flush()  # the Producer.flush contract: everything sent is on disk before a checkpoint
+    assert [json.loads(x) for x in f.read_bytes().splitlines()] == [{"seq": i} for i in range(12)]
+    p.close()
+
+
+needs_msgpack = pytest.mark.skipif(
+    importlib.util.find_spec("msgpack") is None, reason="msgpack files need tailrace[fast]"
+)
+
+
+@needs_msgpack
+def test_msgpack_stream_round_trips_with_byte_offsets_and_restart(tmp_path: Path) -> None:
+    msgs = [{"seq": i, "blob": bytes([i % 256]) * (i % 7), "nested": [i, {"x": None}]} for i in range(3000)]
+    offsets = write_stream(tmp_path / "in" / "s", [msgs], "msgpack")
+    fs = FileSystem("files", tmp_path / "in", output_path=tmp_path / "out", key_field="seq")
+    assert fs.partitions("s") == 1
+    got = drain(fs.reader(SSP0), batch=101)
+    assert [e.message for e in got] == msgs
+    assert [e.offset for e in got] == offsets[0]
+    assert [e.key for e in got] == list(range(3000))
+    for k in (0, 1500, 2998, 2999):  # rule 13: resume right after the committed value
+        again = drain(fs.reader(SSP0), after=offsets[0][k], batch=64)
+        assert [e.message for e in again] == msgs[k + 1 :]
+    with pytest.raises(InputError, match="beyond the end of the file"):
+        fs.reader(SSP0).start(10**9, lambda: None)
+
+
+@needs_msgpack
+def test_msgpack_bad_or_truncated_data_names_file_and_byte_offset(tmp_path: Path) -> None:
+    import msgpack
+
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    good = msgpack.packb({"a": 1}) + msgpack.packb("two")
+    (d / "partition-0.msgpack").write_bytes(good + msgpack.packb([1, 2, 3])[:-1])  # cut short
+    fs = FileSystem("files", tmp_path / "in")
+    with pytest.raises(
+        InputError, match=rf"partition-0.msgpack: truncated msgpack value at byte offset {len(good)}"
+    ):
+        drain(fs.reader(SSP0))
+    (d / "partition-0.msgpack").write_bytes(good + b"\xc1")  # 0xc1: never used in msgpack
+    with pytest.raises(InputError, match=rf"bad msgpack data at byte offset {len(good)}"):
+        drain(fs.reader(SSP0))
+
+
+@needs_msgpack
+def test_msgpack_output_format_writes_values_and_cuts_a_partial_one(tmp_path: Path) -> None:
+    import msgpack
+
+    fs = FileSystem("files", tmp_path, output_partitions=2, output_format="msgpack")
+    p = fs.producer()
+    for i in range(10):
+        p.send("o", i % 2, None, {"i": i, "b": b"\x00\xff"})
+    p.close()
+    assert read_stream(tmp_path / "o") == [
+        [{"i": i, "b": b"\x00\xff"} for i in range(j, 10, 2)] for j in (0, 1)
+    ]
+    f = tmp_path / "o" / "partition-0.msgpack"
+    f.write_bytes(f.read_bytes() + msgpack.packb({"partial": "x" * 50})[:20])  # as after a hard kill
+    p = FileSystem("files", tmp_path, output_partitions=2, output_format="msgpack").producer()
+    p.send("o", 0, None, "after")
+    p.close()
+    assert read_stream(tmp_path / "o")[0] == [{"i": i, "b": b"\x00\xff"} for i in range(0, 10, 2)] + ["after"]
+    with pytest.raises(ValueError, match="not msgpack-serialisable"):
+        fs.producer().send("o", 0, None, object())
+    with pytest.raises(ConfigError, match=r"systems.files.output_format"):
+        FileSystem("files", tmp_path, output_format="csv")

@@ -4,7 +4,8 @@ Partition ``p`` of stream ``s`` is the Redis stream ``PREFIX:{s:p}:s`` (see
 ``tailrace.redis._io`` for the whole key layout); offsets are entry ids
 (``"1700000000000-0"``), compared as (ms, seq). An entry holds the message in
 field ``m`` and the key, when there is one, in field ``k``, both encoded by the
-system's codec (``json``, ``str`` or ``bytes``). An entry with field ``eos``
+system's codec (``json``, ``str``, ``bytes`` or ``msgpack``; json and msgpack by
+tailrace.serdes). An entry with field ``eos``
 marks the end of a partition: readers stop there and it is never processed.
 
 Readers read ahead into bounded per-partition buffers: one thread per system
@@ -19,7 +20,6 @@ backoff; nothing is lost or skipped.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import deque
@@ -30,6 +30,7 @@ from typing import Any
 from .._core import Envelope
 from ..errors import ConfigError, InputError
 from ..interfaces import PartitionReader, Producer, System
+from ..serdes import SerdeError, _json_encode, serde
 from ..types import Offset, SystemStreamPartition
 from . import _resp
 from ._io import (
@@ -51,8 +52,9 @@ from ._io import _redis as _redis_module
 log = logging.getLogger("tailrace.redis")
 
 EOS_FIELD = b"eos"
-CODECS = ("json", "str", "bytes")
-_KINDS = {"json": _resp.CALL, "str": _resp.STR, "bytes": _resp.BYTES}  # codec -> _resp kind
+CODECS = ("json", "str", "bytes", "msgpack")
+# codec -> _resp kind; json and msgpack are tailrace.serdes' (orjson when installed)
+_KINDS = {"json": _resp.CALL, "str": _resp.STR, "bytes": _resp.BYTES, "msgpack": _resp.CALL}
 
 # One XREAD batch of one partition: (stream key, ids, keys, messages, end marker
 # reached, (entry id, error) of the first entry that cannot be decoded or None).
@@ -61,16 +63,25 @@ _Decoded = tuple[bytes, list[str], list[Any], list[Any], bool, "tuple[str, BaseE
 
 def _encoder(codec: str) -> Callable[[Any], bytes | str]:
     if codec == "json":
-        # one encoder for good: json.dumps with options builds a new one per call
-        return json.JSONEncoder(separators=(",", ":")).encode
+        return _json_encode  # the raw function: a value JSON cannot take raises TypeError
+    if codec == "msgpack":
+        packer = serde(codec)
+
+        def encode(v: Any) -> bytes:
+            try:
+                return packer.encode(v)
+            except SerdeError as e:  # the producer's contract: an unencodable value is a TypeError
+                raise TypeError(str(e)) from e
+
+        return encode
     if codec == "str":
         return lambda v: v if isinstance(v, (str, bytes)) else str(v)
     return lambda v: v if isinstance(v, bytes) else str(v).encode()
 
 
 def _decoder(codec: str) -> Callable[[bytes], Any]:
-    if codec == "json":
-        return json.loads
+    if codec in ("json", "msgpack"):
+        return serde(codec).decode
     if codec == "str":
         return lambda b: b.decode()
     return lambda b: b
@@ -394,7 +405,7 @@ class _RedisProducer(Producer):
         self._sha = self._script.sha.encode()
         self._batch: _resp.Batch | None = None
         if self._raw:
-            encode = self._encode if system.codec == "json" else None
+            encode = self._encode if _KINDS[system.codec] == _resp.CALL else None
             full = partial(self._flush_locked, wait=False)
             batch = _resp.Batch(_KINDS[system.codec], encode, system.keys.stream, system.batch, full)
             self._batch = batch
@@ -555,9 +566,10 @@ class RedisSystem(System):
     (otherwise read from Redis, as recorded by :meth:`create_stream`);
     ``output_partitions``: count for an output stream Redis does not know yet.
     ``batch``: entries per XREAD (per partition) and per producer script call;
-    ``buffer``: entries read ahead per partition; ``codec``: ``json`` (default), ``str`` or ``bytes``.
-    ``retry_s``: how long Redis may stay unreachable before a read or write fails (a
-    member of a job with Redis checkpoints sets it to the checkpoints' ``retry_s``).
+    ``buffer``: entries read ahead per partition; ``codec``: ``json`` (default),
+    ``str``, ``bytes`` or ``msgpack``. ``retry_s``: how long Redis may stay unreachable
+    before a read or write fails (a member of a job with Redis checkpoints sets it to the
+    checkpoints' ``retry_s``).
 
     The keyword arguments are also the options of a job file's ``[systems.NAME]``
     table with ``type = "redis"``. Raises InputError naming the URL when Redis does not answer at start.
@@ -582,6 +594,11 @@ class RedisSystem(System):
         super().__init__(name)
         if codec not in CODECS:
             raise ConfigError(f"unknown codec {codec!r}", key="codec", allowed=", ".join(CODECS))
+        if codec == "msgpack":
+            try:
+                serde(codec)
+            except SerdeError as e:
+                raise ConfigError(str(e), key="codec") from None
         for key, value in (
             ("batch", batch),
             ("buffer", buffer),

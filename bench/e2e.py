@@ -1,0 +1,435 @@
+"""End to end: a real file job under `tailrace run` against the script a user would write instead.
+
+The job: JSON Lines in 4 input partitions (``{"user": ..., "amount": ..., "seq": ...}``); the
+task parses each message, keeps a per-user running sum and emits one JSON record per input
+(``{"user", "seq", "total"}``) to an output stream of 4 partitions (placed by user). The
+contenders, each in its own process, run ALTERNATELY (A B A B ...) so that a noisy machine
+hurts every side alike:
+
+``loop``     the hand-written single-threaded loop: readline, json.loads, dict, json.dumps, write
+``c``        ``tailrace run`` with the C engine, files, SQLite checkpoints
+``python``   ``tailrace run`` with the reference engine (``--engines c,python``)
+``bytewax``  bytewax's FileSource/FileSink doing the same work, where bytewax is installed
+
+for each JSON library asked for (``--libs std,orjson``); every side uses the same library:
+``std`` blocks the orjson import in the child (tailrace's serdes then uses the standard
+library), ``orjson`` makes the loop call orjson and leaves tailrace's serdes on its orjson path.
+
+Each run is checked: its output holds the same records as the loop's (as a multiset over all
+partitions, and per user in the same order). Printed per library and contender: the median
+wall time, CPU (user + system, from wait4) and peak RSS, and the ratios to the loop.
+
+    python bench/e2e.py --messages 500000 --pairs 5
+    python bench/e2e.py --messages 2000000 --pairs 3 --libs orjson --engines c
+    python bench/e2e.py --json bench/results/e2e.json --plot bench/results/e2e.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+PARTITIONS = 4
+OUT_PARTITIONS = 4
+
+TASK = """
+import tailrace
+
+
+class Sums(tailrace.StreamTask):
+    def init(self, context):
+        self.sums = {}
+
+    def process(self, envelope, collector, coordinator):
+        m = envelope.message
+        user = m["user"]
+        total = self.sums.get(user, 0) + m["amount"]
+        self.sums[user] = total
+        collector.send("out", {"user": user, "seq": m["seq"], "total": total}, key=user)
+"""
+
+JOB = """
+[job]
+name = "e2e"
+task = "task.py:Sums"
+inputs = ["files.events"]
+engine = "{engine}"
+default_output = "files"
+
+[config]
+"task.commit.ms" = 1000
+
+[systems.files]
+type = "file"
+path = "data"
+output_path = "output"
+output_partitions = {out_partitions}
+
+[checkpoints]
+type = "sqlite"
+path = "state/checkpoints.db"
+"""
+
+# The loop places a record the way tailrace's collector does; it asks tailrace which
+# partition a key goes to once per user (a dict), so the loop pays nothing for it.
+LOOP = """
+import sys
+from tailrace.collector import key_partition
+
+LIB = sys.argv[1]
+if LIB == "orjson":
+    import orjson
+    loads = orjson.loads
+    def dumps(obj):
+        return orjson.dumps(obj) + b"\\n"
+else:
+    import json
+    loads = json.loads
+    _enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    def dumps(obj):
+        return (_enc(obj) + "\\n").encode()
+
+data, out, n_in, n_out = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+outs = [open(f"{out}/partition-{p}.jsonl", "wb") for p in range(n_out)]
+place = {}
+sums = {}
+for p in range(n_in):
+    with open(f"{data}/partition-{p}.jsonl", "rb") as f:
+        for line in f:
+            m = loads(line)
+            user = m["user"]
+            total = sums.get(user, 0) + m["amount"]
+            sums[user] = total
+            q = place.get(user)
+            if q is None:
+                q = place[user] = key_partition(user, n_out)
+            outs[q].write(dumps({"user": user, "seq": m["seq"], "total": total}))
+for f in outs:
+    f.flush()
+    import os
+    os.fsync(f.fileno())
+    f.close()
+"""
+
+BYTEWAX = """
+import sys, json
+from pathlib import Path
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+from bytewax.connectors.files import FileSource, FileSink
+from bytewax.testing import run_main
+
+LIB = sys.argv[1]
+if LIB == "orjson":
+    import orjson
+    loads = orjson.loads
+    dumps = lambda o: orjson.dumps(o).decode()
+else:
+    loads = json.loads
+    dumps = lambda o: json.dumps(o, ensure_ascii=False, separators=(",", ":"))
+data, out, n_in = sys.argv[2], sys.argv[3], int(sys.argv[4])
+flow = Dataflow("e2e")
+streams = [op.input(f"in{p}", flow, FileSource(Path(f"{data}/partition-{p}.jsonl"))) for p in range(n_in)]
+s = op.merge("merge", *streams) if n_in > 1 else streams[0]
+s = op.map("parse", s, loads)
+s = op.key_on("key", s, lambda m: m["user"])
+
+def step(total, m):
+    total = (total or 0) + m["amount"]
+    return total, dumps({"user": m["user"], "seq": m["seq"], "total": total})
+
+s = op.stateful_map("sum", s, step)
+s = op.map("drop_key", s, lambda kv: kv[1])
+op.output("out", s, FileSink(Path(f"{out}/partition-0.jsonl")))
+run_main(flow)
+"""
+
+
+def generate(root: Path, messages: int, users: int, seed: int = 7) -> None:
+    """4 JSON Lines partitions; a user lives in one partition (so per-task sums are global)."""
+    rng = random.Random(seed)
+    data = root / "events"
+    data.mkdir(parents=True, exist_ok=True)
+    files = [open(data / f"partition-{p}.jsonl", "w", encoding="utf-8") for p in range(PARTITIONS)]
+    try:
+        for i in range(messages):
+            u = rng.randrange(users)
+            p = u % PARTITIONS
+            rec = {"user": f"user-{u}", "amount": rng.randrange(1, 1000), "seq": i, "note": "événement"}
+            files[p].write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
+    finally:
+        for f in files:
+            f.close()
+
+
+def _blocker(root: Path) -> Path:
+    """A directory whose orjson.py refuses to import: the child then uses the standard library."""
+    d = root / "no-orjson"
+    d.mkdir(exist_ok=True)
+    (d / "orjson.py").write_text("raise ImportError('blocked by bench/e2e.py --libs std')\n")
+    return d
+
+
+# Linux carries a process's peak RSS across fork + exec, so a child forked straight from
+# this (large) process would report this process's peak: a small fresh wrapper forks the
+# measured child instead and reports its wait4 figures on stdout.
+MEASURE = """
+import json, os, subprocess, sys, time
+t0 = time.perf_counter()
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, ru = os.wait4(p.pid, 0)
+wall = time.perf_counter() - t0
+print(json.dumps([os.waitstatus_to_exitcode(status), wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss]))
+"""
+
+
+def _spawn(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, int, str]:
+    """Run a child; (wall s, CPU s, peak RSS KiB, stderr tail) from wait4."""
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, *argv], cwd=cwd, env=env, capture_output=True, check=False
+    )
+    tail = proc.stderr.decode(errors="replace")[-2000:]
+    try:
+        rc, wall, cpu, rss = json.loads(proc.stdout)
+    except ValueError:
+        rc, wall, cpu, rss = proc.returncode or 1, 0.0, 0.0, 0
+    if rc != 0:
+        raise SystemExit(f"{argv[:4]} exited {rc}:\n{tail}")
+    return wall, cpu, rss, tail
+
+
+def _records(out: Path) -> tuple[Counter[bytes], dict[str, list[int]]]:
+    """Every output line (as a multiset) and, per user, the seq order of its records."""
+    lines: Counter[bytes] = Counter()
+    order: dict[str, list[int]] = defaultdict(list)
+    for f in sorted(out.glob("partition-*.jsonl")):
+        with open(f, "rb") as fh:
+            for line in fh:
+                lines[line] += 1
+                m = json.loads(line)
+                order[m["user"]].append(m["seq"])
+    return lines, order
+
+
+class Runner:
+    def __init__(self, root: Path, lib: str, engines: list[str]) -> None:
+        self.root = root
+        self.lib = lib
+        self.env = dict(os.environ)
+        if lib == "std":
+            self.env["PYTHONPATH"] = os.pathsep.join(
+                [str(_blocker(root))] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else [])
+            )
+        self.jobs: dict[str, Path] = {}
+        for engine in engines:
+            if engine in ("c", "python"):
+                d = root / f"job-{lib}-{engine}"
+                d.mkdir()
+                (d / "data").symlink_to(root / "data")
+                (d / "task.py").write_text(TASK)
+                (d / "job.toml").write_text(JOB.format(engine=engine, out_partitions=OUT_PARTITIONS))
+                self.jobs[engine] = d
+        (root / "loop.py").write_text(LOOP)
+        (root / "bytewax_flow.py").write_text(BYTEWAX)
+        self.reference: tuple[Counter[bytes], dict[str, list[int]]] | None = None
+
+    def run(self, contender: str) -> tuple[float, float, int]:
+        if contender == "loop" or contender == "bytewax":
+            out = self.root / f"out-{self.lib}-{contender}"
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            script = "loop.py" if contender == "loop" else "bytewax_flow.py"
+            argv = [
+                sys.executable,
+                str(self.root / script),
+                self.lib,
+                str(self.root / "data" / "events"),
+                str(out),
+            ]
+            argv += [str(PARTITIONS)] + ([str(OUT_PARTITIONS)] if contender == "loop" else [])
+            wall, cpu, rss, _ = _spawn(argv, self.root, self.env)
+        else:
+            d = self.jobs[contender]
+            shutil.rmtree(d / "output", ignore_errors=True)
+            shutil.rmtree(d / "state", ignore_errors=True)
+            argv = [sys.executable, "-m", "tailrace", "run", str(d)]
+            wall, cpu, rss, _ = _spawn(argv, d, self.env)
+            out = d / "output" / "out"
+        self.check(contender, out)
+        return wall, cpu, rss
+
+    def check(self, contender: str, out: Path) -> None:
+        got = _records(out)
+        if self.reference is None:
+            self.reference = got
+            return
+        lines, order = got
+        ref_lines, ref_order = self.reference
+        if contender == "bytewax":  # one output file; compare values, not bytes
+            same = Counter(json.dumps(json.loads(x), sort_keys=True) for x in lines.elements()) == Counter(
+                json.dumps(json.loads(x), sort_keys=True) for x in ref_lines.elements()
+            )
+        else:
+            same = lines == ref_lines
+        if not same or order != ref_order:
+            raise SystemExit(f"{contender} ({self.lib}): output differs from the hand-written loop's")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=500_000)
+    ap.add_argument("--users", type=int, default=10_000)
+    ap.add_argument("--pairs", type=int, default=5, help="alternating rounds (>= 5 for quoted figures)")
+    ap.add_argument("--libs", default="std,orjson", help="std, orjson or both")
+    ap.add_argument("--engines", default="c,python", help="tailrace engines: c, python")
+    ap.add_argument("--bytewax", action="store_true", help="add bytewax's file connectors (if installed)")
+    ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
+    ap.add_argument("--json", help="write every sample and the medians here")
+    ap.add_argument("--plot", help="bar chart of median throughput (needs matplotlib)")
+    args = ap.parse_args()
+
+    engines = [e for e in args.engines.split(",") if e]
+    libs = [x for x in args.libs.split(",") if x]
+    if "orjson" in libs:
+        try:
+            import orjson  # noqa: F401
+        except ImportError:
+            raise SystemExit("--libs orjson needs orjson: pip install 'tailrace[fast]'") from None
+    contenders = ["loop", *engines]
+    if args.bytewax:
+        try:
+            import bytewax  # noqa: F401
+        except ImportError:
+            print("bytewax is not installed: skipped", file=sys.stderr)
+        else:
+            contenders.append("bytewax")
+
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailrace-e2e-"))
+    root.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "messages": args.messages,
+        "pairs": args.pairs,
+        "load_before": os.getloadavg(),
+        "samples": {},
+    }
+    try:
+        t = time.perf_counter()
+        generate(root / "data", args.messages, args.users)
+        size = sum(f.stat().st_size for f in (root / "data" / "events").iterdir())
+        print(
+            f"{args.messages} messages, {size / 1e6:.1f} MB in {PARTITIONS} partitions "
+            f"({time.perf_counter() - t:.1f} s to generate); load {os.getloadavg()[0]:.2f}"
+        )
+        runners = {lib: Runner(root, lib, engines) for lib in libs}
+        samples: dict[str, dict[str, list[tuple[float, float, int]]]] = {
+            lib: {c: [] for c in contenders} for lib in libs
+        }
+        for i in range(args.pairs):
+            for lib in libs:
+                for c in contenders:
+                    s = runners[lib].run(c)
+                    samples[lib][c].append(s)
+                    print(
+                        f"  round {i + 1} {lib:6} {c:8} wall {s[0]:6.2f} s  cpu {s[1]:6.2f} s  "
+                        f"rss {s[2] / 1024:6.1f} MiB  load {os.getloadavg()[0]:.2f}",
+                        flush=True,
+                    )
+        results["load_after"] = os.getloadavg()
+        report(args.messages, samples, results)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        if args.plot:
+            plot(args.messages, results, args.plot)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def report(
+    messages: int, samples: dict[str, dict[str, list[tuple[float, float, int]]]], results: dict[str, Any]
+) -> None:
+    print(
+        f"\nmedians over {len(next(iter(next(iter(samples.values())).values())))} alternating rounds; "
+        f"load average {results['load_before'][0]:.2f} before, {results['load_after'][0]:.2f} after"
+    )
+    print(
+        f"{'lib':6} {'contender':9} {'wall s':>7} {'cpu s':>7} {'MiB':>6} {'msg/s':>9} "
+        f"{'cpu us/msg':>10} {'tput x loop':>11} {'cpu / loop':>10} {'pair ratios (loop wall / wall)':>30}"
+    )
+    out: dict[str, Any] = {}
+    for lib, by in samples.items():
+        loop = by["loop"]
+        lw = statistics.median(s[0] for s in loop)
+        lc = statistics.median(s[1] for s in loop)
+        for c, ss in by.items():
+            w = statistics.median(s[0] for s in ss)
+            cpu = statistics.median(s[1] for s in ss)
+            rss = statistics.median(s[2] for s in ss) / 1024
+            pairs = [a[0] / b[0] for a, b in zip(loop, ss)]
+            row = {
+                "wall_s": w,
+                "cpu_s": cpu,
+                "rss_mib": rss,
+                "msg_per_s": messages / w,
+                "cpu_us_per_msg": cpu / messages * 1e6,
+                "throughput_x_loop": lw / w,
+                "cpu_x_loop": cpu / lc,
+                "pair_ratios": pairs,
+                "samples": ss,
+            }
+            out[f"{lib}/{c}"] = row
+            print(
+                f"{lib:6} {c:9} {w:7.2f} {cpu:7.2f} {rss:6.1f} {messages / w:9.0f} "
+                f"{cpu / messages * 1e6:10.2f} {lw / w:11.2f} {cpu / lc:10.2f}   "
+                + " ".join(f"{r:.2f}" for r in pairs)
+            )
+    results["medians"] = out
+
+
+def plot(messages: int, results: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    rows = results["medians"]
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    vals = [rows[n]["msg_per_s"] / 1000 for n in names]
+    colors = ["#888" if n.endswith("/loop") else "#2a7" if n.endswith("/c") else "#37c" for n in names]
+    ax.barh(names, vals, color=colors)
+    for y, (n, v) in enumerate(zip(names, vals)):
+        ax.text(v, y, f" {v:.0f}k ({rows[n]['throughput_x_loop']:.2f}x)", va="center", fontsize=8)
+    ax.set_xlabel("thousand messages / s (median)")
+    ax.set_title(
+        textwrap.shorten(
+            f"bench/e2e.py: {messages} JSON Lines messages, parse + per-user sum + emit, 4 -> 4 partitions",
+            90,
+        ),
+        fontsize=9,
+    )
+    ax.invert_yaxis()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()
