@@ -68,30 +68,34 @@ class Cluster:
         assert not failed, failed
 
     def read_all(self, topic: str, partitions: int, timeout: float = 20.0) -> dict[int, list[Any]]:
-        """Every message of ``topic`` as {partition: [message, ...]} (a fresh, group-less read)."""
+        """Every message of ``topic`` up to its current end, as {partition: [message, ...]}
+        (a fresh read outside any group; the end is each partition's high watermark)."""
         c = ck.Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
                 "group.id": f"reader-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
-                "enable.partition.eof": True,
             }
         )
         try:
-            c.assign(
-                [ck.TopicPartition(self.topics[topic], p, ck.OFFSET_BEGINNING) for p in range(partitions)]
-            )
+            name = self.topics[topic]
+            ends = {
+                p: c.get_watermark_offsets(ck.TopicPartition(name, p), timeout=10)[1]
+                for p in range(partitions)
+            }
+            c.assign([ck.TopicPartition(name, p, ck.OFFSET_BEGINNING) for p in range(partitions)])
             out: dict[int, list[Any]] = {p: [] for p in range(partitions)}
-            ended: set[int] = set()
             deadline = time.monotonic() + timeout
-            while len(ended) < partitions and time.monotonic() < deadline:
+            pending = {p for p in range(partitions) if ends[p] > 0}
+            while pending and time.monotonic() < deadline:
                 for m in c.consume(500, 0.2):
                     if m.error():
-                        if m.error().code() == ck.KafkaError._PARTITION_EOF:
-                            ended.add(m.partition())
                         continue
-                    out[m.partition()].append(m)
-            assert len(ended) == partitions, f"read of {topic} did not reach the end"
+                    if m.offset() < ends[m.partition()]:
+                        out[m.partition()].append(m)
+                    if m.offset() >= ends[m.partition()] - 1:
+                        pending.discard(m.partition())
+            assert not pending, f"read of {topic} did not reach the end of partitions {sorted(pending)}"
             return out
         finally:
             c.close()

@@ -128,6 +128,7 @@ class KafkaMember:
         self.result = KafkaMemberResult()
         self._cond = threading.Condition()
         self._owned: set[SystemStreamPartition] = set()  # assigned and not revoked/lost
+        self._revoking: set[SystemStreamPartition] = set()  # being handed over: no container may start
         self._running: set[SystemStreamPartition] = set()  # what the running container reads
         self._container: Container | None = None
         self._idle = True  # no container running (guarded by _cond)
@@ -171,6 +172,7 @@ class KafkaMember:
             log.info("member of %r: revoking %s", self.job, ", ".join(map(str, sorted(ssps))))
             with self._cond:
                 self._changed = True
+                self._revoking |= ssps
                 if self._running & ssps:
                     self._stop_container()
                     # the container drains, commits (still owning ssps), and closes
@@ -183,6 +185,7 @@ class KafkaMember:
                         self._cond.wait(0.02)
                         self.system.fetcher.serve_commits()
                 self._owned -= ssps
+                self._revoking -= ssps
                 self.result.revoked += len(ssps)
                 self._cond.notify_all()
             self.system.fetcher.group_revoked(partitions)
@@ -232,12 +235,12 @@ class KafkaMember:
             log.info("member joining group %r for %s", system.group_id, self.spec.inputs)
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stopping or (self._changed and bool(self._owned)), 1.0)
+                    self._cond.wait_for(self._ready, 1.0)
                     if self._error is not None:
                         raise self._error
                     if self._stopping:
                         break
-                    if not (self._changed and self._owned):
+                    if not self._ready():
                         continue
                     self._changed = False
                     owned = sorted(self._owned)
@@ -255,6 +258,11 @@ class KafkaMember:
             raise self._error
         return self.result
 
+    def _ready(self) -> bool:
+        """Time to (re)start a container (``_cond`` held): the assignment changed, and no
+        hand-over is in progress (a revoke callback still needs the old container's commit)."""
+        return self._stopping or (self._changed and bool(self._owned) and not self._revoking)
+
     def _run_container(self, owned: list[SystemStreamPartition]) -> None:
         store = KafkaCheckpointStore(
             self.store, {self.system.name: self.system}, owned=self.owned, shared=True
@@ -269,7 +277,7 @@ class KafkaMember:
             default_output_system=self.spec.default_output_system,
         )
         with self._cond:
-            if self._stopping or self._changed:
+            if self._stopping or self._changed or self._revoking:
                 return  # re-plan first
             self._container = container
             self._running = set(owned)
