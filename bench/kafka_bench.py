@@ -76,7 +76,7 @@ def start_mokapi(partitions: int, workdir: Path) -> tuple[subprocess.Popen[bytes
 def produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
     import confluent_kafka as ck
 
-    p = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
+    p = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for i in range(n):
         while True:
             try:
@@ -87,7 +87,7 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
     assert p.flush(120) == 0
 
 
-def bare(bootstrap: str, topic: str, n: int, partitions: int, batch: int) -> float:
+def bare(bootstrap: str, topic: str, n: int, partitions: int, batch: int) -> tuple[float, float]:
     import confluent_kafka as ck
 
     from tailrace.serdes import serde
@@ -102,6 +102,7 @@ def bare(bootstrap: str, topic: str, n: int, partitions: int, batch: int) -> flo
     )
     c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(partitions)])
     seen = 0
+    c0 = time.process_time()
     t0 = time.perf_counter()
     while seen < n:
         for m in c.consume(batch, 0.1):
@@ -110,28 +111,30 @@ def bare(bootstrap: str, topic: str, n: int, partitions: int, batch: int) -> flo
             noop(dk(m.key() or b""), dv(m.value() or b"null"))
             seen += 1
     dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     c.close()
-    return dt
+    return dt, cpu
 
 
-class Count:
-    """A no-op task (the container ends at the partitions' end)."""
-
-    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
-        pass
-
-
-def framework(bootstrap: str, topic: str, n: int, batch: int, engine: str) -> float:
+def framework(bootstrap: str, topic: str, n: int, batch: int, engine: str) -> tuple[float, float]:
     import tailrace
     from tailrace.kafka import KafkaSystem
 
     system = KafkaSystem("kafka", bootstrap, bounded=True, batch=batch, group_id=f"tr-{uuid.uuid4().hex}")
-    task = type("Noop", (tailrace.StreamTask, Count), {})
+
+    class Noop(tailrace.StreamTask):
+        """A no-op task (the container ends at the partitions' end)."""
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+    c0 = time.process_time()
     t0 = time.perf_counter()
-    result = tailrace.Container(task, inputs=[f"kafka.{topic}"], systems=[system], engine=engine).run()
+    result = tailrace.Container(Noop, inputs=[f"kafka.{topic}"], systems=[system], engine=engine).run()
     dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     assert result.processed == n, result.processed
-    return dt
+    return dt, cpu
 
 
 def main() -> None:
@@ -161,23 +164,26 @@ def main() -> None:
             t0 = time.perf_counter()
             produce(bootstrap, topic, args.messages, args.partitions)
             print(f"produced {args.messages:,} messages in {time.perf_counter() - t0:.1f} s", flush=True)
+            n = args.messages
             rows = []
             for r in range(args.rounds):
-                b = bare(bootstrap, topic, args.messages, args.partitions, args.batch)
-                t = framework(bootstrap, topic, args.messages, args.batch, args.engine)
-                rows.append((b, t))
+                b, bc = bare(bootstrap, topic, n, args.partitions, args.batch)
+                t, tc = framework(bootstrap, topic, n, args.batch, args.engine)
+                rows.append((b, bc, t, tc))
                 print(
-                    f"round {r}: bare {b:.2f} s ({args.messages / b:,.0f} msg/s), tailrace {t:.2f} s "
-                    f"({args.messages / t:,.0f} msg/s): ratio {t / b:.2f}, "
-                    f"{(t - b) / args.messages * 1e6:+.2f} us/msg over bare",
+                    f"round {r}: wall: bare {b:.2f} s ({n / b:,.0f} msg/s), tailrace {t:.2f} s "
+                    f"({n / t:,.0f} msg/s), ratio {t / b:.2f}; client CPU: bare {bc / n * 1e6:.1f} us/msg, "
+                    f"tailrace {tc / n * 1e6:.1f} us/msg, ratio {tc / bc:.2f}",
                     flush=True,
                 )
-            b = min(x for x, _ in rows)
-            t = min(y for _, y in rows)
+            b = min(x[0] for x in rows)
+            bc = min(x[1] for x in rows)
+            t = min(x[2] for x in rows)
+            tc = min(x[3] for x in rows)
             print(
-                f"best of {args.rounds}: bare {b:.2f} s, tailrace ({args.engine}) {t:.2f} s, "
-                f"ratio {t / b:.2f}, "
-                f"bare {b / args.messages * 1e6:.2f} us/msg, tailrace {t / args.messages * 1e6:.2f} us/msg"
+                f"best of {args.rounds} ({args.engine} engine, batch {args.batch}): wall ratio {t / b:.2f}; "
+                f"client CPU bare {bc / n * 1e6:.1f} us/msg, tailrace {tc / n * 1e6:.1f} us/msg "
+                f"(ratio {tc / bc:.2f}, tailrace's share {(tc - bc) / n * 1e6:+.1f} us/msg)"
             )
         finally:
             if proc is not None:
