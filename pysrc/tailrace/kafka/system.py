@@ -301,9 +301,11 @@ class _Fetcher:
                     if err is not None:
                         if err.code() == eof:
                             continue
-                        if err.fatal() or not err.retriable():
+                        if err.fatal():
                             raise ck.KafkaException(err)
-                        log.warning("%s: %s (retrying)", system.name, err)
+                        # librdkafka recovers from the rest itself (a group rebalance in
+                        # progress, a broker gone for a while): reported, never fatal here
+                        log.warning("%s: %s", system.name, err)
                         continue
                     lst = by_key.get((m.topic(), m.partition()))
                     if lst is None:
