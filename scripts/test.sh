@@ -59,6 +59,15 @@ step "virtual environment $VENV"
 python -m pip install -q --upgrade pip
 python -m pip install -q -r requirements-test.txt
 
+step "Mokapi (the Kafka wire-protocol mock of tests/kafka) into build/npm"
+if [ ! -x build/npm/node_modules/.bin/mokapi ]; then
+  if command -v npm >/dev/null; then
+    npm install --silent --prefix build/npm go-mokapi >/dev/null || echo "npm install go-mokapi failed: the Kafka tests will be skipped"
+  else
+    echo "npm not found: the Kafka tests will be skipped (docs/kafka.md)"
+  fi
+fi
+
 step "sdist, a wheel built from it, repaired to $PLAT; installed"
 rm -rf dist
 python -m build --outdir dist . >build-wheel.log 2>&1 || { tail -50 build-wheel.log; exit 1; }

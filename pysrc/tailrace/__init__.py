@@ -61,6 +61,7 @@ __all__ = [
     "Envelope",
     "FileSystem",
     "InputError",
+    "KafkaSystem",
     "KeyValueStore",
     "MemoryCheckpointStore",
     "MemorySystem",
@@ -90,4 +91,8 @@ def __getattr__(name: str) -> Any:
         from . import redis
 
         return getattr(redis, name)
+    if name == "KafkaSystem":  # the Kafka backend needs the kafka extra
+        from . import kafka
+
+        return kafka.KafkaSystem
     raise AttributeError(f"module 'tailrace' has no attribute {name!r}")

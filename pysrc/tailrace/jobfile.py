@@ -13,7 +13,7 @@ Layout (paths are relative to the job file)::
     "task.window.ms" = 1000
 
     [systems.files]                     # one table per system; the table name is the system name
-    type = "file"                       # "file", "memory" or "redis"; other keys are its options
+    type = "file"                       # "file", "memory", "redis" or "kafka"; other keys are its options
     path = "data"
 
     [stores.counts]                     # optional: a key-value store of every task (docs/state.md)
@@ -77,10 +77,15 @@ def _redis_system(name: str, options: dict[str, Any]) -> System:
     return _import_target("tailrace.redis:RedisSystem")(name, **options)
 
 
+def _kafka_system(name: str, options: dict[str, Any]) -> System:
+    return _import_target("tailrace.kafka:KafkaSystem")(name, **options)
+
+
 SYSTEM_TYPES: dict[str, Callable[[str, dict[str, Any]], System]] = {
     "file": _file_system,
     "memory": _memory_system,
     "redis": _redis_system,
+    "kafka": _kafka_system,
 }
 
 

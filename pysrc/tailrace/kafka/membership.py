@@ -1,0 +1,342 @@
+"""Several containers of one job sharing its Kafka partitions through the consumer group.
+
+Each process runs one :class:`KafkaMember`. It subscribes to the job's input
+topics with group id = the job name (unless the system names one) and lets
+Kafka's group protocol assign partitions (``cooperative-sticky`` by default;
+``group.instance.id`` in the consumer settings gives static membership). It
+runs an ordinary :class:`~tailrace.container.Container` over the partitions the
+group assigned to it (task N owns partition N of every input) and restarts that
+container gracefully whenever the assignment changes:
+
+- **assignment** (inside ``consume``, on the fetch thread): the new partitions
+  are added paused, the running container is stopped gracefully (nothing is
+  lost: it commits its low watermarks) and a new one starts over every owned
+  partition; each reader resumes from the committed offset in the job's
+  checkpoint store (its task's state store with it).
+- **revocation** (cooperative: only the partitions that move): the member
+  stops the running container, which stops dispatch, awaits outstanding work up
+  to ``task.shutdown.ms`` and commits the watermarks (to the store, and to the
+  Kafka group as ``offset + 1``); only then does the callback return and
+  librdkafka release the partitions. The new owner resumes right after the last
+  message this member processed: a healthy hand-over replays nothing.
+- **loss** (session timeout, fenced static member): the partitions are dropped
+  at once; commits for them are refused (see ``tailrace.kafka.checkpoint``).
+
+Rebalance callbacks block the consumer's poll while the container drains, so
+``max.poll.interval.ms`` must exceed ``task.shutdown.ms`` (checked at start).
+Guarantee: at least once (rule 20); duplicates are bounded by what a container
+processed after its last commit (a crash, kill -9 or lost membership).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import parse_config
+from ..container import Container
+from ..errors import ConfigError, FencedError, TailraceError
+from ..interfaces import CheckpointStore, System
+from ..memory import MemoryCheckpointStore
+from ..types import SystemStreamPartition, parse_system_stream
+from .checkpoint import KafkaCheckpointStore
+from .system import KafkaSystem
+
+log = logging.getLogger("tailrace.kafka.membership")
+
+
+@dataclass
+class KafkaMemberSpec:
+    """What one member runs.
+
+    ``systems``: the job's systems; every input must be on a :class:`KafkaSystem`
+    (they are kept open for the member's whole life: the consumer is its group
+    membership). ``checkpoints``: the job's store (opened once per member; with
+    several members it must be shared by them: Redis across machines, one
+    in-process store for tests).
+    """
+
+    task: Any
+    inputs: Sequence[str]
+    systems: Sequence[System]
+    checkpoints: CheckpointStore | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    engine: str = "c"
+    default_output_system: str | None = None
+
+
+@dataclass
+class KafkaMemberResult:
+    """What :meth:`KafkaMember.run` returns."""
+
+    processed: int = 0  # messages processed by this member's containers
+    runs: int = 0  # containers started
+    assigned: int = 0  # partitions assigned to this member over its life
+    revoked: int = 0  # partitions handed over gracefully
+    lost: int = 0  # partitions lost without a hand-over
+    fenced: int = 0  # containers stopped because a commit was fenced
+    reason: str = "stop"
+
+
+class KafkaMember:
+    """One container process of a Kafka job (see the module docstring).
+
+    ``run()`` blocks until ``stop()`` (any thread, signal handlers), a task's
+    shutdown request, or an error (raised after the consumer left the group).
+    """
+
+    def __init__(self, spec: KafkaMemberSpec) -> None:
+        self.spec = spec
+        self.config = parse_config(spec.config)
+        self.job = self.config.job_name
+        self.systems = {s.name: s for s in spec.systems}
+        self.kafka: dict[str, KafkaSystem] = {}
+        self.topics: dict[str, list[str]] = {}
+        for name in spec.inputs:
+            try:
+                ss = parse_system_stream(name)
+            except ValueError as e:
+                raise ConfigError(str(e), key="inputs") from None
+            system = self.systems.get(ss.system)
+            if not isinstance(system, KafkaSystem):
+                raise ConfigError(
+                    f"input {name!r} is not on a kafka system (a Kafka member reads Kafka topics only)",
+                    key="inputs",
+                )
+            self.kafka[system.name] = system
+            self.topics.setdefault(system.name, []).append(ss.stream)
+        if not self.kafka:
+            raise ConfigError("a Kafka member needs at least one input", key="inputs")
+        if len(self.kafka) > 1:
+            raise ConfigError("a Kafka member reads from one kafka system", key="inputs")
+        (self.system,) = self.kafka.values()
+        cfg = self.system.consumer_config()
+        max_poll = int(cfg.get("max.poll.interval.ms", 300000))
+        if max_poll <= self.config.shutdown_ms:
+            raise ConfigError(
+                f"max.poll.interval.ms ({max_poll}) must exceed task.shutdown.ms "
+                f"({self.config.shutdown_ms}): a revocation waits for outstanding work "
+                "inside the consumer's poll",
+                key="consumer.max.poll.interval.ms",
+            )
+        self.store = spec.checkpoints if spec.checkpoints is not None else MemoryCheckpointStore()
+        self.result = KafkaMemberResult()
+        self._cond = threading.Condition()
+        self._owned: set[SystemStreamPartition] = set()  # assigned and not revoked/lost
+        self._revoking: set[SystemStreamPartition] = set()  # being handed over: no container may start
+        self._running: set[SystemStreamPartition] = set()  # what the running container reads
+        self._container: Container | None = None
+        self._idle = True  # no container running (guarded by _cond)
+        self._changed = False
+        self._stopping = False
+        self._error: BaseException | None = None
+
+    # -- ownership (fencing) --------------------------------------------------------
+    def owned(self) -> set[SystemStreamPartition]:
+        """The partitions this member may commit now. Any thread."""
+        with self._cond:
+            return set(self._owned)
+
+    def _ssps(self, partitions: Sequence[Any]) -> list[SystemStreamPartition]:
+        return [SystemStreamPartition(self.system.name, tp.topic, tp.partition) for tp in partitions]
+
+    def _stop_container(self) -> None:
+        c = self._container
+        if c is not None:
+            c.stop()
+
+    # -- group callbacks: on the fetch thread, inside consume() -----------------------
+    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
+        try:
+            self.system.fetcher.group_assigned(partitions)
+            ssps = self._ssps(partitions)
+            log.info("member of %r: assigned %s", self.job, ", ".join(map(str, ssps)) or "nothing new")
+            with self._cond:
+                self._owned.update(ssps)
+                self.result.assigned += len(ssps)
+                if ssps:
+                    self._changed = True
+                    self._stop_container()
+                self._cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - never raised into librdkafka: handed to run()
+            self._fail(e)
+
+    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
+        try:
+            ssps = set(self._ssps(partitions))
+            log.info("member of %r: revoking %s", self.job, ", ".join(map(str, sorted(ssps))))
+            with self._cond:
+                self._changed = True
+                self._revoking |= ssps
+                if self._running & ssps:
+                    self._stop_container()
+                    # the container drains, commits (still owning ssps), and closes
+                    # (its final commit to the group is served right here, on this thread)
+                    deadline = time.monotonic() + self.config.shutdown_ms / 1000 + 30
+                    while not (self._idle or self._error is not None):
+                        if time.monotonic() > deadline:
+                            log.error("member of %r: container did not stop in time", self.job)
+                            break
+                        self._cond.wait(0.02)
+                        self.system.fetcher.serve_commits()
+                self._owned -= ssps
+                self._revoking -= ssps
+                self.result.revoked += len(ssps)
+                self._cond.notify_all()
+            self.system.fetcher.group_revoked(partitions)
+        except BaseException as e:  # noqa: BLE001 - handed to run()
+            self._fail(e)
+
+    def _on_lost(self, _consumer: Any, partitions: list[Any]) -> None:
+        try:
+            ssps = set(self._ssps(partitions))
+            log.warning("member of %r: lost %s (no hand-over)", self.job, ", ".join(map(str, sorted(ssps))))
+            with self._cond:
+                self._owned -= ssps  # first: from now on commits for them are refused
+                self._changed = True
+                self.result.lost += len(ssps)
+                if self._running & ssps:
+                    self._stop_container()
+                self._cond.notify_all()
+            self.system.fetcher.group_revoked(partitions)
+        except BaseException as e:  # noqa: BLE001 - handed to run()
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        log.error("member of %r: rebalance callback failed: %r", self.job, e)
+        with self._cond:
+            if self._error is None:
+                self._error = e
+            self._stopping = True
+            self._stop_container()
+            self._cond.notify_all()
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self) -> KafkaMemberResult:
+        """Join the group, run containers over assigned partitions until stopped, leave."""
+        system = self.system
+        if system.group_id is None:
+            system.group_id = self.job
+        system.keep_open = True
+        system.fetcher.subscription = (
+            self.topics[system.name],
+            self._on_assign,
+            self._on_revoke,
+            self._on_lost,
+        )
+        self.store.open(self.job)
+        try:
+            system.fetcher.ensure_started()
+            log.info("member joining group %r for %s", system.group_id, self.spec.inputs)
+            while True:
+                with self._cond:
+                    self._cond.wait_for(self._ready, 1.0)
+                    if self._error is not None:
+                        raise self._error
+                    if self._stopping:
+                        break
+                    if not self._ready():
+                        continue
+                    self._changed = False
+                    owned = sorted(self._owned)
+                self._run_container(owned)
+        finally:
+            with self._cond:
+                self._stopping = True
+            system.keep_open = False
+            try:
+                system.shutdown()  # leaves the group (a final revoke finds no container running)
+            finally:
+                self.store.close()
+                log.info("member of %r left: %s", self.job, self.result)
+        if self._error is not None:
+            raise self._error
+        return self.result
+
+    def _ready(self) -> bool:
+        """Time to (re)start a container (``_cond`` held): the assignment changed, and no
+        hand-over is in progress (a revoke callback still needs the old container's commit)."""
+        return self._stopping or (self._changed and bool(self._owned) and not self._revoking)
+
+    def _run_container(self, owned: list[SystemStreamPartition]) -> None:
+        store = KafkaCheckpointStore(
+            self.store, {self.system.name: self.system}, owned=self.owned, shared=True
+        )
+        container = Container(
+            self.spec.task,
+            inputs=owned,
+            systems=self.systems,
+            config=self.config,
+            checkpoints=store,
+            engine=self.spec.engine,
+            default_output_system=self.spec.default_output_system,
+        )
+        with self._cond:
+            if self._stopping or self._changed or self._revoking:
+                return  # re-plan first
+            self._container = container
+            self._running = set(owned)
+            self._idle = False
+        self.result.runs += 1
+        log.info("member of %r: running %s", self.job, ", ".join(map(str, owned)))
+        try:
+            result = container.run()
+        except TailraceError as e:
+            if _fenced(e) is None:
+                raise
+            self.result.fenced += 1
+            log.warning("member of %r: %s; re-planning", self.job, e)
+            return
+        finally:
+            with self._cond:
+                self._container = None
+                self._running = set()
+                self._idle = True
+                self._cond.notify_all()
+        self.result.processed += result.processed
+        if result.reason in ("shutdown", "end_of_stream"):
+            log.info("member of %r: the job ended (%s); leaving", self.job, result.reason)
+            self.result.reason = result.reason
+            with self._cond:
+                self._stopping = True
+
+    def stop(self) -> None:
+        """Leave gracefully: the running container finishes and commits, then the
+        consumer leaves the group. Safe from any thread and from signal handlers."""
+        self._stopping = True
+        self._stop_container()
+        with self._cond:  # an RLock: a signal handler on a thread inside _cond may take it again
+            self._cond.notify_all()
+
+
+def _fenced(error: BaseException) -> FencedError | None:
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, FencedError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def run_kafka_member(spec: KafkaMemberSpec, *, handle_signals: bool = True) -> KafkaMemberResult:
+    """Run one member until stopped; SIGINT/SIGTERM leave gracefully (on the main thread)."""
+    member = KafkaMember(spec)
+    restore: list[tuple[signal.Signals, Any]] = []
+    if handle_signals and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            restore.append((sig, signal.signal(sig, lambda *_: member.stop())))
+    try:
+        return member.run()
+    finally:
+        for sig, old in restore:
+            signal.signal(sig, old)
+
+
+__all__ = ["KafkaMember", "KafkaMemberResult", "KafkaMemberSpec", "run_kafka_member"]

@@ -1,0 +1,739 @@
+"""Kafka topics as a tailrace system (confluent-kafka, i.e. librdkafka).
+
+Offsets are Kafka offsets (ints). A committed offset is the last processed
+message (the low watermark, rule 12), so a partition resumes at ``offset + 1``;
+the checkpoint store is authoritative for where a partition resumes, and the
+same watermark is also committed to the Kafka consumer group as ``offset + 1``
+(the Kafka convention) so that lag tools (``kafka-consumer-groups``, Burrow,
+exporters) see the job's progress.
+
+Reading: one consumer and one fetch thread per system. The thread calls
+``consume(batch)`` and distributes the messages into bounded per-partition
+buffers; a partition whose buffer cannot take another batch is paused at the
+broker (``Consumer.pause``) and resumed once the engine drained it (rule 6:
+nothing is dropped, the broker keeps it). A reader's ``start(after)`` positions
+its partition at ``after + 1`` (or at ``auto.offset.reset`` when it never
+committed) on the fetch thread, between two ``consume`` calls, so no message
+fetched for an older position is ever buffered.
+
+Two ways to own partitions:
+
+- a plain :class:`~tailrace.container.Container` assigns its inputs itself
+  (``Consumer.incremental_assign``, no group membership: task N owns partition N);
+- :mod:`tailrace.kafka.membership` subscribes to the topics and lets the group
+  protocol decide (cooperative-sticky by default), running a container over what
+  the group assigned.
+
+Writing: one confluent-kafka ``Producer`` per system. ``send`` never drops: a
+full local queue (``BufferError``) is served with ``poll`` and retried
+(backpressure, rule 24). ``flush`` waits until every message sent so far is
+acknowledged (``acks=all`` by default) and raises :class:`KafkaDeliveryError`
+naming the topic and partition of the first message that was not, so no
+checkpoint is written past undelivered output.
+
+Headers: the :class:`~tailrace.Envelope` has no headers field (it is a compiled
+type shared by every backend). With ``headers=True`` the envelope's ``message``
+is a :class:`KafkaRecord` (``value``, ``headers``, ``timestamp``) instead of the
+decoded value; ``key`` is the decoded key either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from .._core import Envelope
+from ..errors import ConfigError, InputError, TailraceError
+from ..interfaces import PartitionReader, Producer, System
+from ..serdes import Serde, SerdeError, serde
+from ..types import Offset, SystemStreamPartition
+
+log = logging.getLogger("tailrace.kafka")
+
+
+def _kafka() -> Any:
+    try:
+        import confluent_kafka
+        import confluent_kafka.admin
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError(
+            "the kafka system needs confluent-kafka: pip install 'tailrace[kafka]'", key="type"
+        ) from e
+    return confluent_kafka
+
+
+class KafkaRecord(NamedTuple):
+    """The message of an envelope read with ``headers=True``."""
+
+    value: Any
+    """The decoded value (None for a tombstone)."""
+    headers: list[tuple[str, bytes | None]]
+    """The record's headers in order (a name may repeat); [] when it has none."""
+    timestamp: int | None
+    """Milliseconds since the epoch (create or log-append time), None when unavailable."""
+
+
+class KafkaDeliveryError(TailraceError):
+    """A produced message was not acknowledged by Kafka; names topic and partition."""
+
+    def __init__(self, message: str, *, topic: str, partition: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+
+
+class _Positioning(NamedTuple):
+    topic: str
+    partition: int
+    offset: int  # next offset to read; a librdkafka logical offset (OFFSET_STORED, ...) when < 0
+
+
+class _Commit:
+    def __init__(self, tps: list[Any]) -> None:
+        self.tps = tps
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class _Fetcher:
+    """The system's consumer and the thread that reads it (see the module docstring).
+
+    Thread contract: the consumer is called from the fetch thread only (``consume``,
+    ``pause``/``resume``, ``incremental_assign``, ``seek``), except ``commit`` and
+    ``committed`` (librdkafka serves those on its own threads and they are safe from
+    any thread). Readers and the fetch thread share ``cond``.
+    """
+
+    def __init__(self, system: KafkaSystem) -> None:
+        self.system = system
+        self.cond = threading.Condition()
+        self.readers: dict[tuple[str, int], _KafkaReader] = {}
+        self._pending: list[_Positioning] = []  # positions the fetch thread applies next
+        self._commits: list[_Commit] = []  # group commits the fetch thread runs next
+        self._paused: set[tuple[str, int]] = set()
+        self._assigned: set[tuple[str, int]] = set()  # partitions in the consumer's assignment
+        self._unpositioned: set[tuple[str, int]] = set()  # group-assigned, no reader yet: paused
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.error: BaseException | None = None
+        self.consumer: Any = None
+        self.subscription: (
+            tuple[list[str], Callable[..., None], Callable[..., None], Callable[..., None]] | None
+        ) = None
+
+    # -- any thread ------------------------------------------------------------------
+    def ensure_started(self) -> None:
+        with self.cond:
+            if self._thread is not None:
+                return
+            self.consumer = _kafka().Consumer(self.system.consumer_config())
+            if self.subscription is not None:
+                topics, on_assign, on_revoke, on_lost = self.subscription
+                self.consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+            self._thread = threading.Thread(
+                target=self._run, name=f"tailrace-kafka-read {self.system.name}", daemon=True
+            )
+            self._thread.start()
+
+    def position(self, reader: _KafkaReader, offset: int) -> None:
+        with self.cond:
+            key = (reader.ssp.stream, reader.ssp.partition)
+            self.readers[key] = reader
+            self._pending.append(_Positioning(key[0], key[1], offset))
+            self.cond.notify_all()
+
+    def remove(self, reader: _KafkaReader) -> None:
+        with self.cond:
+            key = (reader.ssp.stream, reader.ssp.partition)
+            if self.readers.get(key) is reader:
+                del self.readers[key]
+            self.cond.notify_all()
+
+    def commit(self, tps: list[Any], *, wait: bool) -> None:
+        """Commit ``tps`` to the group on the fetch thread (confluent-kafka serialises calls
+        on one consumer, so a commit from another thread would wait for ``consume``)."""
+        req = _Commit(tps)
+        with self.cond:
+            if self._thread is None or self._stop:
+                return
+            self._commits.append(req)
+            self.cond.notify_all()
+        if wait:
+            if not req.done.wait(self.system.metadata_timeout_s + 30):
+                raise TimeoutError(f"committing {tps} to the Kafka group took too long")
+            if req.error is not None:
+                raise req.error
+
+    def serve_commits(self) -> None:
+        """Run queued group commits (fetch thread: its loop, and rebalance callbacks that wait)."""
+        with self.cond:
+            todo, self._commits = self._commits, []
+        for req in todo:
+            try:
+                self.consumer.commit(offsets=req.tps, asynchronous=False)
+            except Exception as e:  # noqa: BLE001 - handed to the committer
+                req.error = e
+                log.debug("group commit of %s failed: %r", req.tps, e)
+            finally:
+                req.done.set()
+
+    def stop(self) -> None:
+        with self.cond:
+            self._stop = True
+            t = self._thread
+            self.cond.notify_all()
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=30)
+        if self.consumer is not None:
+            try:
+                self.consumer.close()  # leaves the group (a graceful leave, no session timeout)
+            except Exception as e:  # noqa: BLE001 - closing is best effort
+                log.warning("closing the Kafka consumer of %s failed: %r", self.system.name, e)
+            self.consumer = None
+
+    # -- group callbacks (run on the fetch thread, inside consume) -------------------
+    def group_assigned(self, partitions: Sequence[Any]) -> None:
+        """Add group-assigned partitions, paused until a reader positions them."""
+        if not partitions:
+            return
+        self.consumer.incremental_assign(list(partitions))
+        self.consumer.pause(list(partitions))
+        with self.cond:
+            for tp in partitions:
+                key = (tp.topic, tp.partition)
+                self._assigned.add(key)
+                self._unpositioned.add(key)
+                self._paused.add(key)
+
+    def group_revoked(self, partitions: Sequence[Any]) -> None:
+        """Drop revoked partitions and whatever was buffered for them."""
+        with self.cond:
+            for tp in partitions:
+                key = (tp.topic, tp.partition)
+                self._assigned.discard(key)
+                self._unpositioned.discard(key)
+                self._paused.discard(key)
+                self._pending = [p for p in self._pending if (p.topic, p.partition) != key]
+                r = self.readers.pop(key, None)
+                if r is not None:
+                    r.drop_buffer()
+        if partitions and self.consumer.assignment():
+            self.consumer.incremental_unassign(list(partitions))
+
+    # -- the fetch thread ------------------------------------------------------------
+    def _apply_positions(self) -> None:
+        ck = _kafka()
+        with self.cond:
+            todo, self._pending = self._pending, []
+        for p in todo:
+            key = (p.topic, p.partition)
+            with self.cond:
+                reader = self.readers.get(key)
+                if reader is not None:
+                    reader.drop_buffer()  # anything buffered was read for an older position
+            tp = ck.TopicPartition(p.topic, p.partition, p.offset)
+            if key in self._assigned:
+                # a fresh assignment at the offset (seek would need the fetcher started)
+                self.consumer.incremental_unassign([ck.TopicPartition(p.topic, p.partition)])
+            self.consumer.incremental_assign([tp])
+            self.consumer.resume([ck.TopicPartition(p.topic, p.partition)])  # paused while unpositioned
+            if self.system.bounded and reader is not None:
+                low, high = self.consumer.get_watermark_offsets(
+                    ck.TopicPartition(p.topic, p.partition), timeout=self.system.metadata_timeout_s
+                )
+                with self.cond:
+                    reader._next = max(reader._next, low)  # (offsets before low were deleted)
+                reader.deliver([], ended_at=high)
+            with self.cond:
+                self._assigned.add(key)
+                self._unpositioned.discard(key)
+                self._paused.discard(key)
+
+    def _flow_control(self) -> None:
+        ck = _kafka()
+        pause: list[Any] = []
+        resume: list[Any] = []
+        with self.cond:
+            for key in self._assigned:
+                reader = self.readers.get(key)
+                full = key in self._unpositioned or reader is None or not reader.has_room()
+                if full and key not in self._paused:
+                    self._paused.add(key)
+                    pause.append(ck.TopicPartition(*key))
+                elif not full and key in self._paused:
+                    self._paused.discard(key)
+                    resume.append(ck.TopicPartition(*key))
+        if pause:
+            self.consumer.pause(pause)
+        if resume:
+            self.consumer.resume(resume)
+
+    def _run(self) -> None:
+        system = self.system
+        ck = _kafka()
+        eof = ck.KafkaError._PARTITION_EOF
+        timeout = system.poll_ms / 1000
+        try:
+            while True:
+                with self.cond:
+                    if self._stop:
+                        return
+                if self._commits:
+                    self.serve_commits()
+                if self._pending:
+                    self._apply_positions()
+                self._flow_control()
+                if not self._assigned and self.subscription is None:
+                    with self.cond:
+                        if not self._pending and not self._stop:
+                            self.cond.wait(timeout)
+                    continue
+                messages = self.consumer.consume(system.batch, timeout)
+                if not messages:
+                    continue
+                by_key: dict[tuple[str, int], list[Any]] = {}
+                for m in messages:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == eof:
+                            continue
+                        if err.fatal():
+                            raise ck.KafkaException(err)
+                        # librdkafka recovers from the rest itself (a group rebalance in
+                        # progress, a broker gone for a while): reported, never fatal here
+                        log.warning("%s: %s", system.name, err)
+                        continue
+                    lst = by_key.get((m.topic(), m.partition()))
+                    if lst is None:
+                        lst = by_key[(m.topic(), m.partition())] = []
+                    lst.append(m)
+                with self.cond:
+                    targets = [(self.readers.get(k), k, ms) for k, ms in by_key.items()]
+                for reader, key, ms in targets:
+                    # a partition without a reader (revoked, or not yet positioned) keeps nothing:
+                    # it is repositioned from its committed offset before it is read again
+                    if reader is not None and key not in self._unpositioned:
+                        reader.deliver(ms)
+        except BaseException as e:  # noqa: BLE001 - handed to every reader's poll()
+            log.error("reading from Kafka (%s) failed: %r", system.name, e)
+            with self.cond:
+                self.error = e
+                failed = list(self.readers.values())
+                commits, self._commits = self._commits, []
+            for req in commits:
+                req.error = e
+                req.done.set()
+            for r in failed:
+                r.wake()
+
+
+class _KafkaReader(PartitionReader):
+    """One partition's bounded buffer, filled by its system's fetch thread."""
+
+    def __init__(self, system: KafkaSystem, ssp: SystemStreamPartition, fetcher: _Fetcher) -> None:
+        super().__init__(ssp)
+        self._system = system
+        self._fetcher = fetcher
+        self._cond = fetcher.cond
+        self._chunks: deque[list[Envelope]] = deque()
+        self._head = 0
+        self._count = 0
+        self._capacity = system.buffer
+        self._batch = system.batch
+        self._starved = False
+        self._ended_at: int | None = None  # with ``bounded``: the partition's end when positioned
+        self._next = 0  # offset the next delivered message must have at least
+        self._error: InputError | None = None
+        self._wakeup: Callable[[], None] = lambda: None
+        kd = system.key_serde.decode
+        vd = system.value_serde.decode
+        self._decode_key: Callable[[bytes], Any] = kd
+        self._decode_value: Callable[[bytes], Any] = vd
+
+    def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
+        ck = _kafka()
+        if after is None:
+            offset = ck.OFFSET_BEGINNING if self._system.start == "earliest" else ck.OFFSET_END
+        else:
+            if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+                raise InputError(f"committed offset {after!r} is not a Kafka offset", source=str(self.ssp))
+            offset = after + 1
+        self._next = max(offset, 0)
+        self._wakeup = wakeup
+        self._fetcher.ensure_started()
+        self._fetcher.position(self, offset)
+
+    # -- fetch thread ------------------------------------------------------------------
+    def has_room(self) -> bool:
+        """Room for another whole batch (lock held)."""
+        return self._error is None and self._capacity - self._count >= self._batch
+
+    def drop_buffer(self) -> None:
+        """Forget what is buffered (lock held): the partition is being repositioned or revoked."""
+        self._chunks.clear()
+        self._head = 0
+        self._count = 0
+        self._ended_at = None
+
+    def wake(self) -> None:
+        self._wakeup()
+
+    def deliver(self, messages: list[Any], ended_at: int | None = None) -> None:
+        s = self.ssp
+        out: list[Envelope] = []
+        error: InputError | None = None
+        headers = self._system.headers
+        dk = self._decode_key
+        dv = self._decode_value
+        for m in messages:
+            off = m.offset()
+            if off < self._next:
+                continue  # fetched before a reposition (librdkafka filters these too)
+            try:
+                k = m.key()
+                v = m.value()
+                key = None if k is None else dk(k)
+                value = None if v is None else dv(v)
+            except (SerdeError, ValueError, TypeError) as e:
+                error = InputError(
+                    f"offset {off} cannot be decoded (key serde {self._system.key_serde.name!r}, "
+                    f"value serde {self._system.value_serde.name!r}): {e}",
+                    source=f"{s.system}.{s.stream}[{s.partition}]",
+                )
+                error.__cause__ = e
+                break
+            if headers:
+                ts_type, ts = m.timestamp()
+                value = KafkaRecord(value, list(m.headers() or ()), ts if ts_type else None)
+            out.append(Envelope(s.system, s.stream, s.partition, off, key, value))
+            self._next = off + 1
+        with self._cond:
+            if out:
+                self._chunks.append(out)
+                self._count += len(out)
+            if error is not None:
+                self._error = error
+            if ended_at is not None:
+                self._ended_at = ended_at
+            wake = self._starved and (bool(out) or error is not None or ended_at is not None)
+            if wake:
+                self._starved = False
+        if wake:
+            self._wakeup()
+
+    # -- loop thread -------------------------------------------------------------------
+    def poll(self, max_messages: int) -> list[Any]:
+        with self._cond:
+            if self._count == 0:
+                if self._error is not None:
+                    raise self._error
+                if self._fetcher.error is not None:
+                    err = self._fetcher.error
+                    raise InputError(f"reading from Kafka failed: {err!r}", source=str(self.ssp)) from err
+                self._starved = True
+                return []
+            chunks = self._chunks
+            head = self._head
+            first = chunks[0]
+            if head == 0 and len(first) <= max_messages:
+                out = chunks.popleft()  # the common case: hand over a whole batch as it is
+            else:
+                out = []
+                while chunks and len(out) < max_messages:
+                    chunk = chunks[0]
+                    end = min(len(chunk), head + max_messages - len(out))
+                    out += chunk[head:end]
+                    if end == len(chunk):
+                        chunks.popleft()
+                        head = 0
+                    else:
+                        head = end
+                self._head = head
+            had_room = self._capacity - self._count >= self._batch
+            self._count -= len(out)
+        if not had_room:
+            pass  # the fetch thread resumes the partition on its next round (every poll_ms at most)
+        return out
+
+    def at_end(self) -> bool:
+        with self._cond:
+            return self._ended_at is not None and self._next >= self._ended_at and self._count == 0
+
+    def close(self) -> None:
+        self._fetcher.remove(self)
+
+
+class _KafkaProducer(Producer):
+    """The system's producer: ``send`` is thread-safe (confluent-kafka's producer is)."""
+
+    POLL_EVERY = 1000  # sends between two poll(0) calls serving delivery reports
+
+    def __init__(self, system: KafkaSystem) -> None:
+        self._system = system
+        self._producer: Any = _kafka().Producer({**system.producer_config(), "error_cb": self._on_error})
+        self._encode_key = system.key_serde.encode
+        self._encode_value = system.value_serde.encode
+        self._partitions: dict[str, int] = {}
+        self._failed: KafkaDeliveryError | None = None
+        self._lock = threading.Lock()
+        self._sends = 0
+        self.delivered = 0
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is None:
+            self.delivered += 1
+            return
+        with self._lock:
+            if self._failed is None:
+                self._failed = KafkaDeliveryError(
+                    f"delivery to {msg.topic()}[{msg.partition()}] failed: {err}",
+                    topic=msg.topic(),
+                    partition=msg.partition(),
+                )
+                log.error("%s", self._failed)
+
+    def _on_error(self, err: Any) -> None:
+        if not err.fatal():
+            log.warning("%s producer: %s", self._system.name, err)
+            return
+        with self._lock:  # a fatal error (say, idempotence broken by the broker): nothing more is delivered
+            if self._failed is None:
+                self._failed = KafkaDeliveryError(
+                    f"the producer of {self._system.name} failed: {err}", topic="", partition=-1
+                )
+                log.error("%s", self._failed)
+
+    def partitions(self, stream: str) -> int:
+        n = self._partitions.get(stream)
+        if n is None:
+            n = self._system.topic_partitions(stream)
+            self._partitions[stream] = n
+        return n
+
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        if self._failed is not None:
+            raise self._failed
+        value = None if message is None else self._encode_value(message)
+        k = None if key is None else self._encode_key(key)
+        produce = self._producer.produce
+        while True:
+            try:
+                produce(stream, value, k, partition, on_delivery=self._on_delivery)
+                break
+            except BufferError:
+                # the local queue is full (queue.buffering.max.messages/kbytes): serve
+                # delivery reports until there is room (rule 24: wait, never drop)
+                self._producer.poll(0.05)
+                if self._failed is not None:
+                    raise self._failed from None
+        self._sends += 1
+        if self._sends % self.POLL_EVERY == 0:
+            self._producer.poll(0)
+
+    def flush(self) -> None:
+        while self._failed is None and self._producer.flush(1.0) > 0:
+            pass
+        if self._failed is not None:
+            raise self._failed
+
+    def close(self) -> None:
+        self.flush()
+
+
+class KafkaSystem(System):
+    """Kafka topics as partitioned inputs and outputs.
+
+    ``bootstrap_servers``: the brokers (``host:port,...``). ``config``: librdkafka
+    settings for both clients (``security.protocol``, ``sasl.*``, ...);
+    ``consumer`` and ``producer``: settings for one of them only (they win over
+    ``config``). ``key_serde`` / ``value_serde``: names from :mod:`tailrace.serdes`
+    (``json``, ``str``, ``bytes``, ``int``, ``msgpack``, ``pickle``). ``headers``:
+    envelopes carry a :class:`KafkaRecord` (see the module docstring). ``start``:
+    where a partition that never committed starts, ``earliest`` (default) or
+    ``latest``. ``bounded``: a partition ends (rule 11) at the end it had when the
+    reader started (its high watermark then: batch jobs, tests, benchmarks). ``group_id``: the consumer
+    group (default: the job name when run by a member, else ``tailrace``).
+    ``batch``: messages per ``consume`` call; ``buffer``: messages read ahead per
+    partition; ``poll_ms``: longest ``consume`` wait.
+
+    The keyword arguments are also the options of a job file's ``[systems.NAME]``
+    table with ``type = "kafka"``.
+    """
+
+    def __init__(
+        self,
+        name: str = "kafka",
+        bootstrap_servers: str = "localhost:9092",
+        *,
+        config: Mapping[str, Any] | None = None,
+        consumer: Mapping[str, Any] | None = None,
+        producer: Mapping[str, Any] | None = None,
+        key_serde: str = "str",
+        value_serde: str = "json",
+        headers: bool = False,
+        start: str = "earliest",
+        bounded: bool = False,
+        group_id: str | None = None,
+        batch: int = 500,
+        buffer: int = 4000,
+        poll_ms: int = 100,
+        metadata_timeout_s: float = 10.0,
+    ) -> None:
+        super().__init__(name)
+        _kafka()
+        for key, value in (("batch", batch), ("buffer", buffer), ("poll_ms", poll_ms)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"expected an integer >= 1, got {value!r}", key=key)
+        if start not in ("earliest", "latest"):
+            raise ConfigError(f"unknown start {start!r}", key="start", allowed="earliest, latest")
+        self.key_serde: Serde = _serde(key_serde, "key_serde")
+        self.value_serde: Serde = _serde(value_serde, "value_serde")
+        self.bootstrap_servers = bootstrap_servers
+        self.config = dict(config or {})
+        self.consumer_settings = dict(consumer or {})
+        self.producer_settings = dict(producer or {})
+        self.headers = headers
+        self.start = start
+        self.bounded = bounded
+        self.group_id = group_id
+        self.batch = batch
+        self.buffer = max(buffer, batch)
+        self.poll_ms = poll_ms
+        self.metadata_timeout_s = metadata_timeout_s
+        self.keep_open = False  # a member keeps the consumer across its containers
+        self._fetcher = _Fetcher(self)
+        self._partitions: dict[str, int] = {}
+        self._admin: Any = None
+
+    # -- client settings -----------------------------------------------------------
+    def consumer_config(self) -> dict[str, Any]:
+        """The consumer's librdkafka settings: defaults, then ``config``, then ``consumer``."""
+        cfg: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group_id or "tailrace",
+            "enable.auto.commit": False,  # commits follow the low watermark only
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": self.start,
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+        cfg.update(self.config)
+        cfg.update(self.consumer_settings)
+        if cfg.get("enable.auto.commit") in (True, "true"):
+            raise ConfigError(
+                "tailrace commits the low watermark itself; auto commit would commit unfinished work",
+                key="consumer.enable.auto.commit",
+                allowed="false",
+            )
+        return cfg
+
+    def producer_config(self) -> dict[str, Any]:
+        """The producer's librdkafka settings: defaults, then ``config``, then ``producer``."""
+        cfg: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+        }
+        cfg.update(self.config)
+        cfg.update(self.producer_settings)
+        return cfg
+
+    # -- metadata ------------------------------------------------------------------
+    def topic_partitions(self, topic: str) -> int:
+        """Partition count of ``topic`` from the cluster's metadata (InputError when unknown)."""
+        n = self._partitions.get(topic)
+        if n is not None:
+            return n
+        ck = _kafka()
+        if self._admin is None:
+            base = {k: v for k, v in self.producer_config().items() if k not in _PRODUCER_ONLY}
+            self._admin = ck.admin.AdminClient(base)
+        try:
+            md = self._admin.list_topics(topic, timeout=self.metadata_timeout_s)
+        except ck.KafkaException as e:
+            raise InputError(
+                f"no metadata from Kafka at {self.bootstrap_servers} within {self.metadata_timeout_s} s: {e}",
+                source=f"{self.name}.{topic}",
+            ) from e
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or not t.partitions:
+            why = t.error if t is not None else "not in the metadata"
+            raise InputError(
+                f"Kafka at {self.bootstrap_servers} has no topic {topic!r} ({why})",
+                source=f"{self.name}.{topic}",
+            )
+        self._partitions[topic] = len(t.partitions)
+        return len(t.partitions)
+
+    # -- tailrace interface ----------------------------------------------------------
+    def partitions(self, stream: str) -> int:
+        return self.topic_partitions(stream)
+
+    def reader(self, ssp: SystemStreamPartition) -> PartitionReader:
+        n = self.partitions(ssp.stream)
+        if not 0 <= ssp.partition < n:
+            raise InputError(f"topic has {n} partitions, no partition {ssp.partition}", source=str(ssp))
+        return _KafkaReader(self, ssp, self._fetcher)
+
+    def producer(self) -> Producer:
+        return _KafkaProducer(self)
+
+    @property
+    def fetcher(self) -> _Fetcher:
+        return self._fetcher
+
+    def commit_group(self, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+        """Commit low watermarks to the Kafka group as ``offset + 1``.
+
+        Raises KafkaException on failure (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID when
+        this consumer is no longer a member of the current generation)."""
+        consumer = self._fetcher.consumer
+        if consumer is None:
+            return
+        ck = _kafka()
+        tps = [
+            ck.TopicPartition(s.stream, s.partition, int(o) + 1)
+            for s, o in offsets.items()
+            if s.system == self.name
+        ]
+        if tps:
+            # a member waits for the coordinator's answer (it fences a stale member); a plain
+            # container is no group member, so its commit only feeds lag tools: fire and forget
+            self._fetcher.commit(tps, wait=self._fetcher.subscription is not None)
+
+    def close(self) -> None:
+        if self.keep_open:
+            return
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Close the consumer (leaving the group) and release everything. Idempotent."""
+        self._fetcher.stop()
+        self._fetcher = _Fetcher(self)
+
+
+_PRODUCER_ONLY = ("acks", "enable.idempotence", "linger.ms")
+
+
+def _serde(name: str, key: str) -> Serde:
+    try:
+        return serde(name)
+    except SerdeError as e:
+        raise ConfigError(str(e), key=key) from None
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` seconds passed (tools and tests)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+__all__ = ["KafkaDeliveryError", "KafkaRecord", "KafkaSystem"]

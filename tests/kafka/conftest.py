@@ -1,0 +1,183 @@
+"""The Kafka broker of the contract suite.
+
+Without ``KAFKA_BOOTSTRAP_SERVERS`` every test gets its own Mokapi (installed by
+scripts/test.sh into build/npm) with the topics it asks for, on free ports, its
+Kafka listener at 127.0.0.1; with it, the same tests run against that broker
+with freshly created, uniquely named topics.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ck = pytest.importorskip("confluent_kafka")
+pytest.importorskip("confluent_kafka.admin")
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+MOKAPI = Path(os.environ.get("TAILRACE_MOKAPI", ROOT / "build" / "npm" / "node_modules" / ".bin" / "mokapi"))
+CHANNEL = """  {name}:
+    address: {name}
+    bindings:
+      kafka:
+        partitions: {partitions}
+    messages:
+      any:
+        payload: {{}}
+"""
+
+
+@dataclass
+class Cluster:
+    bootstrap: str
+    topics: dict[str, str]  # the name a test asked for -> the topic's real name
+    real: bool
+
+    @property
+    def producer_settings(self) -> dict[str, Any]:
+        """Producer settings the broker needs: Mokapi breaks idempotent producers
+        (out-of-order sequence errors), so they are off there (docs/kafka.md)."""
+        return {} if self.real else {"enable.idempotence": False}
+
+    def produce(self, topic: str, items: list[tuple[int, Any, bytes | None]], headers: Any = None) -> None:
+        """Produce (partition, key, value) to ``topic`` and wait for every delivery."""
+        p = ck.Producer({"bootstrap.servers": self.bootstrap, "acks": "all"})
+        failed: list[Any] = []
+        for part, key, value in items:
+            p.produce(
+                self.topics[topic],
+                value,
+                key,
+                part,
+                headers=headers,
+                on_delivery=lambda err, _m: failed.append(err) if err else None,
+            )
+            p.poll(0)
+        assert p.flush(30) == 0
+        assert not failed, failed
+
+    def read_all(self, topic: str, partitions: int, timeout: float = 20.0) -> dict[int, list[Any]]:
+        """Every message of ``topic`` up to its current end, as {partition: [message, ...]}
+        (a fresh read outside any group; the end is each partition's high watermark)."""
+        c = ck.Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            name = self.topics[topic]
+            ends = {
+                p: c.get_watermark_offsets(ck.TopicPartition(name, p), timeout=10)[1]
+                for p in range(partitions)
+            }
+            c.assign([ck.TopicPartition(name, p, ck.OFFSET_BEGINNING) for p in range(partitions)])
+            out: dict[int, list[Any]] = {p: [] for p in range(partitions)}
+            deadline = time.monotonic() + timeout
+            pending = {p for p in range(partitions) if ends[p] > 0}
+            while pending and time.monotonic() < deadline:
+                for m in c.consume(500, 0.2):
+                    if m.error():
+                        continue
+                    if m.offset() < ends[m.partition()]:
+                        out[m.partition()].append(m)
+                    if m.offset() >= ends[m.partition()] - 1:
+                        pending.discard(m.partition())
+            assert not pending, f"read of {topic} did not reach the end of partitions {sorted(pending)}"
+            return out
+        finally:
+            c.close()
+
+    def committed(self, group: str, topic: str, partitions: int) -> dict[int, int]:
+        c = ck.Consumer({"bootstrap.servers": self.bootstrap, "group.id": group, "enable.auto.commit": False})
+        try:
+            tps = c.committed(
+                [ck.TopicPartition(self.topics[topic], p) for p in range(partitions)], timeout=10
+            )
+            return {tp.partition: tp.offset for tp in tps}
+        finally:
+            c.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mokapi exited ({proc.returncode}): {log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"mokapi did not listen on {port} within {timeout} s: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture
+def kafka_cluster(tmp_path: Path) -> Iterator[Callable[[Mapping[str, int]], Cluster]]:
+    """A factory: ``kafka_cluster({"in": 4, "out": 2})`` -> a Cluster with those topics."""
+    procs: list[subprocess.Popen[bytes]] = []
+    real = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    admin_topics: list[str] = []
+
+    def make(topics: Mapping[str, int]) -> Cluster:
+        if real:
+            admin = ck.admin.AdminClient({"bootstrap.servers": real})
+            names = {t: f"tr-{t}-{uuid.uuid4().hex[:8]}" for t in topics}
+            futures = admin.create_topics(
+                [ck.admin.NewTopic(names[t], n, replication_factor=-1) for t, n in topics.items()]
+            )
+            for f in futures.values():
+                f.result(30)
+            admin_topics.extend(names.values())
+            return Cluster(real, names, True)
+        if not MOKAPI.exists() or shutil.which("node") is None:
+            pytest.skip(f"mokapi is not installed at {MOKAPI} (scripts/test.sh installs it with npm)")
+        port = _free_port()
+        channels = "".join(CHANNEL.format(name=t, partitions=n) for t, n in topics.items())
+        spec = tmp_path / f"mokapi-{port}.yaml"
+        spec.write_text(
+            (HERE / "mokapi.yaml").read_text().replace("{port}", str(port)).replace("{channels}", channels)
+        )
+        log = tmp_path / f"mokapi-{port}.log"
+        args = [
+            str(MOKAPI),
+            f"--api-port={_free_port()}",
+            f"--mcp-server-port={_free_port()}",
+            f"--health-port={_free_port()}",
+            "--log-level=warn",
+            str(spec),
+        ]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        procs.append(proc)
+        _wait_port(port, proc, log)
+        return Cluster(f"127.0.0.1:{port}", {t: t for t in topics}, False)
+
+    yield make
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    if admin_topics and real:
+        ck.admin.AdminClient({"bootstrap.servers": real}).delete_topics(admin_topics)
