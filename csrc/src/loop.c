@@ -105,6 +105,20 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
                 goto fail;
             T->pmask = wsize - 1;
         }
+        if (T->flags & TR_TASK_KEYED) {
+            /* no runs: keyed messages go one by one through the look-ahead */
+            T->flags &= ~TR_TASK_INLINE;
+            T->keyed = 1;
+            /* 64 buckets per possible outstanding key: few unrelated keys share one */
+            uint64_t nb = (uint64_t)T->limit * 64u;
+            uint32_t bsize = pow2_at_least(nb > (1u << 20) ? (1u << 20) : nb);
+            T->busy = calloc(bsize, 1);
+            T->bmask = bsize - 1;
+            T->skey = calloc(wsize, sizeof *T->skey);
+            T->sdisp = calloc(wsize, sizeof *T->sdisp);
+            if (!T->busy || !T->skey || !T->sdisp)
+                goto fail;
+        }
         if (infl_size) {
             T->infl = calloc(infl_size, sizeof *T->infl);
             if (!T->infl)
@@ -127,6 +141,12 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
             if (!P->items || !P->handles)
                 goto fail;
             P->mask = size - 1;
+            if (T->keyed) {
+                P->khash = malloc((size_t)size * sizeof *P->khash);
+                P->kst = calloc(size, 1);
+                if (!P->khash || !P->kst)
+                    goto fail;
+            }
             P->limit = cfg->input_buffer;
             P->fill = (uint32_t)fill;
             P->state = TR_PART_ACTIVE;
@@ -170,10 +190,15 @@ static void loop_free(tr_loop *L) {
             free(T->infl);
             free(T->pitem);
             free(T->spart);
+            free(T->busy);
+            free(T->skey);
+            free((void *)T->sdisp);
             if (T->parts) {
                 for (uint32_t p = 0; p < T->nparts; p++) {
                     free(T->parts[p].items);
                     free(T->parts[p].handles);
+                    free(T->parts[p].khash);
+                    free(T->parts[p].kst);
                 }
                 free(T->parts);
             }
@@ -293,6 +318,15 @@ void tr_loop_task_stats(const tr_loop *L, uint32_t t, tr_task_stats *out) {
     out->commits = atomic_load_explicit(&T->commits, TR_RELAXED);
     out->timers = atomic_load_explicit(&T->timers, TR_RELAXED);
     out->done = atomic_load_explicit(&T->done_pub, TR_RELAXED);
+    out->oldest_ns = INT64_MAX;
+    if (T->keyed) {
+        out->keys_in_flight = atomic_load_explicit(&T->kinflight, TR_RELAXED);
+        /* the first unreleased seq is the oldest message still holding the
+         * watermark back (its slot is not reused before it is released) */
+        uint64_t s = tr_sequencer_released_upto(T->seq);
+        if (out->outstanding)
+            out->oldest_ns = atomic_load_explicit(&T->sdisp[s & T->smask], TR_RELAXED);
+    }
 }
 
 void tr_loop_get_stats(const tr_loop *L, tr_loop_stats *out) {
@@ -341,6 +375,10 @@ size_t tr_loop_drain_items(tr_loop *L, uint64_t *out, size_t max) {
         part *P = &T->parts[L->drain_part];
         if (P->head == P->tail) {
             L->drain_part++;
+            continue;
+        }
+        if (T->keyed && (P->kst[P->head & P->mask] & KS_TAKEN)) {
+            P->head++; /* dispatched by look-ahead: the binding owns it */
             continue;
         }
         out[n++] = P->items[P->head & P->mask];
