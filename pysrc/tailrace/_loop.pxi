@@ -984,11 +984,18 @@ cdef class LoopRunner:
         return (s.processed, s.completed, s.outstanding, s.windows, s.timers)
 
     def key_stats(self, uint32_t task):
-        """(keys in flight, loop-clock ns of the oldest unreleased dispatch or None):
-        task.ordering = key only; (0, None) otherwise."""
+        """(keys in flight, ms since the oldest unreleased message was dispatched):
+        task.ordering = key only; (0, 0.0) otherwise or with nothing outstanding."""
         cdef capi.tr_task_stats s
+        cdef int64_t now
         capi.tr_loop_task_stats(self._loop, task, &s)
-        return (s.keys_in_flight, None if s.oldest_ns == 0x7FFFFFFFFFFFFFFF else s.oldest_ns)
+        if s.oldest_ns == 0x7FFFFFFFFFFFFFFF:
+            return (s.keys_in_flight, 0.0)
+        if self._clock is not None:
+            now = capi.tr_manual_clock_read(&self._manual_clock)
+        else:
+            now = capi.tr_now_ns()
+        return (s.keys_in_flight, max(0.0, (now - s.oldest_ns) / 1e6))
 
     def stats(self):
         """(envelopes_chosen, idle_wakeups, loop_iterations, batches)."""
