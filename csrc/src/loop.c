@@ -5,6 +5,27 @@
 
 /* ------------------------------------------------------------- public API */
 
+/* A task's sequencer window. A keyed loop-thread task (rules 30, 31) gets more
+ * than max_concurrency: completions behind a slow message stay unreleased (the
+ * sequencer releases in invocation order) but no longer count against max
+ * concurrency (invoked, not completed: rule 2; see runnable), so other keys go
+ * on until this window fills: 16 x max_concurrency, no more than its rings can
+ * hold (a seq not released keeps its ring slot, see part.kbase). */
+static uint32_t task_window(const tr_loop_config *cfg, const tr_loop_task *tk,
+                            uint32_t pool_limit) {
+    if (cfg->pool_size && (tk->flags & TR_TASK_POOL))
+        return pool_limit;
+    if (!(tk->flags & TR_TASK_KEYED))
+        return cfg->max_concurrency;
+    uint64_t w = (uint64_t)cfg->max_concurrency * 16u;
+    uint64_t ring = (uint64_t)cfg->input_buffer * (tk->npartitions ? tk->npartitions : 1);
+    if (w > ring)
+        w = ring;
+    if (w < cfg->max_concurrency)
+        w = cfg->max_concurrency;
+    return w > TR_SEQ_MAX_CONCURRENCY ? TR_SEQ_MAX_CONCURRENCY : (uint32_t)w;
+}
+
 tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out) {
     if (!cfg || !tasks || !out || cfg->ntasks == 0 || cfg->ntasks > TR_ENC_TASK_MAX ||
         cfg->max_concurrency == 0 || cfg->max_concurrency > TR_SEQ_MAX_CONCURRENCY ||
@@ -23,8 +44,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         pool_limit = POOL_WINDOW;
     uint64_t nlimit = 0; /* sum of the tasks' windows */
     for (uint32_t t = 0; t < cfg->ntasks; t++)
-        nlimit +=
-            (cfg->pool_size && (tasks[t].flags & TR_TASK_POOL)) ? pool_limit : cfg->max_concurrency;
+        nlimit += task_window(cfg, &tasks[t], pool_limit);
     /* The completion queue never fills. Its items: CQ_WAKE, at most one per
      * partition (the `woken` flag); CQ_TIMER, at most one per task
      * (`timer_pending`); CQ_DONE / CQ_UNRUN, at most one per sequence number at a
@@ -85,7 +105,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         if (T->flags & TR_TASK_POOL)
             T->flags &= ~TR_TASK_INLINE;
         T->worker = cfg->pool_size ? t % cfg->pool_size : 0;
-        T->limit = (T->flags & TR_TASK_POOL) ? pool_limit : cfg->max_concurrency;
+        T->limit = task_window(cfg, &tasks[t], pool_limit);
         atomic_init(&T->timer_when, INT64_MAX);
         st = tr_sequencer_create(T->limit, &T->seq);
         if (st != TR_OK)
@@ -110,7 +130,9 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
             T->flags &= ~TR_TASK_INLINE;
             T->keyed = 1;
             /* 64 buckets per possible outstanding key: few unrelated keys share one */
-            uint64_t nb = (uint64_t)T->limit * 64u;
+            uint64_t nb = (uint64_t)cfg->max_concurrency * 64u;
+            if (nb < 1024u)
+                nb = 1024u;
             uint32_t bsize = pow2_at_least(nb > (1u << 20) ? (1u << 20) : nb);
             T->busy = calloc(bsize, 1);
             T->bmask = bsize - 1;
@@ -120,10 +142,12 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
                 goto fail;
         }
         if (infl_size) {
-            T->infl = calloc(infl_size, sizeof *T->infl);
+            /* a keyed window is wider than max_concurrency: one slot per seq of it */
+            uint32_t isize = T->keyed ? pow2_at_least(T->limit) : infl_size;
+            T->infl = calloc(isize, sizeof *T->infl);
             if (!T->infl)
                 goto fail;
-            T->infl_mask = infl_size - 1;
+            T->infl_mask = isize - 1;
         }
         if (T->nparts) {
             T->parts = calloc(T->nparts, sizeof *T->parts);

@@ -28,6 +28,11 @@ static int runnable(const tr_loop *L, const task *T) {
     }
     if (T->buffered == 0 || T->kblocked)
         return 0;
+    /* keyed loop-thread tasks: max concurrency counts invoked, not completed
+     * (rule 2); the wider sequencer window holds the completed-unreleased */
+    if (T->keyed && !(T->flags & TR_TASK_POOL) &&
+        T->acquired - T->completions >= L->cfg.max_concurrency)
+        return 0;
     if (tr_sequencer_outstanding(T->seq) >= T->limit)
         return 0;
     return 1;
