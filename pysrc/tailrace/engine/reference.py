@@ -244,6 +244,10 @@ class _Task:
         self.worker: int | None = None  # pinned pool thread at max concurrency 1
         # task.ordering = key (rules 30, 31): keys with a message outstanding
         self.keyed = cfg.ordering == "key"
+        # as the C loop: 16 x max concurrency, no more than the input buffers hold
+        self.key_window = max(
+            cfg.max_concurrency, min(16 * cfg.max_concurrency, cfg.input_buffer_size * max(1, len(self.parts)))
+        )
         self.busy: set[Any] = set()
         # metrics
         self.processed = 0
@@ -768,7 +772,14 @@ class ReferenceEngine:
             round_sent = 0
             for i in range(n):
                 t = tasks[(self._rr + i) % n]
-                if t.done or t.outstanding >= mc or not t.buffered():
+                if t.done or not t.buffered():
+                    continue
+                if t.keyed:
+                    # max concurrency counts invoked, not completed (rule 2); completed
+                    # messages behind a slow one wait unreleased in a wider window
+                    if len(t.unresolved) >= mc or t.outstanding >= t.key_window:
+                        continue
+                elif t.outstanding >= mc:
                     continue
                 now = self._clock.monotonic()
                 if now >= due or self._stop_flag:
