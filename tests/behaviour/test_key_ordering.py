@@ -9,95 +9,24 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tailrace import AsyncStreamTask, Container, MemoryCheckpointStore, MemorySystem, StreamTask
+from tailrace import AsyncStreamTask, Container, MemorySystem, StreamTask
 from tailrace.errors import ConfigError
 from tailrace.ordering import set_key_hash_override
-from tailrace.types import Offset, SystemStreamPartition
 
 from .conftest import ENGINE_NAMES
-from .helpers import WAIT, Background, ssp, wait_until
+from .helpers import WAIT, Background, CheckingStore, Tracker, ssp, wait_until
 
 
-class Tracker:
-    """Invocations and completions of one run, checked as they happen."""
-
-    def __init__(self, max_concurrency: int, collide: frozenset[Any] = frozenset()) -> None:
-        self.lock = threading.Lock()
-        self.max_concurrency = max_concurrency
-        self.collide = collide  # keys forced to one hash: one lane
-        self.active: dict[tuple[int, Any], int] = {}  # (task partition, lane) -> offset
-        self.invoked: list[tuple[int, Any, int]] = []
-        self.completed: dict[int, set[int]] = {}
-        self.errors: list[str] = []
-        self.per_task: dict[int, int] = {}  # one task per partition (the default grouping)
-        self.max_seen = 0
-
-    def lane(self, key: Any) -> Any:
-        return "<collided>" if key in self.collide else key
-
-    def start(self, partition: int, key: Any, offset: int) -> None:
-        with self.lock:
-            lane = (partition, self.lane(key))
-            if lane in self.active:  # rule 30: at most one outstanding per key
-                self.errors.append(f"key {key!r}: {offset} invoked while {self.active[lane]} outstanding")
-            self.active[lane] = offset
-            self.invoked.append((partition, self.lane(key), offset))
-            n = self.per_task[partition] = self.per_task.get(partition, 0) + 1
-            self.max_seen = max(self.max_seen, n)
-            if n > self.max_concurrency:  # rule 2
-                self.errors.append(f"{n} outstanding > max concurrency {self.max_concurrency}")
-
-    def finish(self, partition: int, key: Any, offset: int) -> None:
-        with self.lock:
-            self.active.pop((partition, self.lane(key)), None)
-            self.completed.setdefault(partition, set()).add(offset)
-            self.per_task[partition] -= 1
-
-    @property
-    def outstanding(self) -> int:
-        return sum(self.per_task.values())
-
-    def check_order(self) -> None:
-        assert not self.errors, self.errors[:5]
-        lanes: dict[tuple[int, Any], list[int]] = {}
-        for p, lane, off in self.invoked:
-            lanes.setdefault((p, lane), []).append(off)
-        for lane, offs in lanes.items():
-            assert offs == sorted(offs), f"lane {lane}: invoked out of offset order {offs}"
-
-    def check_commit(self, offsets: Mapping[SystemStreamPartition, Offset], barrier: bool) -> None:
-        with self.lock:
-            for s, off in offsets.items():
-                done = self.completed.get(s.partition, set())
-                missing = [o for o in range(int(off) + 1) if o not in done]
-                if missing:  # rules 12, 13: a gap-free prefix of completions
-                    self.errors.append(f"{s}: committed {off} but {missing[:3]} not completed")
-            n = sum(self.per_task.get(s.partition, 0) for s in offsets)
-            if barrier and n:  # rule 9 (no async commit): nothing of the task in flight
-                self.errors.append(f"commit with {n} outstanding")
-
-
-class CheckingStore(MemoryCheckpointStore):
-    def __init__(self, tracker: Tracker, barrier: bool = True) -> None:
-        super().__init__()
-        self.tracker = tracker
-        self.barrier = barrier
-
-    def write(
-        self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset], state: Any = None
-    ) -> None:
-        self.tracker.check_commit(offsets, self.barrier)
-        super().write(task_name, offsets, state)
-
-
-def make_async(tracker: Tracker, seed: int, delay: float = 0.002, slow: dict[Any, float] | None = None) -> type:
+def make_async(
+    tracker: Tracker, seed: int, delay: float = 0.002, slow: dict[Any, float] | None = None
+) -> type:
     rng = random.Random(seed)
     rng_lock = threading.Lock()
 
@@ -205,11 +134,17 @@ def test_slow_key_does_not_delay_other_keys(engine: str) -> None:
     elapsed = time.monotonic() - t0
     assert 5 not in tracker.completed[0]
     assert elapsed < 0.9, f"other keys took {elapsed:.2f}s: they waited for the slow one"
-    snap = c.metrics()
-    assert snap is not None
-    m = next(iter(snap[0].values()))
+
+    def metrics() -> Any:
+        snap = c.metrics()
+        assert snap is not None
+        return next(iter(snap[0].values()))
+
+    # the callbacks' completions reach the loop just after tracker.finish
+    wait_until(lambda: metrics().keys_in_flight == 1, timeout=0.5, what="only the slow key in flight")
+    m = metrics()
+    assert 5 not in tracker.completed[0]
     assert m.low_watermark.get(ssp(0), -1) <= 4  # never past the slow message (rule 13)
-    assert m.keys_in_flight == 1
     assert m.head_of_line_ms > 0
     result = bg.join()
     tracker.check_order()
@@ -315,5 +250,7 @@ def test_shutdown_with_lanes_in_flight(engine: str) -> None:
 
 def test_ordering_config_rejects_unknown_value() -> None:
     with pytest.raises(ConfigError) as e:
-        Container(make_sync(Tracker(1), 0), inputs=["mem.in"], systems=[keyed_system([[]])], task_ordering="offset")
+        Container(
+            make_sync(Tracker(1), 0), inputs=["mem.in"], systems=[keyed_system([[]])], task_ordering="offset"
+        )
     assert "task.ordering" in str(e.value) and "partition, key" in str(e.value)

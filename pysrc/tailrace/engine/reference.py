@@ -75,8 +75,8 @@ from ..clock import Clock
 from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
-from ..types import Offset, SystemStreamPartition
 from ..ordering import key_identity
+from ..types import Offset, SystemStreamPartition
 from .timers import TimerHeap
 from .watchdog import StuckCallWatch
 
@@ -246,7 +246,8 @@ class _Task:
         self.keyed = cfg.ordering == "key"
         # as the C loop: 16 x max concurrency, no more than the input buffers hold
         self.key_window = max(
-            cfg.max_concurrency, min(16 * cfg.max_concurrency, cfg.input_buffer_size * max(1, len(self.parts)))
+            cfg.max_concurrency,
+            min(16 * cfg.max_concurrency, cfg.input_buffer_size * max(1, len(self.parts))),
         )
         self.busy: set[Any] = set()
         # metrics
