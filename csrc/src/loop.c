@@ -126,8 +126,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
             T->pmask = wsize - 1;
         }
         if (T->flags & TR_TASK_KEYED) {
-            /* no runs: keyed messages go one by one through the look-ahead */
-            T->flags &= ~TR_TASK_INLINE;
+            /* runs only while nothing is outstanding and no slot past head is
+             * taken (loop_schedule.c): then the ring from head is plain order */
             T->keyed = 1;
             /* 64 buckets per possible outstanding key: few unrelated keys share one */
             uint64_t nb = (uint64_t)cfg->max_concurrency * 64u;

@@ -187,6 +187,7 @@ typedef struct task {
      * completion or new input). sdisp: dispatch time per seq slot (metrics,
      * written by the loop thread, read relaxed by any thread) */
     uint8_t keyed, kblocked;
+    uint64_t kahead; /* slots taken by look-ahead at positions >= their ring's head */
     uint8_t *busy;
     uint32_t bmask;
     uint64_t *skey;

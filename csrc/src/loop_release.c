@@ -187,6 +187,8 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
         (escape && (consumed == 0 || completed != consumed - 1)))
         return TR_EINVAL;
     T->in_run = 0;
+    uint32_t esc_part = UINT32_MAX;
+    uint64_t esc_pos = 0;
     if (escape) {
         /* the run was handed only with nothing outstanding: room for one */
         uint32_t p = L->run_parts[consumed - 1];
@@ -207,6 +209,18 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
         T->acquired++;
         if (T->infl)
             trl_arm_timeout(L, t, *seq, handle, p);
+        if (T->keyed) {
+            /* outstanding now: its key is busy, its slot stays until released */
+            uint64_t h = P->khash[pos & P->mask];
+            P->kst[pos & P->mask] = KS_TAKEN;
+            T->busy[key_bucket(T, h)] = 1;
+            T->skey[*seq & T->smask] = h;
+            atomic_store_explicit(&T->sdisp[*seq & T->smask], L->now, TR_RELAXED); /* metric */
+            atomic_store_explicit(&T->kinflight,
+                                  atomic_load_explicit(&T->kinflight, TR_RELAXED) + 1, TR_RELAXED);
+            esc_part = p;
+            esc_pos = pos;
+        }
     }
     /* completed in order on this thread with nothing outstanding before them:
      * releasing them is advancing the watermarks past them */
@@ -217,7 +231,9 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             wm_note(L, t, 0, pos, P->handles[pos & P->mask]);
         }
         P->head += consumed;
-        if (P->tail - P->head <= P->fill / 2)
+        if (T->keyed) /* a run starts with kbase == head (nothing outstanding) */
+            P->kbase = esc_part == 0 ? esc_pos : P->head;
+        if (part_used(P, T->keyed) <= P->fill / 2)
             trl_queue_refill(L, t, 0);
     } else {
         for (uint32_t i = 0; i < consumed; i++) {
@@ -226,7 +242,9 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             if (i < completed)
                 wm_note(L, t, p, P->head, P->handles[P->head & P->mask]);
             P->head++;
-            if (P->tail - P->head <= P->fill / 2)
+            if (T->keyed)
+                P->kbase = p == esc_part ? esc_pos : P->head;
+            if (part_used(P, T->keyed) <= P->fill / 2)
                 trl_queue_refill(L, t, p);
         }
     }

@@ -267,12 +267,19 @@ static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t 
     uint64_t handle = P->handles[s];
     uint64_t h = P->khash[s];
     P->kst[s] = KS_TAKEN;
+    if (pos != P->head)
+        T->kahead++;
     T->busy[key_bucket(T, h)] = 1;
     /* relaxed: a metric, single writer */
     atomic_store_explicit(&T->kinflight, atomic_load_explicit(&T->kinflight, TR_RELAXED) + 1,
                           TR_RELAXED);
-    while (P->head != P->tail && (P->kst[P->head & P->mask] & KS_TAKEN))
+    if (pos == P->head) {
         P->head++;
+        while (P->head != P->tail && (P->kst[P->head & P->mask] & KS_TAKEN)) {
+            P->head++;
+            T->kahead--; /* taken ahead before; head has caught up with it */
+        }
+    }
     T->buffered--;
     uint64_t seq = 0;
     /* the caller checked outstanding < limit (see trl_take_one) */
@@ -478,8 +485,11 @@ static void build_batch(tr_loop *L) {
         T->in_ready = 0;
         if (!runnable(L, T))
             continue;
+        /* a keyed task too once nothing is outstanding and nothing was taken
+         * ahead: its ring from head is then plain offset order, every key free,
+         * and a run completes each message before the next (rule 30) */
         if ((T->flags & TR_TASK_INLINE) && !T->commit_hold &&
-            tr_sequencer_outstanding(T->seq) == 0) {
+            tr_sequencer_outstanding(T->seq) == 0 && T->kahead == 0) {
             dispatch_run(L, t); /* back in the ready ring after run_done */
             continue;
         }

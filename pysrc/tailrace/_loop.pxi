@@ -771,7 +771,7 @@ cdef class LoopRunner:
             ps.range_keyed = keys is not None
             # a lazy item is 16 bytes in the ring and no object: buffer a whole input buffer
             check(capi.tr_loop_partition_fill(self._loop, t, p, self._input_buffer), "partition fill")
-        if (not self._keyed and messages is ps.range_messages and (keys is ps.range_keys)
+        if (messages is ps.range_messages and (keys is ps.range_keys)
                 and capi.tr_lazy_item(<uint64_t>end, p, &items[0])
                 and len(<list>messages) >= end and (keys is None or len(<list>keys) >= end)):
             # lazy items: the envelopes are built at dispatch (_take_item)
@@ -782,8 +782,14 @@ cdef class LoopRunner:
                     # fit: the largest offset and p passed tr_lazy_item above, and end < TR_HANDLE_LIMIT
                     capi.tr_lazy_item(<uint64_t>(i + j), p, &items[j])
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])
-                check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
-                      f"input ring of {ps.ssp}")
+                    if self._keyed:
+                        hashes[j] = _key_hash(None if keys is None else (<list>keys)[i + j])
+                if self._keyed:
+                    check(capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes,
+                                                         <size_t>m), f"input ring of {ps.ssp}")
+                else:
+                    check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
+                          f"input ring of {ps.ssp}")
                 i += m
             ps.read_n += end - start
             ps.newest_read = end - 1
