@@ -6,6 +6,7 @@ every write pins that commits never pass an incomplete message (rules 12, 13).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -51,6 +52,21 @@ def make_async(
     return KeyedAsync
 
 
+def make_asyncio(tracker: Tracker, seed: int) -> type:
+    rng = random.Random(seed)
+
+    class KeyedAsyncio(AsyncStreamTask):
+        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            p, key, off = env.ssp.partition, env.key, env.offset
+            tracker.start(p, key, off)
+            r = rng.random()
+            if r < 0.7:  # else completes without suspending (inline)
+                await asyncio.sleep(r * 0.003)
+            tracker.finish(p, key, off)
+
+    return KeyedAsyncio
+
+
 def make_sync(tracker: Tracker, seed: int) -> type:
     rng = random.Random(seed)
 
@@ -74,7 +90,7 @@ KEYS = [None, "a", "b", "c", "d", b"e", 7]
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    kind=st.sampled_from(["async", "sync", "sync_pool"]),
+    kind=st.sampled_from(["async", "asyncio", "sync", "sync_pool"]),
     keys=st.lists(st.lists(st.sampled_from(KEYS), max_size=40), min_size=1, max_size=2),
     mc=st.integers(1, 6),
     buf=st.integers(1, 16),
@@ -88,7 +104,8 @@ def test_per_key_order_random_completion(
     rules 12, 13: every commit is a gap-free prefix of completions; rule 31 with a
     small input buffer (look-ahead bounded by it)."""
     tracker = Tracker(mc)
-    task = make_async(tracker, seed) if kind == "async" else make_sync(tracker, seed)
+    makers = {"async": make_async, "asyncio": make_asyncio}
+    task = makers.get(kind, make_sync)(tracker, seed)
     store = CheckingStore(tracker)
     c = Container(
         task,
