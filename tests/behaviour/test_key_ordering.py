@@ -297,3 +297,46 @@ def test_live_stream_keyed(engine: str) -> None:
     result = bg.join()
     tracker.check_order()
     assert result.committed[ssp(0)] == 299
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_failure_with_lanes_in_flight(engine: str) -> None:
+    """rules 16, 18 with key lanes: the failure stops the run; nothing at or past the
+    failed offset is committed, even though later keys completed."""
+    from tailrace import TaskError
+
+    tracker = Tracker(8)
+    keys = [f"k{i % 7}" for i in range(200)]
+    base = make_async(tracker, 4, delay=0.002)
+
+    class Failing(base):  # type: ignore[misc, valid-type]
+        def process_async(self, env: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if env.offset == 40:
+                tracker.start(0, env.key, 40)
+
+                def fail() -> None:
+                    with tracker.lock:  # resolved (failed), not completed: no gap filled
+                        tracker.per_task[0] -= 1
+                        tracker.active.pop((0, env.key), None)
+                    callback.fail(RuntimeError("boom at 40"))
+
+                threading.Timer(0.05, fail).start()  # others complete meanwhile
+                return
+            super().process_async(env, collector, coordinator, callback)
+
+    store = CheckingStore(tracker)
+    c = Container(
+        Failing,
+        inputs=["mem.in"],
+        systems=[keyed_system([keys])],
+        checkpoints=store,
+        engine=engine,
+        task_ordering="key",
+        task_max_concurrency=8,
+        task_commit_ms=5,
+    )
+    with pytest.raises(TaskError) as e:
+        c.run()
+    assert e.value.offset == 40
+    tracker.check_order()
+    assert all(offsets.get(ssp(0), -1) < 40 for _, offsets in store.history)  # rule 18
