@@ -32,6 +32,7 @@ typedef struct kh {
     size_t npending;
     _Atomic int quit;
     _Atomic int errors;
+    uint64_t nruns, nprocess; /* ops of each kind seen (loop thread) */
     uint64_t rng;
 } kh;
 
@@ -75,6 +76,7 @@ static int kh_batch(void *ctx, tr_loop *loop) {
             if (h->next_read == h->n)
                 tr_loop_partition_state(loop, 0, 0, TR_PART_ENDED);
         } else if (op.kind == TR_OP_PROCESS) {
+            h->nprocess++;
             uint64_t idx = op.item - 1, k = h->keys[idx] & 63;
             if (op.handle != idx)
                 h->errors++;
@@ -89,6 +91,38 @@ static int kh_batch(void *ctx, tr_loop *loop) {
             h->seqs[h->ninvoked++] = op.seq;
             h->pending[h->npending++] = (idx << 32) | op.seq;
             pthread_mutex_unlock(&h->mu);
+        } else if (op.kind == TR_OP_RUN) {
+            h->nruns++;
+            /* TR_TASK_INLINE: the run completes in order; sometimes the last one
+             * escapes (stays outstanding, completed later by the completer) */
+            const uint64_t *its = (const uint64_t *)(uintptr_t)op.item;
+            int escape = op.count > 0 && (kh_rand(h) & 3) == 0;
+            for (uint32_t i = 0; i < op.count; i++) {
+                uint64_t idx = its[i] - 1, k = h->keys[idx] & 63;
+                pthread_mutex_lock(&h->mu);
+                if (h->active[k])
+                    h->errors++;
+                if (h->last_of_key[k] != UINT64_MAX && h->last_of_key[k] >= idx)
+                    h->errors++;
+                h->last_of_key[k] = idx;
+                h->invoked[h->ninvoked] = idx;
+                h->seqs[h->ninvoked++] = UINT64_MAX;
+                if (!(escape && i + 1 == op.count))
+                    atomic_store(&h->done[idx], 1);
+                pthread_mutex_unlock(&h->mu);
+            }
+            if (escape) {
+                uint64_t seq = 0;
+                uint64_t idx = its[op.count - 1] - 1;
+                if (tr_loop_run_escape(loop, op.task, op.count, &seq) != TR_OK)
+                    h->errors++;
+                pthread_mutex_lock(&h->mu);
+                h->active[h->keys[idx] & 63] = 1;
+                h->pending[h->npending++] = (idx << 32) | seq;
+                pthread_mutex_unlock(&h->mu);
+            } else if (tr_loop_run_done(loop, op.task, op.count, op.count, 0) != TR_OK) {
+                h->errors++;
+            }
         } else if (op.kind >= TR_OP_WINDOW && op.kind <= TR_OP_END_OF_STREAM) {
             tr_loop_control_done(loop, op.task, 0);
         }
@@ -127,7 +161,8 @@ static void *kh_stopper(void *arg) {
     return NULL;
 }
 
-static void kh_init(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc, uint32_t buffer) {
+static void kh_init_flags(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc, uint32_t buffer,
+                          uint32_t flags) {
     memset(h, 0, sizeof *h);
     h->keys = keys;
     h->n = n;
@@ -143,8 +178,12 @@ static void kh_init(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc, uint
     cfg.window_ns = 0;
     cfg.max_idle_ns = 1000000;
     cfg.shutdown_ns = 0; /* a stop does not wait for the never-completed ones */
-    tr_loop_task task = {1, TR_TASK_KEYED};
+    tr_loop_task task = {1, flags};
     CHECK(tr_loop_create(&cfg, &task, &h->loop) == TR_OK);
+}
+
+static void kh_init(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc, uint32_t buffer) {
+    kh_init_flags(h, keys, n, maxc, buffer, TR_TASK_KEYED);
 }
 
 /* Nothing completes: the look-ahead takes the first message of each free key. */
@@ -197,7 +236,8 @@ static void test_busy_ring_stops_reading(void) {
 }
 
 /* Random completion order from another thread; push-time key checks above. */
-static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys) {
+static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys,
+                                   uint32_t flags) {
     static uint64_t keys[2000];
     uint64_t r = seed;
     for (int i = 0; i < 2000; i++) {
@@ -205,7 +245,7 @@ static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer
         keys[i] = (r >> 33) % (uint64_t)nkeys;
     }
     kh h;
-    kh_init(&h, keys, 2000, maxc, buffer);
+    kh_init_flags(&h, keys, 2000, maxc, buffer, flags);
     h.rng ^= seed;
     pthread_t completer;
     CHECK(pthread_create(&completer, NULL, kh_completer, &h) == 0);
@@ -215,6 +255,10 @@ static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer
     pthread_join(completer, NULL);
     CHECK(h.errors == 0);
     CHECK(h.ninvoked == 2000);
+    if (flags & TR_TASK_INLINE) /* runs, and (room for more than one) look-ahead after an escape */
+        CHECK(h.nruns > 0 && (maxc == 1 || h.nprocess > 0));
+    else
+        CHECK(h.nruns == 0);
     CHECK(tr_loop_stop_reason(h.loop) == TR_STOP_END_OF_STREAM);
     tr_mark m;
     CHECK(tr_loop_watermark(h.loop, 0, 0, &m) == TR_OK && m.position == 1999);
@@ -228,10 +272,15 @@ static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer
 int main(void) {
     test_lookahead_picks_free_keys();
     test_busy_ring_stops_reading();
-    test_random_completion(1, 8, 32, 5);
-    test_random_completion(2, 64, 1024, 40);
-    test_random_completion(3, 1, 4, 3);
-    test_random_completion(4, 16, 8, 2);
+    const uint32_t K = TR_TASK_KEYED, KI = TR_TASK_KEYED | TR_TASK_INLINE;
+    test_random_completion(1, 8, 32, 5, K);
+    test_random_completion(2, 64, 1024, 40, K);
+    test_random_completion(3, 1, 4, 3, K);
+    test_random_completion(4, 16, 8, 2, K);
+    /* runs (loop-thread tasks) mixed with look-ahead once one escapes */
+    test_random_completion(5, 8, 32, 5, KI);
+    test_random_completion(6, 64, 256, 40, KI);
+    test_random_completion(7, 1, 4, 3, KI);
     printf("test_loop_keyed: ok\n");
     return 0;
 }
