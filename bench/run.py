@@ -290,6 +290,24 @@ def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
                 at_least=True,
             )
         )
+    # per-key ordering (issue 17): key lanes against partition ordering, same job
+    keyed = _rate(results, "asyncio_io_keyed", "c")
+    checks.append(
+        _check(
+            "asyncio_io_keyed on c >= 80% of ordering partition at concurrency 64",
+            _ratio(keyed, _rate(results, "asyncio_io_keyed_p64", "c")),
+            0.8,
+            at_least=True,
+        )
+    )
+    checks.append(
+        _check(
+            "asyncio_io_keyed on c >= 5x ordering partition at concurrency 1",
+            _ratio(keyed, _rate(results, "asyncio_io_keyed_p1", "c")),
+            5.0,
+            at_least=True,
+        )
+    )
     # state stores (issue 12): the same counting job with a store instead of a dict
     checks.append(
         _check(

@@ -86,7 +86,8 @@ class TailraceRunner(Runner):
         import tailrace
 
         counts = split(messages, workload.partitions)
-        mem = tailrace.MemorySystem(SYSTEM).add_stream(STREAM, [payload(0, c) for c in counts])
+        keys = None if workload.keys is None else [workload.keys(0, c) for c in counts]
+        mem = tailrace.MemorySystem(SYSTEM).add_stream(STREAM, [payload(0, c) for c in counts], keys=keys)
         tasks: list[Any] = []
 
         def factory() -> Any:

@@ -119,6 +119,23 @@ class AsyncioSleep(AsyncStreamTask):
         await asyncio.sleep(0.01)
 
 
+SLOW_KEY = "slow"
+
+
+def skewed_keys(first: int, count: int) -> list[str]:
+    """Keys of messages ``first .. first+count-1``: uniform over KEYS (a fixed
+    scramble of the position), except that 1 message in 2,000 has SLOW_KEY."""
+    n = len(KEYS)
+    return [SLOW_KEY if i % 2000 == 1999 else KEYS[(i * 2654435761) % n] for i in range(first, first + count)]
+
+
+class AsyncioSleepKeyed(AsyncStreamTask):
+    """``async def process`` awaiting 10 ms, or 200 ms for SLOW_KEY (skewed keys)."""
+
+    async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        await asyncio.sleep(0.2 if envelope.key == SLOW_KEY else 0.01)
+
+
 # -- checks -------------------------------------------------------------------
 def _check_counts(tasks: Sequence[Any], per_task: Sequence[int]) -> str | None:
     """Each Counter saw exactly its partition's messages, each key as often as sent."""
@@ -151,6 +168,8 @@ class Workload:
     floor: str | None = None
     check: Callable[[Sequence[Any], Sequence[int]], str | None] | None = None
     guard: str | None = None
+    # the input's keys (first, count) -> keys, or None: no keys
+    keys: Callable[[int, int], list[Any]] | None = None
 
 
 WORKLOADS: dict[str, Workload] = {}
@@ -239,5 +258,38 @@ _register(
         AsyncioSleep,
         partitions=4,
         config={"task.max.concurrency": 32},
+    )
+)
+# task.ordering = key (issue 17): skewed keys, one slow key; the same job kept in
+# per-key order by key lanes (ordering key, 64 in flight), with no per-key order
+# (ordering partition, 64 in flight), and in per-key order the only way partition
+# ordering can (max concurrency 1)
+for _name, _doc, _cfg in (
+    (
+        "asyncio_io_keyed",
+        "ordering key, max concurrency 64",
+        {"task.ordering": "key", "task.max.concurrency": 64},
+    ),
+    ("asyncio_io_keyed_p64", "ordering partition, max concurrency 64", {"task.max.concurrency": 64}),
+    ("asyncio_io_keyed_p1", "ordering partition, max concurrency 1", {"task.max.concurrency": 1}),
+):
+    _register(
+        Workload(
+            _name,
+            "async def process awaiting 10 ms (200 ms for 1 key in 2,000 messages), 1,000 keys, 4 tasks, "
+            + _doc,
+            AsyncioSleepKeyed,
+            partitions=4,
+            config=_cfg,
+            keys=skewed_keys,
+        )
+    )
+_register(
+    Workload(
+        "sync_noop_1task_keyed",
+        "StreamTask, empty process, 1 task, task.ordering = key (1,000 keys)",
+        Noop,
+        config={"task.ordering": "key"},
+        keys=skewed_keys,
     )
 )

@@ -5,6 +5,27 @@
 
 /* ------------------------------------------------------------- public API */
 
+/* A task's sequencer window. A keyed loop-thread task (rules 30, 31) gets more
+ * than max_concurrency: completions behind a slow message stay unreleased (the
+ * sequencer releases in invocation order) but no longer count against max
+ * concurrency (invoked, not completed: rule 2; see runnable), so other keys go
+ * on until this window fills: 16 x max_concurrency, no more than its rings can
+ * hold (a seq not released keeps its ring slot, see part.kbase). */
+static uint32_t task_window(const tr_loop_config *cfg, const tr_loop_task *tk,
+                            uint32_t pool_limit) {
+    if (cfg->pool_size && (tk->flags & TR_TASK_POOL))
+        return pool_limit;
+    if (!(tk->flags & TR_TASK_KEYED))
+        return cfg->max_concurrency;
+    uint64_t w = (uint64_t)cfg->max_concurrency * 16u;
+    uint64_t ring = (uint64_t)cfg->input_buffer * (tk->npartitions ? tk->npartitions : 1);
+    if (w > ring)
+        w = ring;
+    if (w < cfg->max_concurrency)
+        w = cfg->max_concurrency;
+    return w > TR_SEQ_MAX_CONCURRENCY ? TR_SEQ_MAX_CONCURRENCY : (uint32_t)w;
+}
+
 tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, tr_loop **out) {
     if (!cfg || !tasks || !out || cfg->ntasks == 0 || cfg->ntasks > TR_ENC_TASK_MAX ||
         cfg->max_concurrency == 0 || cfg->max_concurrency > TR_SEQ_MAX_CONCURRENCY ||
@@ -23,8 +44,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         pool_limit = POOL_WINDOW;
     uint64_t nlimit = 0; /* sum of the tasks' windows */
     for (uint32_t t = 0; t < cfg->ntasks; t++)
-        nlimit +=
-            (cfg->pool_size && (tasks[t].flags & TR_TASK_POOL)) ? pool_limit : cfg->max_concurrency;
+        nlimit += task_window(cfg, &tasks[t], pool_limit);
     /* The completion queue never fills. Its items: CQ_WAKE, at most one per
      * partition (the `woken` flag); CQ_TIMER, at most one per task
      * (`timer_pending`); CQ_DONE / CQ_UNRUN, at most one per sequence number at a
@@ -85,7 +105,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         if (T->flags & TR_TASK_POOL)
             T->flags &= ~TR_TASK_INLINE;
         T->worker = cfg->pool_size ? t % cfg->pool_size : 0;
-        T->limit = (T->flags & TR_TASK_POOL) ? pool_limit : cfg->max_concurrency;
+        T->limit = task_window(cfg, &tasks[t], pool_limit);
         atomic_init(&T->timer_when, INT64_MAX);
         st = tr_sequencer_create(T->limit, &T->seq);
         if (st != TR_OK)
@@ -105,11 +125,29 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
                 goto fail;
             T->pmask = wsize - 1;
         }
+        if (T->flags & TR_TASK_KEYED) {
+            /* runs only while nothing is outstanding and no slot past head is
+             * taken (loop_schedule.c): then the ring from head is plain order */
+            T->keyed = 1;
+            /* 64 buckets per possible outstanding key: few unrelated keys share one */
+            uint64_t nb = (uint64_t)cfg->max_concurrency * 64u;
+            if (nb < 1024u)
+                nb = 1024u;
+            uint32_t bsize = pow2_at_least(nb > (1u << 20) ? (1u << 20) : nb);
+            T->busy = calloc(bsize, 1);
+            T->bmask = bsize - 1;
+            T->skey = calloc(wsize, sizeof *T->skey);
+            T->sdisp = calloc(wsize, sizeof *T->sdisp);
+            if (!T->busy || !T->skey || !T->sdisp)
+                goto fail;
+        }
         if (infl_size) {
-            T->infl = calloc(infl_size, sizeof *T->infl);
+            /* a keyed window is wider than max_concurrency: one slot per seq of it */
+            uint32_t isize = T->keyed ? pow2_at_least(T->limit) : infl_size;
+            T->infl = calloc(isize, sizeof *T->infl);
             if (!T->infl)
                 goto fail;
-            T->infl_mask = infl_size - 1;
+            T->infl_mask = isize - 1;
         }
         if (T->nparts) {
             T->parts = calloc(T->nparts, sizeof *T->parts);
@@ -127,6 +165,12 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
             if (!P->items || !P->handles)
                 goto fail;
             P->mask = size - 1;
+            if (T->keyed) {
+                P->khash = malloc((size_t)size * sizeof *P->khash);
+                P->kst = calloc(size, 1);
+                if (!P->khash || !P->kst)
+                    goto fail;
+            }
             P->limit = cfg->input_buffer;
             P->fill = (uint32_t)fill;
             P->state = TR_PART_ACTIVE;
@@ -170,10 +214,15 @@ static void loop_free(tr_loop *L) {
             free(T->infl);
             free(T->pitem);
             free(T->spart);
+            free(T->busy);
+            free(T->skey);
+            free((void *)T->sdisp);
             if (T->parts) {
                 for (uint32_t p = 0; p < T->nparts; p++) {
                     free(T->parts[p].items);
                     free(T->parts[p].handles);
+                    free(T->parts[p].khash);
+                    free(T->parts[p].kst);
                 }
                 free(T->parts);
             }
@@ -293,6 +342,15 @@ void tr_loop_task_stats(const tr_loop *L, uint32_t t, tr_task_stats *out) {
     out->commits = atomic_load_explicit(&T->commits, TR_RELAXED);
     out->timers = atomic_load_explicit(&T->timers, TR_RELAXED);
     out->done = atomic_load_explicit(&T->done_pub, TR_RELAXED);
+    out->oldest_ns = INT64_MAX;
+    if (T->keyed) {
+        out->keys_in_flight = atomic_load_explicit(&T->kinflight, TR_RELAXED);
+        /* the first unreleased seq is the oldest message still holding the
+         * watermark back (its slot is not reused before it is released) */
+        uint64_t s = tr_sequencer_released_upto(T->seq);
+        if (out->outstanding)
+            out->oldest_ns = atomic_load_explicit(&T->sdisp[s & T->smask], TR_RELAXED);
+    }
 }
 
 void tr_loop_get_stats(const tr_loop *L, tr_loop_stats *out) {
@@ -341,6 +399,10 @@ size_t tr_loop_drain_items(tr_loop *L, uint64_t *out, size_t max) {
         part *P = &T->parts[L->drain_part];
         if (P->head == P->tail) {
             L->drain_part++;
+            continue;
+        }
+        if (T->keyed && (P->kst[P->head & P->mask] & KS_TAKEN)) {
+            P->head++; /* dispatched by look-ahead: the binding owns it */
             continue;
         }
         out[n++] = P->items[P->head & P->mask];

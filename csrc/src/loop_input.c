@@ -2,27 +2,43 @@
  * to the input buffer, reader states and wake-ups. */
 #include "loop_internal.h"
 
-/* Make room in P's ring for n more items (the caller checked the limit). */
-static tr_status ring_room(part *P, uint64_t n) {
-    uint64_t used = P->tail - P->head;
+/* Make room in P's ring for n more items (the caller checked the limit). A
+ * keyed ring keeps its slots from kbase on (see part.kbase). */
+static tr_status ring_room(part *P, int keyed, uint64_t n) {
+    uint64_t from = keyed ? P->kbase : P->head;
+    uint64_t used = P->tail - from;
     if (used + n <= (uint64_t)P->mask + 1)
         return TR_OK;
     uint32_t size = pow2_at_least(used + n);
     uint64_t *items = malloc((size_t)size * sizeof *items);
     uint64_t *handles = malloc((size_t)size * sizeof *handles);
-    if (!items || !handles) {
+    uint64_t *khash = keyed ? malloc((size_t)size * sizeof *khash) : NULL;
+    uint8_t *kst = keyed ? calloc(size, 1) : NULL;
+    if (!items || !handles || (keyed && (!khash || !kst))) {
         free(items);
         free(handles);
+        free(khash);
+        free(kst);
         return TR_ENOMEM;
     }
-    for (uint64_t pos = P->head; pos != P->tail; pos++) {
+    for (uint64_t pos = from; pos != P->tail; pos++) {
         items[pos & (size - 1)] = P->items[pos & P->mask];
         handles[pos & (size - 1)] = P->handles[pos & P->mask];
+        if (keyed) {
+            khash[pos & (size - 1)] = P->khash[pos & P->mask];
+            kst[pos & (size - 1)] = P->kst[pos & P->mask];
+        }
     }
     free(P->items);
     free(P->handles);
     P->items = items;
     P->handles = handles;
+    if (keyed) {
+        free(P->khash);
+        free(P->kst);
+        P->khash = khash;
+        P->kst = kst;
+    }
     P->mask = size - 1;
     return TR_OK;
 }
@@ -32,9 +48,11 @@ tr_status tr_loop_push_input(tr_loop *L, uint32_t t, uint32_t p, uint64_t item, 
         return TR_EINVAL;
     task *T = &L->tasks[t];
     part *P = &T->parts[p];
+    if (T->keyed)
+        return TR_EINVAL; /* keyed tasks: tr_loop_push_inputs_keyed */
     if (P->tail - P->head + P->lent >= P->limit)
         return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
-    if (ring_room(P, 1) != TR_OK)
+    if (ring_room(P, 0, 1) != TR_OK)
         return TR_ENOMEM;
     P->items[P->tail & P->mask] = item;
     P->handles[P->tail & P->mask] = handle;
@@ -51,9 +69,11 @@ tr_status tr_loop_push_inputs(tr_loop *L, uint32_t t, uint32_t p, const uint64_t
         return TR_EINVAL;
     task *T = &L->tasks[t];
     part *P = &T->parts[p];
+    if (T->keyed)
+        return TR_EINVAL; /* keyed tasks: tr_loop_push_inputs_keyed */
     if (n > P->limit - (P->tail - P->head + P->lent))
         return TR_EAGAIN; /* (messages out on a worker still count: rule 6) */
-    if (ring_room(P, n) != TR_OK)
+    if (ring_room(P, 0, n) != TR_OK)
         return TR_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         P->items[(P->tail + i) & P->mask] = items[i];
@@ -64,6 +84,34 @@ tr_status tr_loop_push_inputs(tr_loop *L, uint32_t t, uint32_t p, const uint64_t
     T->buffered += n;
     if (n)
         trl_maybe_ready(L, t);
+    return TR_OK;
+}
+
+tr_status tr_loop_push_inputs_keyed(tr_loop *L, uint32_t t, uint32_t p, const uint64_t *items,
+                                    const uint64_t *handles, const uint64_t *hashes, size_t n) {
+    if (t >= L->cfg.ntasks || p >= L->tasks[t].nparts || !L->tasks[t].keyed)
+        return TR_EINVAL;
+    task *T = &L->tasks[t];
+    part *P = &T->parts[p];
+    /* dispatched messages not yet past the watermark still count (rule 31) */
+    if (n > P->limit - part_used(P, 1))
+        return TR_EAGAIN;
+    if (ring_room(P, 1, n) != TR_OK)
+        return TR_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = (uint32_t)((P->tail + i) & P->mask);
+        P->items[s] = items[i];
+        P->handles[s] = handles[i];
+        P->khash[s] = hashes[i];
+        P->kst[s] = 0;
+    }
+    P->tail += n;
+    atomic_store_explicit(&P->read_count, P->tail, TR_RELAXED); /* metrics snapshot */
+    T->buffered += n;
+    if (n) {
+        T->kblocked = 0; /* a new message may have a free key */
+        trl_maybe_ready(L, t);
+    }
     return TR_OK;
 }
 
@@ -94,7 +142,7 @@ tr_status tr_loop_partition_fill(tr_loop *L, uint32_t t, uint32_t p, uint32_t fi
     part *P = &L->tasks[t].parts[p];
     P->fill = fill < 1 ? 1 : fill > P->limit ? P->limit : fill;
     /* the ring grows to the new fill on the next push (ring_room) */
-    if (P->state == TR_PART_ACTIVE && P->tail - P->head + P->lent <= P->fill / 2)
+    if (P->state == TR_PART_ACTIVE && part_used(P, L->tasks[t].keyed) <= P->fill / 2)
         trl_queue_refill(L, t, p);
     return TR_OK;
 }

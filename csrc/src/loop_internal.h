@@ -114,7 +114,23 @@ typedef struct part {
     uint64_t wm_pos, wm_handle;
     _Atomic uint32_t woken;      /* 1 while a CQ_WAKE item is queued: dedupes wake-ups */
     _Atomic uint64_t read_count; /* == tail, for metrics from any thread */
+    /* TR_TASK_KEYED only (rules 30, 31): `head` is the first position not yet
+     * dispatched; positions in [head, tail) may be dispatched already (KS_TAKEN,
+     * picked by look-ahead); kbase is the first position not yet released in
+     * offset order (the low watermark + 1): slots from kbase on stay in the ring
+     * (their handles move the watermark), so the buffer bound counts from kbase */
+    uint64_t *khash;
+    uint8_t *kst;
+    uint64_t kbase;
 } part;
+
+enum { KS_TAKEN = 1, KS_DONE = 2 };
+#define TR_NO_SEQ UINT64_MAX /* trl_take_one: nothing to take (keyed task, every key busy) */
+
+/* Ring slots in use: what the input buffer bounds (rule 6, 31). */
+static inline uint64_t part_used(const part *P, int keyed) {
+    return keyed ? P->tail - P->kbase : P->tail - P->head + P->lent;
+}
 
 typedef struct inflight {
     int64_t t0;
@@ -164,7 +180,25 @@ typedef struct task {
     /* counters: written by the loop thread, read relaxed by any thread */
     _Atomic uint64_t processed, completed, windows, commits, timers;
     _Atomic uint32_t done_pub;
+    /* TR_TASK_KEYED only: busy[bucket(hash)] is 1 while a message with a key in
+     * that bucket is outstanding (invoked, its completion not yet seen by the
+     * loop); skey[seq & smask] the hash of each outstanding seq; kblocked: the
+     * last look-ahead found every buffered message's key busy (cleared by a
+     * completion or new input). sdisp: dispatch time per seq slot (metrics,
+     * written by the loop thread, read relaxed by any thread) */
+    uint8_t keyed, kblocked;
+    uint64_t kahead; /* slots taken by look-ahead at positions >= their ring's head */
+    uint8_t *busy;
+    uint32_t bmask;
+    uint64_t *skey;
+    _Atomic int64_t *sdisp;
+    _Atomic uint32_t kinflight;
 } task;
+
+/* The busy bucket of a key hash (Fibonacci hashing of the binding's hash). */
+static inline uint32_t key_bucket(const task *T, uint64_t h) {
+    return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 40) & T->bmask;
+}
 
 typedef struct hent {
     int64_t when;
@@ -317,5 +351,6 @@ void trl_loop_unref(tr_loop *L);
 uint32_t trl_seq_flags(uint32_t requests);
 void trl_stop_workers(tr_loop *L);
 void trl_cq_push(tr_loop *L, tr_item it);
+void trl_key_free(tr_loop *L, uint32_t t, uint64_t seq);
 
 #endif

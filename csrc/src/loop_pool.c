@@ -85,6 +85,8 @@ uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
         uint32_t p;
         uint64_t item, handle;
         uint64_t seq = trl_take_one(L, t, &p, &item, &handle);
+        if (seq == TR_NO_SEQ)
+            break; /* keyed: every buffered key is busy */
         T->pitem[seq & T->pmask] = item;
         its[n++] = (tr_item){kt_word(W_RUN, t), seq};
         taken++;

@@ -28,6 +28,28 @@ void trl_wm_flush(tr_loop *L) {
     L->nwm_dirty = 0;
 }
 
+/* TR_TASK_KEYED: seqs are released in invocation order, which is not offset
+ * order (look-ahead); the watermark moves over the partition's contiguous
+ * prefix of released positions from kbase (rules 12, 13, 30): a position
+ * invoked early waits in the ring, marked done, until everything before it is
+ * released too. Positions below head are all dispatched, so the walk stops at
+ * the first one not yet released, at the latest at head. */
+static void key_release(tr_loop *L, uint32_t t, uint32_t p, uint64_t pos) {
+    part *P = &L->tasks[t].parts[p];
+    P->kst[pos & P->mask] |= KS_DONE;
+    uint64_t from = P->kbase;
+    while (P->kbase != P->head && (P->kst[P->kbase & P->mask] & KS_DONE)) {
+        P->kst[P->kbase & P->mask] = 0;
+        P->kbase++;
+    }
+    if (P->kbase != from) {
+        uint64_t last = P->kbase - 1;
+        wm_note(L, t, p, last, P->handles[last & P->mask]);
+        if (part_used(P, 1) <= P->fill / 2)
+            trl_queue_refill(L, t, p);
+    }
+}
+
 /* Release T's contiguous completed prefix into its watermarks (rule 12). Stops
  * right after a completion carrying a commit request and holds the rest until
  * that commit has run (rule 15), unless `all` (the final commit). */
@@ -49,9 +71,13 @@ void trl_release_task(tr_loop *L, uint32_t t, int all) {
         for (size_t i = 0; i < n; i++) {
             uint32_t p = T->spart[buf[i].seq & T->smask];
             uint64_t pos = buf[i].tag_a;
-            wm_note(L, t, p, pos, buf[i].tag_b);
             bump(&T->completed);
-            if (T->flags & TR_TASK_POOL) {
+            if (T->keyed) {
+                key_release(L, t, p, pos);
+            } else {
+                wm_note(L, t, p, pos, buf[i].tag_b);
+            }
+            if ((T->flags & TR_TASK_POOL) && !T->keyed) {
                 part *P = &T->parts[p];
                 P->lent--;
                 if (P->tail - P->head + P->lent <= P->fill / 2)
@@ -99,6 +125,8 @@ void trl_drain_completions(tr_loop *L) {
             task *T = &L->tasks[t];
             if (kind == CQ_DONE) {
                 T->completions++;
+                if (T->keyed)
+                    trl_key_free(L, t, items[i].b);
                 if (T->infl)
                     T->infl[items[i].b & T->infl_mask].done = 1;
                 trl_mark_dirty(L, t);
@@ -159,6 +187,8 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
         (escape && (consumed == 0 || completed != consumed - 1)))
         return TR_EINVAL;
     T->in_run = 0;
+    uint32_t esc_part = UINT32_MAX;
+    uint64_t esc_pos = 0;
     if (escape) {
         /* the run was handed only with nothing outstanding: room for one */
         uint32_t p = L->run_parts[consumed - 1];
@@ -179,6 +209,18 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
         T->acquired++;
         if (T->infl)
             trl_arm_timeout(L, t, *seq, handle, p);
+        if (T->keyed) {
+            /* outstanding now: its key is busy, its slot stays until released */
+            uint64_t h = P->khash[pos & P->mask];
+            P->kst[pos & P->mask] = KS_TAKEN;
+            T->busy[key_bucket(T, h)] = 1;
+            T->skey[*seq & T->smask] = h;
+            atomic_store_explicit(&T->sdisp[*seq & T->smask], L->now, TR_RELAXED); /* metric */
+            atomic_store_explicit(&T->kinflight,
+                                  atomic_load_explicit(&T->kinflight, TR_RELAXED) + 1, TR_RELAXED);
+            esc_part = p;
+            esc_pos = pos;
+        }
     }
     /* completed in order on this thread with nothing outstanding before them:
      * releasing them is advancing the watermarks past them */
@@ -189,7 +231,9 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             wm_note(L, t, 0, pos, P->handles[pos & P->mask]);
         }
         P->head += consumed;
-        if (P->tail - P->head <= P->fill / 2)
+        if (T->keyed) /* a run starts with kbase == head (nothing outstanding) */
+            P->kbase = esc_part == 0 ? esc_pos : P->head;
+        if (part_used(P, T->keyed) <= P->fill / 2)
             trl_queue_refill(L, t, 0);
     } else {
         for (uint32_t i = 0; i < consumed; i++) {
@@ -198,7 +242,9 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             if (i < completed)
                 wm_note(L, t, p, P->head, P->handles[P->head & P->mask]);
             P->head++;
-            if (P->tail - P->head <= P->fill / 2)
+            if (T->keyed)
+                P->kbase = p == esc_part ? esc_pos : P->head;
+            if (part_used(P, T->keyed) <= P->fill / 2)
                 trl_queue_refill(L, t, p);
         }
     }
@@ -269,6 +315,8 @@ tr_status tr_loop_complete_local(tr_loop *L, uint32_t t, uint64_t seq, uint32_t 
     if (st != TR_OK)
         return st;
     T->completions++;
+    if (T->keyed)
+        trl_key_free(L, t, seq);
     if (T->infl)
         T->infl[seq & T->infl_mask].done = 1;
     trl_mark_dirty(L, t);

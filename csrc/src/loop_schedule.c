@@ -26,7 +26,12 @@ static int runnable(const tr_loop *L, const task *T) {
         if (T->redo_count)
             return 1; /* already hold their seqs */
     }
-    if (T->buffered == 0)
+    if (T->buffered == 0 || T->kblocked)
+        return 0;
+    /* keyed loop-thread tasks: max concurrency counts invoked, not completed
+     * (rule 2); the wider sequencer window holds the completed-unreleased */
+    if (T->keyed && !(T->flags & TR_TASK_POOL) &&
+        T->acquired - T->completions >= L->cfg.max_concurrency)
         return 0;
     if (tr_sequencer_outstanding(T->seq) >= T->limit)
         return 0;
@@ -220,10 +225,97 @@ static uint32_t fill_run(tr_loop *L, uint32_t t, uint32_t max) {
     return n;
 }
 
-/* Pop T's next message (round robin over its partitions) and acquire its seq. */
+/* TR_TASK_KEYED: the first buffered message whose key is free, looking ahead
+ * at most each partition's ring (rule 31), partitions round robin (rule 5).
+ * Scanning in offset order and marking a key busy as soon as one of its
+ * messages is dispatched keeps one key's messages in offset order: an earlier
+ * message of a key is skipped only while that key (its bucket) is busy, and
+ * then every later one of that key is skipped too (rule 30). 0: none. */
+static int key_pick(task *T, uint32_t *p_out, uint64_t *pos_out) {
+    uint32_t p = T->rr;
+    for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
+        const part *P = &T->parts[p];
+        for (uint64_t pos = P->head; pos != P->tail; pos++) {
+            uint32_t s = (uint32_t)(pos & P->mask);
+            if (P->kst[s] & KS_TAKEN)
+                continue;
+            if (T->busy[key_bucket(T, P->khash[s])])
+                continue;
+            *p_out = p;
+            *pos_out = pos;
+            T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The keyed take: mark the message taken and its key busy; the ring keeps
+ * the slot until the watermark passes it (release_task). */
+static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
+                           uint64_t *handle_out) {
+    task *T = &L->tasks[t];
+    uint32_t p;
+    uint64_t pos;
+    if (!key_pick(T, &p, &pos)) {
+        T->kblocked = 1; /* every buffered key is busy: wait for a completion */
+        return TR_NO_SEQ;
+    }
+    part *P = &T->parts[p];
+    uint32_t s = (uint32_t)(pos & P->mask);
+    uint64_t item = P->items[s];
+    uint64_t handle = P->handles[s];
+    uint64_t h = P->khash[s];
+    P->kst[s] = KS_TAKEN;
+    if (pos != P->head)
+        T->kahead++;
+    T->busy[key_bucket(T, h)] = 1;
+    /* relaxed: a metric, single writer */
+    atomic_store_explicit(&T->kinflight, atomic_load_explicit(&T->kinflight, TR_RELAXED) + 1,
+                          TR_RELAXED);
+    if (pos == P->head) {
+        P->head++;
+        while (P->head != P->tail && (P->kst[P->head & P->mask] & KS_TAKEN)) {
+            P->head++;
+            T->kahead--; /* taken ahead before; head has caught up with it */
+        }
+    }
+    T->buffered--;
+    uint64_t seq = 0;
+    /* the caller checked outstanding < limit (see trl_take_one) */
+    tr_status st = tr_sequencer_acquire(T->seq, pos, handle, &seq);
+    if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK)
+        L->internal = st;
+    T->spart[seq & T->smask] = p;
+    T->skey[seq & T->smask] = h;
+    atomic_store_explicit(&T->sdisp[seq & T->smask], L->now, TR_RELAXED); /* metric */
+    T->acquired++;
+    bump(&T->processed);
+    bump(&L->chosen);
+    if (T->infl)
+        trl_arm_timeout(L, t, seq, handle, p);
+    *part_out = p;
+    *item_out = item;
+    *handle_out = handle;
+    return seq;
+}
+
+/* Loop thread: the loop saw seq's completion: its key is free again (rule 30). */
+void trl_key_free(tr_loop *L, uint32_t t, uint64_t seq) {
+    task *T = &L->tasks[t];
+    T->busy[key_bucket(T, T->skey[seq & T->smask])] = 0;
+    T->kblocked = 0;
+    atomic_store_explicit(&T->kinflight, atomic_load_explicit(&T->kinflight, TR_RELAXED) - 1,
+                          TR_RELAXED);
+}
+
+/* Pop T's next message (round robin over its partitions) and acquire its seq.
+ * TR_NO_SEQ only for a keyed task whose buffered keys are all busy. */
 uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
                       uint64_t *handle_out) {
     task *T = &L->tasks[t];
+    if (T->keyed)
+        return take_keyed(L, t, part_out, item_out, handle_out);
     uint32_t p = next_part(T);
     part *P = &T->parts[p];
     uint64_t pos = P->head;
@@ -255,10 +347,12 @@ uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item
 }
 
 /* A loop-thread task's next PROCESS op: to `dst`, or to the batch when dst is NULL. */
-static void dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
+static int dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
     uint32_t p;
     uint64_t item, handle;
     uint64_t seq = trl_take_one(L, t, &p, &item, &handle);
+    if (seq == TR_NO_SEQ)
+        return 0;
     if (dst) {
         memset(dst, 0, sizeof *dst);
         dst->kind = TR_OP_PROCESS;
@@ -271,6 +365,7 @@ static void dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
         emit(L, TR_OP_PROCESS, t, p, 0, seq, item, handle);
         L->tasks[t].queued++;
     }
+    return 1;
 }
 
 /* Graceful stop may proceed to the final commit: nothing invoked is
@@ -375,7 +470,7 @@ static void build_batch(tr_loop *L) {
         uint32_t t = (uint32_t)(e >> 32), p = (uint32_t)e;
         part *P = &L->tasks[t].parts[p];
         P->refill_queued = 0;
-        uint64_t count = P->tail - P->head + P->lent;
+        uint64_t count = part_used(P, L->tasks[t].keyed);
         if (P->state == TR_PART_ACTIVE && count < P->fill)
             emit(L, TR_OP_REFILL, t, p, 0, 0, 0, P->fill - count);
     }
@@ -390,8 +485,11 @@ static void build_batch(tr_loop *L) {
         T->in_ready = 0;
         if (!runnable(L, T))
             continue;
+        /* a keyed task too once nothing is outstanding and nothing was taken
+         * ahead: its ring from head is then plain offset order, every key free,
+         * and a run completes each message before the next (rule 30) */
         if ((T->flags & TR_TASK_INLINE) && !T->commit_hold &&
-            tr_sequencer_outstanding(T->seq) == 0) {
+            tr_sequencer_outstanding(T->seq) == 0 && T->kahead == 0) {
             dispatch_run(L, t); /* back in the ready ring after run_done */
             continue;
         }
@@ -400,7 +498,7 @@ static void build_batch(tr_loop *L) {
                 trl_dispatch_pool(L, t, pool_budget < POOL_WINDOW ? pool_budget : POOL_WINDOW);
             pool_budget = taken < pool_budget ? pool_budget - taken : 0;
         } else {
-            dispatch_one(L, t, NULL);
+            (void)dispatch_one(L, t, NULL); /* none: kblocked, not ready */
         }
         trl_maybe_ready(L, t);
     }
@@ -571,7 +669,8 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
     /* its earlier messages still in the batch go first (rule 1) */
     if (T->queued || T->in_ctl || !runnable(L, T))
         return 0;
-    dispatch_one(L, t, out);
+    if (!dispatch_one(L, t, out))
+        return 0;
     L->chain++;
     L->handed++;
     L->budget--;

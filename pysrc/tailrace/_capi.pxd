@@ -118,6 +118,7 @@ cdef extern from "tailrace/loop.h" nogil:
     uint32_t TR_TASK_POOL
     uint32_t TR_TASK_WINDOW
     uint32_t TR_TASK_INLINE
+    uint32_t TR_TASK_KEYED
     uint32_t TR_RUN_MAX
     uint32_t TR_OPF_FINAL
     uint32_t TR_OPF_DISCARD
@@ -182,6 +183,8 @@ cdef extern from "tailrace/loop.h" nogil:
         uint64_t commits
         uint64_t timers
         uint32_t done
+        uint32_t keys_in_flight
+        int64_t oldest_ns
     ctypedef struct tr_loop_stats:
         uint64_t envelopes_chosen
         uint64_t idle_wakeups
@@ -198,6 +201,9 @@ cdef extern from "tailrace/loop.h" nogil:
     int tr_loop_run_yield(tr_loop *loop)
     tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
                                   const uint64_t *items, const uint64_t *handles, size_t n)
+    tr_status tr_loop_push_inputs_keyed(tr_loop *loop, uint32_t task, uint32_t partition,
+                                        const uint64_t *items, const uint64_t *handles,
+                                        const uint64_t *hashes, size_t n)
     tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq)
     tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint32_t completed,
                                uint32_t requests)

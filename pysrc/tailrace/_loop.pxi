@@ -280,6 +280,30 @@ cdef void _pool_trampoline(void *ctx, capi.tr_loop *loop, uint32_t worker) noexc
         r._post(e)  # stops the loop (the recorded exception is what run reports)
 
 
+# task.ordering = key (rules 30, 31): the key hash the ring item carries. Tests
+# only: _key_hash_override(key) -> int forces hashes (e.g. two keys colliding).
+_key_hash_override = None
+cdef uint64_t _NONE_KEY_HASH = 0x9E3779B97F4A7C15ULL  # every message without a key: one key
+
+
+def _set_key_hash_override(fn):
+    """Tests only: hash keys with ``fn(key) -> int`` (None: the default hash)."""
+    global _key_hash_override
+    _key_hash_override = fn
+
+
+cdef uint64_t _key_hash(object key) except? 0xFFFFFFFFFFFFFFFF:
+    """The 64-bit hash of an envelope key (one process: Python's hash is enough)."""
+    if _key_hash_override is not None:
+        return <uint64_t>((<object>_key_hash_override)(key) & 0xFFFFFFFFFFFFFFFF)
+    if key is None:
+        return _NONE_KEY_HASH
+    try:
+        return <uint64_t>hash(key)
+    except TypeError:  # an unhashable key (a list, a dict): its repr stands for it
+        return <uint64_t>hash(repr(key))
+
+
 cdef class LoopRunner:
     """The C dispatch loop and its batch executor; used by tailrace.engine.native.
 
@@ -301,6 +325,7 @@ cdef class LoopRunner:
     cdef object _fatal_error
     cdef bint _running
     cdef uint32_t _input_buffer
+    cdef bint _keyed  # task.ordering = key: rings carry key hashes (rules 30, 31)
     cdef double _cb_timeout_s  # task.callback.timeout.ms in seconds; <= 0: off
     cdef PyGILState_STATE *_wgil  # per pool worker: see _worker_started
     cdef PyThreadState **_wts
@@ -330,6 +355,7 @@ cdef class LoopRunner:
         cfg.max_concurrency = config.max_concurrency
         cfg.input_buffer = config.input_buffer_size
         self._input_buffer = cfg.input_buffer
+        self._keyed = getattr(config, "ordering", "partition") == "key"
         cfg.pool_size = config.thread_pool_size
         cfg.async_commit = 1 if config.async_commit else 0
         cfg.window_ns = <int64_t>config.window_ms * 1000000
@@ -370,6 +396,8 @@ cdef class LoopRunner:
                     tasks[i].flags |= capi.TR_TASK_INLINE  # runs: _run_sync / _run_async
                 if window_flags[i]:
                     tasks[i].flags |= capi.TR_TASK_WINDOW
+                if self._keyed:
+                    tasks[i].flags |= capi.TR_TASK_KEYED
             check(capi.tr_loop_create(&cfg, tasks, &self._loop), "dispatch loop")
         finally:
             free(tasks)
@@ -674,6 +702,7 @@ cdef class LoopRunner:
         cdef Py_ssize_t n, i, j, m
         cdef uint64_t items[256]
         cdef uint64_t handles[256]
+        cdef uint64_t hashes[256]
         cdef Envelope env
         if ps.pinned and capi.tr_loop_watermark(self._loop, t, p, &mark) == capi.TR_OK:
             ps.purge_below(mark.handle)
@@ -698,8 +727,14 @@ cdef class LoopRunner:
                 env = <Envelope?>(<list>batch)[i + j]
                 items[j] = <uint64_t><PyObject *>env
                 handles[j] = ps.handle_for(env.offset)
-            check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
-                  f"input ring of {ps.ssp}")
+                if self._keyed:
+                    hashes[j] = _key_hash(env.key)
+            if self._keyed:
+                check(capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes,
+                                                     <size_t>m), f"input ring of {ps.ssp}")
+            else:
+                check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
+                      f"input ring of {ps.ssp}")
             for j in range(m):
                 Py_INCREF(<object><PyObject *>items[j])  # the ring's pin: see _take_item, _drain
             i += m
@@ -718,6 +753,7 @@ cdef class LoopRunner:
         """
         cdef uint64_t items[256]
         cdef uint64_t handles[256]
+        cdef uint64_t hashes[256]
         cdef Py_ssize_t start, end, i, j, k, m
         cdef Envelope env
         cdef capi.tr_status st
@@ -746,8 +782,14 @@ cdef class LoopRunner:
                     # fit: the largest offset and p passed tr_lazy_item above, and end < TR_HANDLE_LIMIT
                     capi.tr_lazy_item(<uint64_t>(i + j), p, &items[j])
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])
-                check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
-                      f"input ring of {ps.ssp}")
+                    if self._keyed:
+                        hashes[j] = _key_hash(None if keys is None else (<list>keys)[i + j])
+                if self._keyed:
+                    check(capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes,
+                                                         <size_t>m), f"input ring of {ps.ssp}")
+                else:
+                    check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
+                          f"input ring of {ps.ssp}")
                 i += m
             ps.read_n += end - start
             ps.newest_read = end - 1
@@ -770,12 +812,18 @@ cdef class LoopRunner:
                     Py_INCREF(env)  # the ring's pin: see _take_item, _drain
                     items[j] = <uint64_t><PyObject *>env
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT
+                    if self._keyed:
+                        hashes[j] = _key_hash(env.key)
                     j += 1
             except BaseException:
                 for k in range(j):  # the pins taken for this chunk: nothing leaks
                     Py_DECREF(<object><PyObject *>items[k])
                 raise
-            st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
+            if self._keyed:
+                st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes,
+                                                    <size_t>m)
+            else:
+                st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
             if st != capi.TR_OK:
                 for j in range(m):
                     Py_DECREF(<object><PyObject *>items[j])
@@ -940,6 +988,20 @@ cdef class LoopRunner:
         cdef capi.tr_task_stats s
         capi.tr_loop_task_stats(self._loop, task, &s)
         return (s.processed, s.completed, s.outstanding, s.windows, s.timers)
+
+    def key_stats(self, uint32_t task):
+        """(keys in flight, ms since the oldest unreleased message was dispatched):
+        task.ordering = key only; (0, 0.0) otherwise or with nothing outstanding."""
+        cdef capi.tr_task_stats s
+        cdef int64_t now
+        capi.tr_loop_task_stats(self._loop, task, &s)
+        if s.oldest_ns == 0x7FFFFFFFFFFFFFFF:
+            return (s.keys_in_flight, 0.0)
+        if self._clock is not None:
+            now = capi.tr_manual_clock_read(&self._manual_clock)
+        else:
+            now = capi.tr_now_ns()
+        return (s.keys_in_flight, max(0.0, (now - s.oldest_ns) / 1e6))
 
     def stats(self):
         """(envelopes_chosen, idle_wakeups, loop_iterations, batches)."""

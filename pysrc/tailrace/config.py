@@ -65,6 +65,15 @@ def _names(key: str, value: Any) -> tuple[str, ...]:
 
 _MAXI = 2**31 - 1
 
+ORDERINGS = ("partition", "key")
+
+
+def _ordering(key: str, value: Any) -> str:
+    allowed = ", ".join(ORDERINGS)
+    if isinstance(value, str) and value.strip().lower() in ORDERINGS:
+        return value.strip().lower()
+    raise ConfigError(f"expected one of {allowed}, got {value!r}", key=key, allowed=allowed)
+
 
 @dataclass(frozen=True)
 class _Key:
@@ -104,6 +113,13 @@ KEYS: tuple[_Key, ...] = (
         60000,
         _ranged(None, _MAXI, "an integer; <= 0 disables timer commits"),
         "commit period",
+    ),
+    _Key(
+        "task.ordering",
+        "ordering",
+        "partition",
+        _ordering,
+        "order kept per partition, or per key inside a partition (rules 30, 31)",
     ),
     _Key("task.async.commit", "async_commit", False, _bool, "allow commit while callbacks are outstanding"),
     _Key(
@@ -263,6 +279,7 @@ class Config:
     window_ms: int = -1
     commit_ms: int = 60000
     async_commit: bool = False
+    ordering: str = "partition"
     callback_timeout_ms: int = -1
     max_idle_ms: int = 10
     shutdown_ms: int = 30000

@@ -21,6 +21,11 @@ class TaskMetrics:
     windows: int = 0
     commits: int = 0
     timers: int = 0
+    # task.ordering = key (rules 30, 31): keys with a message outstanding (gauge)
+    keys_in_flight: int = 0
+    # age in ms of the oldest invoked message not yet released: what holds the
+    # low watermark back (head-of-line time; 0.0 when nothing is outstanding)
+    head_of_line_ms: float = 0.0
     committed: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
     low_watermark: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
     newest_read: dict[SystemStreamPartition, Offset] = field(default_factory=dict)

@@ -47,6 +47,20 @@ class ContainerCollector(Collector):
         for t in tasks.values():
             g.add_metric([t.task], t.outstanding)
         yield g
+        # task.ordering = key (rules 30, 31)
+        keys = GaugeMetricFamily(
+            "tailrace_task_keys_in_flight", "keys with a message outstanding (ordering key)", labels=["task"]
+        )
+        hol = GaugeMetricFamily(
+            "tailrace_task_head_of_line_seconds",
+            "age of the oldest outstanding message holding the watermark back (ordering key)",
+            labels=["task"],
+        )
+        for t in tasks.values():
+            keys.add_metric([t.task], t.keys_in_flight)
+            hol.add_metric([t.task], t.head_of_line_ms / 1000.0)
+        yield keys
+        yield hol
         lag = GaugeMetricFamily(
             "tailrace_partition_lag", "newest offset read minus committed", labels=["task", "partition"]
         )

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tailrace import Container, MemoryCheckpointStore, MemorySystem, RunResult, SystemStreamPartition
+from tailrace.types import Offset
 
 WAIT = 20.0  # generous: only reached when something is broken
 
@@ -134,3 +135,76 @@ class HeldCallbacks:
     def fail(self, partition: int, offset: int, exc: BaseException) -> None:
         self.wait_for((partition, offset))
         self.callbacks[(partition, offset)].fail(exc)
+
+
+# -- task.ordering = key (rules 30, 31): shared by test_key_ordering and test_differential
+class Tracker:
+    """Invocations and completions of one run, checked as they happen."""
+
+    def __init__(self, max_concurrency: int, collide: frozenset[Any] = frozenset()) -> None:
+        self.lock = threading.Lock()
+        self.max_concurrency = max_concurrency
+        self.collide = collide  # keys forced to one hash: one lane
+        self.active: dict[tuple[int, Any], int] = {}  # (task partition, lane) -> offset
+        self.invoked: list[tuple[int, Any, int]] = []
+        self.completed: dict[int, set[int]] = {}
+        self.errors: list[str] = []
+        self.per_task: dict[int, int] = {}  # one task per partition (the default grouping)
+        self.max_seen = 0
+
+    def lane(self, key: Any) -> Any:
+        return "<collided>" if key in self.collide else key
+
+    def start(self, partition: int, key: Any, offset: int) -> None:
+        with self.lock:
+            lane = (partition, self.lane(key))
+            if lane in self.active:  # rule 30: at most one outstanding per key
+                self.errors.append(f"key {key!r}: {offset} invoked while {self.active[lane]} outstanding")
+            self.active[lane] = offset
+            self.invoked.append((partition, self.lane(key), offset))
+            n = self.per_task[partition] = self.per_task.get(partition, 0) + 1
+            self.max_seen = max(self.max_seen, n)
+            if n > self.max_concurrency:  # rule 2
+                self.errors.append(f"{n} outstanding > max concurrency {self.max_concurrency}")
+
+    def finish(self, partition: int, key: Any, offset: int) -> None:
+        with self.lock:
+            self.active.pop((partition, self.lane(key)), None)
+            self.completed.setdefault(partition, set()).add(offset)
+            self.per_task[partition] -= 1
+
+    @property
+    def outstanding(self) -> int:
+        return sum(self.per_task.values())
+
+    def check_order(self) -> None:
+        assert not self.errors, self.errors[:5]
+        lanes: dict[tuple[int, Any], list[int]] = {}
+        for p, lane, off in self.invoked:
+            lanes.setdefault((p, lane), []).append(off)
+        for lane, offs in lanes.items():
+            assert offs == sorted(offs), f"lane {lane}: invoked out of offset order {offs}"
+
+    def check_commit(self, offsets: Mapping[SystemStreamPartition, Offset], barrier: bool) -> None:
+        with self.lock:
+            for s, off in offsets.items():
+                done = self.completed.get(s.partition, set())
+                missing = [o for o in range(int(off) + 1) if o not in done]
+                if missing:  # rules 12, 13: a gap-free prefix of completions
+                    self.errors.append(f"{s}: committed {off} but {missing[:3]} not completed")
+            n = sum(self.per_task.get(s.partition, 0) for s in offsets)
+            if barrier and n:  # rule 9 (no async commit): nothing of the task in flight
+                self.errors.append(f"commit with {n} outstanding")
+
+
+class CheckingStore(MemoryCheckpointStore):
+    def __init__(self, tracker: Tracker, barrier: bool = True) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.barrier = barrier
+
+    def write(
+        self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset], state: Any = None
+    ) -> None:
+        self.tracker.check_commit(offsets, self.barrier)
+        super().write(task_name, offsets, state)

@@ -97,6 +97,13 @@ typedef struct tr_loop tr_loop;
 /* process runs on the loop thread (a sync task without a pool, or an async
  * task): the loop may hand it RUN ops instead of PROCESS ops */
 #define TR_TASK_INLINE 0x4u
+/* per-key ordering (rules 30, 31): messages with the same key hash are invoked
+ * in partition order with at most one of them outstanding; the loop looks ahead
+ * in the partition's ring (at most the input buffer, counted from the low
+ * watermark) for the first message whose key is free. Items are pushed with
+ * tr_loop_push_inputs_keyed. No RUN ops: messages go one by one. Equal hashes
+ * (or hashes that share a busy bucket) are serialised, never reordered. */
+#define TR_TASK_KEYED 0x8u
 
 /* Operation kinds handed to the binding. */
 typedef enum tr_op_kind {
@@ -194,6 +201,9 @@ typedef struct tr_task_stats {
     uint64_t commits;
     uint64_t timers;
     uint32_t done;
+    uint32_t keys_in_flight; /* TR_TASK_KEYED: keys with a message outstanding */
+    int64_t oldest_ns;       /* TR_TASK_KEYED: loop-clock dispatch time of the oldest
+                              * unreleased message (INT64_MAX: none): head-of-line age */
 } tr_task_stats;
 
 typedef struct tr_loop_stats {
@@ -250,6 +260,11 @@ tr_status tr_loop_push_input(tr_loop *loop, uint32_t task, uint32_t partition, u
  * TR_EAGAIN when they do not all fit (nothing stored); TR_ENOMEM as above. */
 tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
                               const uint64_t *items, const uint64_t *handles, size_t n);
+/* The same for a TR_TASK_KEYED task: hashes[i] is item i's key hash (the
+ * binding's: one fixed hash for messages without a key). */
+tr_status tr_loop_push_inputs_keyed(tr_loop *loop, uint32_t task, uint32_t partition,
+                                    const uint64_t *items, const uint64_t *handles,
+                                    const uint64_t *hashes, size_t n);
 /* Loop thread, inside run_batch: TR_PART_IDLE or TR_PART_ENDED after a poll. */
 void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state);
 /* Loop thread, inside run_batch: refill this partition up to `fill` items from now on

@@ -317,6 +317,7 @@ class NativeEngine:
     def _task_metrics(self, i: int) -> TaskMetrics:
         s = self._slots[i]
         processed, completed, outstanding, windows, timers = self._runner.task_stats(i)
+        keys_in_flight, head_of_line_ms = self._runner.key_stats(i)
         m = TaskMetrics(
             task=s.name,
             processed=processed,
@@ -327,6 +328,8 @@ class NativeEngine:
             windows=windows,
             commits=s.commits,
             timers=timers,
+            keys_in_flight=keys_in_flight,
+            head_of_line_ms=head_of_line_ms,
         )
         for j, p in enumerate(list(s.parts)):
             mark = self._runner.watermark(i, j)

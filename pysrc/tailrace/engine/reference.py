@@ -75,6 +75,7 @@ from ..clock import Clock
 from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
+from ..ordering import key_identity
 from ..types import Offset, SystemStreamPartition
 from .timers import TimerHeap
 from .watchdog import StuckCallWatch
@@ -93,11 +94,14 @@ class _Callback:
         "_engine",
         "coordinator",
         "deadline",
+        "entry",
         "ignored",
+        "key",
         "offset",
         "part",
         "requests",
         "seq",
+        "started",
         "task",
     )
 
@@ -114,6 +118,9 @@ class _Callback:
         self.requests = 0  # sync: requests harvested after process returned
         self.ignored = False
         self.deadline = 0.0
+        self.key: Any = None  # task.ordering = key: the key identity it holds busy
+        self.entry: list[Any] | None = None  # task.ordering = key: its _Partition.order entry
+        self.started = 0.0  # the clock's monotonic time at invocation (head-of-line metric)
 
     def complete(self) -> None:
         """Mark the message done. A second resolution stops the container (rule 17)."""
@@ -139,6 +146,7 @@ class _Partition:
         "committed_n",
         "low_watermark",
         "newest_read",
+        "order",
         "read_n",
         "reader",
         "released_n",
@@ -156,6 +164,10 @@ class _Partition:
         self.read_n = 0  # messages read into the buffer
         self.released_n = 0  # messages released in order
         self.committed_n = 0  # released_n at the last commit
+        # task.ordering = key (rules 30, 31): every message read and not yet passed by
+        # the low watermark, in offset order: [offset, state] (0 buffered, 1 invoked,
+        # 2 released); the input buffer bounds its length
+        self.order: deque[list[Any]] = deque()
 
 
 class _Timers:
@@ -230,6 +242,14 @@ class _Task:
         self.voted = False
         self.done = False  # end of stream reached and hook run (rule 11)
         self.worker: int | None = None  # pinned pool thread at max concurrency 1
+        # task.ordering = key (rules 30, 31): keys with a message outstanding
+        self.keyed = cfg.ordering == "key"
+        # as the C loop: 16 x max concurrency, no more than the input buffers hold
+        self.key_window = max(
+            cfg.max_concurrency,
+            min(16 * cfg.max_concurrency, cfg.input_buffer_size * max(1, len(self.parts))),
+        )
+        self.busy: set[Any] = set()
         # metrics
         self.processed = 0
         self.completed = 0
@@ -469,6 +489,8 @@ class ReferenceEngine:
                 )
                 continue
             t.unresolved.pop(cb.seq, None)
+            if t.keyed:
+                t.busy.discard(cb.key)  # rule 30: the next message of this key may start
             if exc is not None:
                 t.failed += 1
                 self._fail(TaskError(t.name, cb.part.ssp, cb.offset, exc))
@@ -518,8 +540,16 @@ class ReferenceEngine:
             t.next_release += 1
             t.completed += 1
             part = cb.part
-            part.low_watermark = cb.offset
-            part.released_n += 1
+            if t.keyed and cb.entry is not None:
+                # invocation order is not offset order: the watermark moves over the
+                # contiguous released prefix of the partition (rules 12, 13, 30)
+                cb.entry[1] = 2
+                while part.order and part.order[0][1] == 2:
+                    part.low_watermark = part.order.popleft()[0]
+                    part.released_n += 1
+            else:
+                part.low_watermark = cb.offset
+                part.released_n += 1
             released = True
             if cb.requests:
                 self._apply_requests(t, cb.requests)
@@ -573,11 +603,14 @@ class ReferenceEngine:
             if t.done:
                 continue
             for p in t.parts:
-                if p.at_end or len(p.buffer) > low:
+                held = len(p.order) if t.keyed else len(p.buffer)  # rule 31: from the watermark
+                if p.at_end or held > low:
                     continue
-                batch = p.reader.poll(cap - len(p.buffer))
+                batch = p.reader.poll(cap - held)
                 if batch:
                     p.buffer.extend(batch)
+                    if t.keyed:
+                        p.order.extend([e.offset, 0] for e in batch)
                     p.read_n += len(batch)
                     p.newest_read = batch[-1].offset
                     got = True
@@ -740,7 +773,14 @@ class ReferenceEngine:
             round_sent = 0
             for i in range(n):
                 t = tasks[(self._rr + i) % n]
-                if t.done or t.outstanding >= mc or not t.buffered():
+                if t.done or not t.buffered():
+                    continue
+                if t.keyed:
+                    # max concurrency counts invoked, not completed (rule 2); completed
+                    # messages behind a slow one wait unreleased in a wider window
+                    if len(t.unresolved) >= mc or t.outstanding >= t.key_window:
+                        continue
+                elif t.outstanding >= mc:
                     continue
                 now = self._clock.monotonic()
                 if now >= due or self._stop_flag:
@@ -748,7 +788,10 @@ class ReferenceEngine:
                     break
                 if self._blocked(t, now):
                     continue
-                self._invoke(t, self._choose(t))
+                chosen = self._choose_keyed(t) if t.keyed else self._choose(t)
+                if chosen is None:
+                    continue  # every buffered key is busy (rule 31)
+                self._invoke(t, chosen)
                 round_sent += 1
                 if self._failure is not None:
                     break
@@ -778,12 +821,34 @@ class ReferenceEngine:
                 return p, p.buffer.popleft()
         raise AssertionError("choose called on a task with empty buffers")
 
+    def _choose_keyed(self, t: _Task) -> tuple[_Partition, Envelope] | None:
+        """The first buffered message whose key is free, partitions round robin (rule 30)."""
+        parts = t.parts
+        k = len(parts)
+        for i in range(k):
+            p = parts[(t.part_rr + i) % k]
+            for j, env in enumerate(p.buffer):
+                if key_identity(env.key) not in t.busy:
+                    t.part_rr = (t.part_rr + i + 1) % k
+                    del p.buffer[j]
+                    return p, env
+        return None
+
     def _invoke(self, t: _Task, chosen: tuple[_Partition, Envelope]) -> None:
         part, env = chosen
         seq = t.next_seq
         t.next_seq += 1
         t.processed += 1
         cb = _Callback(self, t, seq, part, env.offset)
+        cb.started = self._clock.monotonic()
+        if t.keyed:
+            cb.key = key_identity(env.key)
+            t.busy.add(cb.key)
+            for entry in part.order:  # its place in offset order (a few entries in: rule 31)
+                if entry[1] == 0 and entry[0] == env.offset:
+                    entry[1] = 1
+                    cb.entry = entry
+                    break
         if self._timeout is not None:
             cb.deadline = self._clock.monotonic() + self._timeout
         t.unresolved[seq] = cb
@@ -883,6 +948,16 @@ class ReferenceEngine:
                 self.config.shutdown_ms,
             )
 
+    def _head_of_line_ms(self, t: _Task) -> float:
+        """Age of the oldest invoked message not yet released (0.0: none; as the C
+        engine, measured with task.ordering = key only)."""
+        if not t.keyed:
+            return 0.0
+        cb = t.unresolved.get(t.next_release) or t.held.get(t.next_release)
+        if cb is None:
+            return 0.0
+        return max(0.0, (self._clock.monotonic() - cb.started) * 1000.0)
+
     def _task_metrics(self, t: _Task) -> TaskMetrics:
         m = TaskMetrics(
             task=t.name,
@@ -891,6 +966,8 @@ class ReferenceEngine:
             failed=t.failed,
             ignored=t.ignored,
             outstanding=max(0, t.outstanding),
+            keys_in_flight=len(t.busy),
+            head_of_line_ms=self._head_of_line_ms(t),
             windows=t.windows,
             commits=t.commits,
             timers=t.timer_runs,
