@@ -322,7 +322,14 @@ class SqliteCheckpointStore(CheckpointStore):
 
     def _take_lock(self, job_name: str) -> int:
         lp = lock_path(self.path, job_name)
-        fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise CheckpointError(
+                f"cannot use checkpoint store {self.path}: cannot create its lock file {lp} "
+                f"({e.strerror}){_access_hint(self.path)}; nothing in it was changed (its checkpoints "
+                "are intact as far as tailrace can tell)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -681,6 +688,15 @@ def _bump_generation(db: sqlite3.Connection) -> int:
     return int(row[0])
 
 
+def _access_hint(path: Path) -> str:
+    """Why this user may not be able to use the store at ``path`` ('' when nothing is seen)."""
+    for f in (path.parent, path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        mode = os.W_OK | (os.X_OK if f.is_dir() else os.R_OK)
+        if f.exists() and not os.access(f, mode):
+            return f" ({f} is not writable by this user)"
+    return ""
+
+
 def _restore_hint(path: Path) -> str:
     return (
         f"restore {path.name} together with its -wal file from a backup, or delete {path.name} and "
@@ -754,6 +770,14 @@ def _open_checked(path: Path, *, create: bool) -> tuple[sqlite3.Connection, Gene
                     f"version {SCHEMA_VERSION} (written by a different tailrace version?)"
                 )
             marker = _check_generation(conn, path, marker, create=create)
+    except sqlite3.OperationalError as e:
+        # cannot use it (permissions, a read-only file system, locks, I/O): that says nothing
+        # about its contents, so no advice that would destroy them
+        conn.close()
+        raise CheckpointError(
+            f"cannot use checkpoint store {path}: {e}{_access_hint(path)}; nothing in it was "
+            "changed (its checkpoints are intact as far as tailrace can tell)"
+        ) from e
     except sqlite3.DatabaseError as e:
         conn.close()
         raise CheckpointError(

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -299,3 +300,31 @@ def test_json_of_help_round_trip() -> None:  # the config table stays machine-ch
     r = run_cli(["run", "--help"])
     assert json.dumps(r.stdout)  # printable, no control characters
     assert "\x1b" not in r.stdout
+
+
+def test_library_use_of_a_read_only_good_store_is_not_called_corrupt(shared_dir: Path) -> None:
+    """The store itself (not only the CLI's pre-check) never gives advice that destroys state."""
+    job = write_job(shared_dir / "job", partitions=[[{"n": i} for i in range(5)]])
+    assert run_cli(["run", str(job), "--no-progress"]).returncode == 0
+    db = next((shared_dir / "job" / "state").glob("*.db"))
+    for p in [shared_dir / "job", *(shared_dir / "job").rglob("*")]:
+        os.chmod(p, 0o555 if p.is_dir() else 0o444)
+    code = (
+        "import sys, tailrace\n"
+        "try:\n"
+        f"    tailrace.SqliteCheckpointStore({str(db)!r}).open('j')\n"
+        "except tailrace.TailraceError as e:\n"
+        "    print(e)\n"
+        "    sys.exit(3)\n"
+    )
+    try:
+        done = subprocess.run(
+            [*_as_other_user(), sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        for p in [shared_dir / "job", *(shared_dir / "job").rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    assert done.returncode == 3, done.stderr
+    message = done.stdout.lower()
+    assert "not writable by this user" in message and "intact" in message, message
+    assert "corrupt" not in message and "delete" not in message, message
