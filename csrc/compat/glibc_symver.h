@@ -6,6 +6,8 @@
  * wheel build: see pyproject.toml). The old versions are the same functions: glibc keeps them
  * as aliases of the new ones (objdump -T libc.so.6 lists both at one address). The sanitizer
  * and test builds leave it off. x86-64 only: other architectures start at GLIBC_2.17 anyway.
+ * A new pthread call in csrc/ may need a line here: scripts/test.sh's auditwheel step fails
+ * (naming the symbol with `auditwheel show`) when one is missing.
  */
 #ifndef TAILRACE_COMPAT_GLIBC_SYMVER_H
 #define TAILRACE_COMPAT_GLIBC_SYMVER_H
@@ -15,6 +17,7 @@
 #if defined(__x86_64__) && defined(__GLIBC__)
 __asm__(".symver pthread_create, pthread_create@GLIBC_2.2.5");
 __asm__(".symver pthread_join, pthread_join@GLIBC_2.2.5");
+__asm__(".symver pthread_detach, pthread_detach@GLIBC_2.2.5");
 __asm__(".symver pthread_condattr_setclock, pthread_condattr_setclock@GLIBC_2.3.3");
 #endif
 
