@@ -366,17 +366,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         _serve_prometheus(container, args.metrics_port, args.metrics_host, spec.name)
 
-    done = threading.Event()
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = container.run()
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            box["error"] = e
-        finally:
-            done.set()
-
     log.info(
         "running job %r (%s engine) from %s; checkpoints: %s",
         spec.name,
@@ -386,18 +375,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     _log_resume(spec)
     started = time.monotonic()
-    worker = threading.Thread(target=target, name="tailrace-container")
-    _SIGNALS.attach(container.stop)
-    with _reporter(args, spec, container) as (reporter, interval):
-        worker.start()
-        try:
-            while not done.wait(interval):
-                reporter.tick()
-        finally:
-            worker.join()
-    if "error" in box:
-        raise box["error"]
-    result: RunResult = box["result"]
+    result: RunResult = _run_watched(args, spec, container, container.run, container.stop)
     _print_summary(spec, container, result, time.monotonic() - started, sys.stdout)
     return 0
 
@@ -467,6 +445,44 @@ def _is_distributed(spec: JobSpec) -> bool:
     return isinstance(table, dict) and table.get("type") == "redis"
 
 
+def _run_watched(
+    args: argparse.Namespace,
+    spec: JobSpec,
+    view: Any,
+    run: Callable[[], Any],
+    stop: Callable[[], None],
+    armed: Callable[[threading.Event], None] | None = None,
+) -> Any:
+    """``run()`` on a thread of its own while the main thread keeps the progress view and
+    takes the signals (the first one calls ``stop``); its result, or its error re-raised.
+    ``armed(done)`` is called before it starts, with the event set when it ends."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["result"] = run()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=target, name="tailrace-run")
+    if armed is not None:
+        armed(done)
+    _SIGNALS.attach(stop)
+    with _reporter(args, spec, view) as (reporter, interval):
+        worker.start()
+        try:
+            while not done.wait(interval):
+                reporter.tick()
+        finally:
+            worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     """Checkpoints in Redis: run as a member of the job (see tailrace.redis.membership),
     or start ``--containers`` member processes whose lines are prefixed ``[container i]``."""
@@ -479,31 +495,8 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     view = _MemberView(member)
     if args.metrics_port is not None:
         _serve_prometheus(view, args.metrics_port, args.metrics_host, spec.name)
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            box["result"] = member.run()
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            box["error"] = e
-        finally:
-            done.set()
-
     started = time.monotonic()
-    worker = threading.Thread(target=target, name="tailrace-member")
-    arm_backstop(member, done)
-    _SIGNALS.attach(member.stop)
-    with _reporter(args, spec, view) as (reporter, interval):
-        worker.start()
-        try:
-            while not done.wait(interval):
-                reporter.tick()
-        finally:
-            worker.join()
-    if "error" in box:
-        raise box["error"]
-    result = box["result"]
+    result = _run_watched(args, spec, view, member.run, member.stop, lambda done: arm_backstop(member, done))
     print(
         f"member {result.member} of job {spec.name!r} left ({result.reason}) after "
         f"{time.monotonic() - started:.2f} s: {result.processed:,} messages processed in {result.runs} "
