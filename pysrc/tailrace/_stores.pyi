@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from typing import Any
 
 class StoreLock:
@@ -23,3 +24,12 @@ class StoreCore:
     def put(self, key: Any, value: Any) -> None: ...
     def __setitem__(self, key: Any, value: Any) -> None: ...
     def __delitem__(self, key: Any) -> None: ...
+
+def encode_changes(
+    entries: dict[Any, Any],
+    dirty: dict[Any, None],
+    kenc: Callable[[Any], bytes],
+    venc: Callable[[Any], bytes],
+    key_serde: str,
+    value_serde: str,
+) -> dict[bytes, bytes | None]: ...

@@ -130,12 +130,14 @@ try:
     from ._stores import Encoded as _Encoded
     from ._stores import StoreCore as _StoreCore
     from ._stores import StoreLock as _StoreLock
+    from ._stores import encode_changes as _encode_changes_c
 except ImportError:  # pragma: no cover - a build without the compiled store path
     _ABSENT = _PY_ABSENT
     _MISSING = _PY_MISSING
     _Encoded = _PyEncoded  # type: ignore[assignment, misc]
     _StoreCore = _PyStoreCore  # type: ignore[assignment, misc]
     _StoreLock = threading.Lock  # type: ignore[assignment, misc]
+    _encode_changes_c = None  # type: ignore[assignment]
 COMPILED: Final = _StoreCore is not _PyStoreCore
 
 
@@ -171,6 +173,11 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
     value the serde cannot encode (or stored bytes it cannot decode), TypeError
     for an unhashable key. Safe from any thread (see the module docstring).
     """
+
+    # the commit's encoding of the common serdes in C (tailrace._stores.encode_changes)
+    _compiled_encode: Callable[..., dict[bytes, bytes | None]] | None = (
+        None if _encode_changes_c is None else staticmethod(_encode_changes_c)
+    )
 
     def __init__(self, name: str, task_name: str, spec: StoreSpec, backend: CheckpointStore) -> None:
         self.name = name
@@ -412,6 +419,15 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
                 dirty = {**self._committing, **dirty}
             self._committing = dirty
             try:
+                if self._compiled_encode is not None:
+                    return self._compiled_encode(
+                        self._entries,
+                        dirty,
+                        self._kserde._encode,
+                        self._vserde._encode,
+                        self.spec.key_serde,
+                        self.spec.value_serde,
+                    )
                 return self._encode_changes(dirty, self._kserde._encode, self._vserde._encode)
             except Exception:  # noqa: BLE001 - cannot happen (put checked them); say which
                 return self._encode_changes(dirty, self._kserde.encode, self._vserde.encode)
@@ -447,7 +463,9 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
 
 
 class _PyKeyValueStore(_PyStoreCore, KeyValueStore[K, V]):
-    """KeyValueStore on the pure-Python hot path (the tests run both)."""
+    """KeyValueStore on the pure-Python hot path and commit encoding (the tests run both)."""
+
+    _compiled_encode = None
 
 
 class TaskStores:
