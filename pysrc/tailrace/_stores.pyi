@@ -18,6 +18,10 @@ class StoreCore:
     _trusted: frozenset[type]
     _int_bits: bool
     _lock: StoreLock
+    _complete: bool
+    _str_keys: bool
+    _evict_at: int
+    misses: int
     def get(self, key: Any, default: Any = None) -> Any: ...
     def __getitem__(self, key: Any) -> Any: ...
     def __contains__(self, key: object) -> bool: ...

@@ -132,6 +132,11 @@ cdef class StoreCore:
     cdef int _n_trusted
     cdef public bint _int_bits
     cdef public StoreLock _lock
+    # for misses answered here (see _lookup); KeyValueStore keeps them up to date
+    cdef public bint _complete  # the cache holds the whole state: a miss is an absent key
+    cdef public bint _str_keys  # the key serde is "str"
+    cdef public Py_ssize_t _evict_at  # len(_entries) that makes a miss evict first
+    cdef public Py_ssize_t misses
 
     def __cinit__(self, *args, **kwargs):
         self._entries = {}
@@ -140,6 +145,10 @@ cdef class StoreCore:
         self._n_trusted = 0
         self._int_bits = False
         self._lock = StoreLock()
+        self._complete = False
+        self._str_keys = False
+        self._evict_at = 0
+        self.misses = 0
 
     @property
     def _trusted(self):
@@ -165,7 +174,23 @@ cdef class StoreCore:
         except TypeError as e:
             raise self._unhashable(key, e) from None
         if value is _MISSING:
-            value = self._load(key)
+            if (
+                self._complete
+                and self._str_keys
+                and type(key) is str
+                and len(entries) < self._evict_at
+            ):
+                # what _load does for this case, without a Python call (a fresh task's
+                # first touch of each key): check the key encodes, count the miss
+                try:
+                    PyUnicode_AsUTF8String(key)
+                except UnicodeEncodeError:
+                    value = self._load(key)  # raises the store's SerdeError
+                else:
+                    self.misses += 1
+                    value = _ABSENT
+            else:
+                value = self._load(key)
         entries[key] = value
         return value
 

@@ -189,6 +189,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         self._exact = _EXACT.get(spec.value_serde, frozenset())
         self._trusted = _TRUSTED.get(spec.value_serde, frozenset())
         self._int_bits = spec.value_serde == "int"  # trusted ints still need the range check
+        self._str_keys = spec.key_serde == "str"  # (the compiled miss of a complete store)
         # get/put/[]/in/del on cache hits: tailrace._stores.StoreCore (or _PyStoreCore)
         self._backend = backend
         self._cache_size = spec.cache_size

@@ -406,3 +406,13 @@ def test_compiled_commit_encoding_gives_the_serdes_bytes(value_serde: str) -> No
         kser.encode(k): None if v is ABSENT else v.data if type(v) is Encoded else vser.encode(v)
         for k, v in entries.items()
     }
+
+
+def test_miss_of_a_fresh_store_checks_the_key(backend: CheckpointStore) -> None:
+    # a fresh store answers misses from its cache; a key the serde refuses is still refused
+    _, s = _store(backend, key_serde="str", value_serde="int")
+    assert s.get("a") is None and s.misses == 1
+    with pytest.raises(SerdeError, match=r"store 's'.*key '\\ud800'"):
+        s.get("\ud800")
+    assert "a" not in s and s.misses == 1  # cached as absent: no second miss
+    backend.close()
