@@ -1,4 +1,4 @@
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 class StoreLock:
@@ -37,3 +37,11 @@ def encode_changes(
     key_serde: str,
     value_serde: str,
 ) -> dict[bytes, bytes | None]: ...
+def scan_overlay(
+    entries: dict[Any, Any],
+    keys: Iterable[Any],
+    encode_key: Callable[[Any], bytes],
+    str_keys: bool,
+    lo: bytes | None,
+    hi: bytes | None,
+) -> list[tuple[bytes, Any, Any]]: ...

@@ -313,3 +313,19 @@ def encode_changes(dict entries, dict dirty, kenc, venc, str key_serde, str valu
         else:
             changes[kb] = venc(value)
     return changes
+
+
+def scan_overlay(dict entries, keys, encode_key, bint str_keys, lo, hi):
+    """``(encoded key, key, cached value)`` of the cached ``keys`` whose encoding lies in
+    ``[lo, hi)`` (None: unbounded), unsorted: the uncommitted part of a range scan (the
+    store's lock held). ``encode_key`` encodes (and words errors); exact str keys of the
+    ``str`` serde are encoded here as UTF-8 (the same bytes)."""
+    cdef list out = []
+    for key in keys:
+        if str_keys and type(key) is str:
+            kb = PyUnicode_AsUTF8String(key)
+        else:
+            kb = encode_key(key)
+        if (lo is None or kb >= lo) and (hi is None or kb < hi):
+            out.append((kb, key, entries[key]))
+    return out

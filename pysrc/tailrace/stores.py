@@ -131,6 +131,7 @@ try:
     from ._stores import StoreCore as _StoreCore
     from ._stores import StoreLock as _StoreLock
     from ._stores import encode_changes as _encode_changes_c
+    from ._stores import scan_overlay as _scan_overlay_c
 except ImportError:  # pragma: no cover - a build without the compiled store path
     _ABSENT = _PY_ABSENT
     _MISSING = _PY_MISSING
@@ -138,6 +139,7 @@ except ImportError:  # pragma: no cover - a build without the compiled store pat
     _StoreCore = _PyStoreCore  # type: ignore[assignment, misc]
     _StoreLock = threading.Lock  # type: ignore[assignment, misc]
     _encode_changes_c = None  # type: ignore[assignment]
+    _scan_overlay_c = None  # type: ignore[assignment]
 COMPILED: Final = _StoreCore is not _PyStoreCore
 
 
@@ -177,6 +179,9 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
     # the commit's encoding of the common serdes in C (tailrace._stores.encode_changes)
     _compiled_encode: Callable[..., dict[bytes, bytes | None]] | None = (
         None if _encode_changes_c is None else staticmethod(_encode_changes_c)
+    )
+    _compiled_overlay: Callable[..., list[tuple[bytes, Any, Any]]] | None = (
+        None if _scan_overlay_c is None else staticmethod(_scan_overlay_c)
     )
 
     def __init__(self, name: str, task_name: str, spec: StoreSpec, backend: CheckpointStore) -> None:
@@ -333,12 +338,18 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         lo = None if start is None else self._encode_key(start)
         hi = None if end is None else self._encode_key(end)
         with self._lock:
-            overlay = []
-            entries = self._entries
-            for key in (*self._committing, *self._dirty):
-                kb = self._encode_key(key)
-                if (lo is None or kb >= lo) and (hi is None or kb < hi):
-                    overlay.append((kb, key, entries[key]))
+            keys = (*self._committing, *self._dirty)
+            if self._compiled_overlay is not None:
+                overlay = self._compiled_overlay(
+                    self._entries, keys, self._encode_key, self._str_keys, lo, hi
+                )
+            else:
+                overlay = []
+                entries = self._entries
+                for key in keys:
+                    kb = self._encode_key(key)
+                    if (lo is None or kb >= lo) and (hi is None or kb < hi):
+                        overlay.append((kb, key, entries[key]))
         overlay.sort(key=lambda t: t[0])
         return self._merge(overlay, self._backend.state_scan(self.task_name, self.name, lo, hi))
 
@@ -468,6 +479,7 @@ class _PyKeyValueStore(_PyStoreCore, KeyValueStore[K, V]):
     """KeyValueStore on the pure-Python hot path and commit encoding (the tests run both)."""
 
     _compiled_encode = None
+    _compiled_overlay = None
 
 
 class TaskStores:
