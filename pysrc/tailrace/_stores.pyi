@@ -1,3 +1,4 @@
+from collections.abc import Callable, Iterable
 from typing import Any
 
 class StoreLock:
@@ -17,9 +18,30 @@ class StoreCore:
     _trusted: frozenset[type]
     _int_bits: bool
     _lock: StoreLock
+    _complete: bool
+    _str_keys: bool
+    _evict_at: int
+    misses: int
     def get(self, key: Any, default: Any = None) -> Any: ...
     def __getitem__(self, key: Any) -> Any: ...
     def __contains__(self, key: object) -> bool: ...
     def put(self, key: Any, value: Any) -> None: ...
     def __setitem__(self, key: Any, value: Any) -> None: ...
     def __delitem__(self, key: Any) -> None: ...
+
+def encode_changes(
+    entries: dict[Any, Any],
+    dirty: dict[Any, None],
+    kenc: Callable[[Any], bytes],
+    venc: Callable[[Any], bytes],
+    key_serde: str,
+    value_serde: str,
+) -> dict[bytes, bytes | None]: ...
+def scan_overlay(
+    entries: dict[Any, Any],
+    keys: Iterable[Any],
+    encode_key: Callable[[Any], bytes],
+    str_keys: bool,
+    lo: bytes | None,
+    hi: bytes | None,
+) -> list[tuple[bytes, Any, Any]]: ...

@@ -10,9 +10,12 @@ checking calls back into it (``_load``, ``_cacheable``, ``_new_key``, ``_unhasha
 tests run both (tests/stores).
 """
 
-from cpython.long cimport PyLong_AsLongLongAndOverflow
+cimport cython
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_AsLongLong, PyLong_AsLongLongAndOverflow
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_AsUTF8String
 from cpython.pythread cimport (
-    NOWAIT_LOCK,
     WAIT_LOCK,
     PyThread_acquire_lock,
     PyThread_allocate_lock,
@@ -21,33 +24,67 @@ from cpython.pythread cimport (
     PyThread_type_lock,
 )
 
+import sys
+
+if not getattr(sys, "_is_gil_enabled", lambda: True)():
+    # StoreLock's flag is guarded by the GIL; tailrace.stores falls back to its
+    # pure-Python twin (threading.Lock) on this ImportError
+    raise ImportError("tailrace._stores needs the GIL (StoreLock); this build runs without it")
+
 
 cdef class StoreLock:
     """A plain mutex for one store (not reentrant). ``with lock:`` from Python; the
     compiled paths call ``acquire_``/``release_`` directly.
 
-    A contended acquire waits with the GIL released: the holder may need the GIL to
-    finish (a backend read, a user's ``__hash__``), so waiting with it would deadlock."""
+    Every caller holds the GIL (the store is Python code and dict work), so the GIL
+    orders ``_held`` and ``_waiters``: an uncontended acquire or release is a flag
+    store, no atomic and no system call (the cache-hit path takes the lock twice per
+    ``get`` + ``put``). A thread that finds the lock held (its holder released the GIL
+    inside: a backend read, a user's ``__hash__``) waits on the ``_wake`` semaphore with
+    the GIL released, since the holder may need the GIL to finish; a release with
+    waiters posts it once. A waiter that wakes re-checks ``_held`` under the GIL (a
+    thread that took the lock meanwhile wins; the waiter waits again).
 
-    cdef PyThread_type_lock _lock
+    The GIL is the guard: a free-threaded build (``Py_GIL_DISABLED``) would need an
+    atomic flag here, and is refused at import."""
+
+    cdef PyThread_type_lock _wake
+    cdef bint _held  # guarded by the GIL
+    cdef Py_ssize_t _waiters  # guarded by the GIL: threads blocked on _wake
 
     def __cinit__(self):
-        self._lock = PyThread_allocate_lock()
-        if self._lock is NULL:
+        self._wake = PyThread_allocate_lock()
+        if self._wake is NULL:
             raise MemoryError("cannot allocate a store lock")
+        # _wake starts taken: it is a semaphore that releases post and waiters take
+        PyThread_acquire_lock(self._wake, WAIT_LOCK)
+        self._held = False
+        self._waiters = 0
 
     def __dealloc__(self):
-        if self._lock is not NULL:
-            PyThread_free_lock(self._lock)
+        if self._wake is not NULL:
+            PyThread_free_lock(self._wake)
 
     cdef inline void acquire_(self) noexcept:
-        if PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+        if not self._held:
+            self._held = True
             return
-        with nogil:
-            PyThread_acquire_lock(self._lock, WAIT_LOCK)
+        self._wait()
+
+    cdef void _wait(self) noexcept:
+        while self._held:
+            self._waiters += 1
+            with nogil:
+                PyThread_acquire_lock(self._wake, WAIT_LOCK)
+            self._waiters -= 1
+        self._held = True
 
     cdef inline void release_(self) noexcept:
-        PyThread_release_lock(self._lock)
+        self._held = False
+        if self._waiters:
+            # one post per release with waiters; a post nobody consumed yet (the waiter
+            # is between _waiters += 1 and its wait) keeps, so no wake-up is lost
+            PyThread_release_lock(self._wake)
 
     def __enter__(self):
         self.acquire_()
@@ -89,16 +126,45 @@ cdef class StoreCore:
 
     cdef public dict _entries
     cdef public dict _dirty
-    cdef public object _trusted
+    cdef object _trusted_set
+    # the same types as C pointers (owned by _trusted_set): put compares, no set lookup
+    cdef PyObject* _trusted_types[8]
+    cdef int _n_trusted
     cdef public bint _int_bits
     cdef public StoreLock _lock
+    # for misses answered here (see _lookup); KeyValueStore keeps them up to date
+    cdef public bint _complete  # the cache holds the whole state: a miss is an absent key
+    cdef public bint _str_keys  # the key serde is "str"
+    cdef public Py_ssize_t _evict_at  # len(_entries) that makes a miss evict first
+    cdef public Py_ssize_t misses
 
     def __cinit__(self, *args, **kwargs):
         self._entries = {}
         self._dirty = {}
-        self._trusted = frozenset()
+        self._trusted_set = frozenset()
+        self._n_trusted = 0
         self._int_bits = False
         self._lock = StoreLock()
+        self._complete = False
+        self._str_keys = False
+        self._evict_at = 0
+        self.misses = 0
+
+    @property
+    def _trusted(self):
+        """The value types ``put`` caches without encoding them first (a frozenset)."""
+        return self._trusted_set
+
+    @_trusted.setter
+    def _trusted(self, types):
+        trusted = frozenset(types)
+        if len(trusted) > 8:
+            raise ValueError(f"at most 8 trusted value types, got {len(trusted)}")
+        self._trusted_set = trusted
+        self._n_trusted = 0
+        for t in trusted:
+            self._trusted_types[self._n_trusted] = <PyObject*>t
+            self._n_trusted += 1
 
     cdef inline object _lookup(self, object key):
         """The cached value of ``key`` (loaded through on a miss), made most recent. Lock held."""
@@ -108,10 +174,27 @@ cdef class StoreCore:
         except TypeError as e:
             raise self._unhashable(key, e) from None
         if value is _MISSING:
-            value = self._load(key)
+            if (
+                self._complete
+                and self._str_keys
+                and type(key) is str
+                and len(entries) < self._evict_at
+            ):
+                # what _load does for this case, without a Python call (a fresh task's
+                # first touch of each key): check the key encodes, count the miss
+                try:
+                    PyUnicode_AsUTF8String(key)
+                except UnicodeEncodeError:
+                    value = self._load(key)  # raises the store's SerdeError
+                else:
+                    self.misses += 1
+                    value = _ABSENT
+            else:
+                value = self._load(key)
         entries[key] = value
         return value
 
+    @cython.binding(False)  # a plain method descriptor: the cheapest call from Python
     def get(self, key, default=None):
         """The value of ``key``, or ``default`` when absent. Any thread."""
         cdef StoreLock lock = self._lock
@@ -137,33 +220,41 @@ cdef class StoreCore:
 
     cdef inline object _checked(self, object key, object value):
         cdef int overflow = 0
-        t = type(value)
-        if t in self._trusted:
-            if t is int and self._int_bits:
-                PyLong_AsLongLongAndOverflow(value, &overflow)
-                if overflow:
-                    return self._cacheable(key, value)  # raises, naming the range
-            return value
+        cdef object t = type(value)
+        cdef int i
+        for i in range(self._n_trusted):
+            if self._trusted_types[i] == <PyObject*>t:
+                if t is int and self._int_bits:
+                    PyLong_AsLongLongAndOverflow(value, &overflow)
+                    if overflow:
+                        return self._cacheable(key, value)  # raises, naming the range
+                return value
         return self._cacheable(key, value)
 
     cdef inline void _put(self, object key, object value) except *:
         value = self._checked(key, value)
         cdef StoreLock lock = self._lock
         cdef dict entries = self._entries
+        cdef Py_ssize_t size
         lock.acquire_()
         try:
-            # an overwrite keeps the key's place in the recency order (reads move it)
+            # an overwrite keeps the key's place in the recency order (reads move it);
+            # one dict operation on a hit: a new key shows as a grown dict, and is taken
+            # out again until _new_key accepted it (checked, room made)
+            size = len(entries)
             try:
-                known = key in entries
+                entries[key] = value
             except TypeError as e:
                 raise self._unhashable(key, e) from None
-            if not known:
+            if len(entries) != size:
+                del entries[key]
                 self._new_key(key)
-            entries[key] = value
+                entries[key] = value
             self._dirty[key] = None
         finally:
             lock.release_()
 
+    @cython.binding(False)
     def put(self, key, value):
         """Set ``key`` to ``value`` (durable at the task's next commit). Any thread."""
         self._put(key, value)
@@ -174,3 +265,67 @@ cdef class StoreCore:
     def __delitem__(self, key):
         if not self.delete(key):
             raise KeyError(key)
+
+
+cdef inline bytes _int_bytes(object value):
+    """The int serde's encoding (8 bytes big-endian of value + 2**63) of an int that
+    ``put`` range-checked already."""
+    cdef unsigned long long u = (<unsigned long long>PyLong_AsLongLong(value)) ^ (1ULL << 63)
+    cdef unsigned char buf[8]
+    cdef int i
+    for i in range(8):
+        buf[7 - i] = <unsigned char>(u & 0xFF)
+        u >>= 8
+    return PyBytes_FromStringAndSize(<char*>buf, 8)
+
+
+def encode_changes(dict entries, dict dirty, kenc, venc, str key_serde, str value_serde):
+    """Encoded key -> encoded value (None: deleted) of the ``dirty`` keys of ``entries``
+    (the store's lock held): a commit's state. ``kenc``/``venc`` are the serdes' raw
+    encoders (every key and value was checked at its put); the common cases are encoded
+    here without a Python call: str keys or values of the ``str`` serde (UTF-8), ints of
+    the ``int`` serde, bytes of the ``bytes`` serde. Same bytes as the serdes'."""
+    cdef bint str_keys = key_serde == "str"
+    cdef bint str_values = value_serde == "str"
+    cdef bint int_values = value_serde == "int"
+    cdef bint bytes_values = value_serde == "bytes"
+    cdef dict changes = {}
+    cdef object value
+    cdef object t
+    for key in dirty:
+        if str_keys and type(key) is str:
+            kb = PyUnicode_AsUTF8String(key)
+        else:
+            kb = kenc(key)
+        value = entries[key]
+        if value is _ABSENT:
+            changes[kb] = None
+            continue
+        t = type(value)
+        if t is Encoded:
+            changes[kb] = (<Encoded>value).data
+        elif int_values and t is int:
+            changes[kb] = _int_bytes(value)
+        elif str_values and t is str:
+            changes[kb] = PyUnicode_AsUTF8String(value)
+        elif bytes_values and t is bytes:
+            changes[kb] = value
+        else:
+            changes[kb] = venc(value)
+    return changes
+
+
+def scan_overlay(dict entries, keys, encode_key, bint str_keys, lo, hi):
+    """``(encoded key, key, cached value)`` of the cached ``keys`` whose encoding lies in
+    ``[lo, hi)`` (None: unbounded), unsorted: the uncommitted part of a range scan (the
+    store's lock held). ``encode_key`` encodes (and words errors); exact str keys of the
+    ``str`` serde are encoded here as UTF-8 (the same bytes)."""
+    cdef list out = []
+    for key in keys:
+        if str_keys and type(key) is str:
+            kb = PyUnicode_AsUTF8String(key)
+        else:
+            kb = encode_key(key)
+        if (lo is None or kb >= lo) and (hi is None or kb < hi):
+            out.append((kb, key, entries[key]))
+    return out

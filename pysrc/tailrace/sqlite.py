@@ -53,7 +53,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,7 @@ CREATE TABLE IF NOT EXISTS state (
 """
 _SCHEMA += _STATE_SCHEMA + ";\n"
 _SCAN_BATCH = 1024  # rows per query of a range scan
+_WRITER_CACHE_KIB = -65536  # the writer's page cache: at most 64 MiB (grows only as used)
 
 # Test hook (fault tests only): after this many successful writes, the next write
 # creates the marker file and stalls inside its open transaction (so a test can kill
@@ -315,6 +316,9 @@ class SqliteCheckpointStore(CheckpointStore):
             self._take_inode_lock(job_name)
             self._conn, self._marker = _open_checked(self.path, create=True)
             self._conn.executescript(_STATE_SCHEMA)  # stores created before state existed
+            # a commit's state flush touches many pages in one transaction: pages past the
+            # default 2 MiB cache spill to the WAL before the commit (written twice)
+            self._conn.execute(f"PRAGMA cache_size = {_WRITER_CACHE_KIB}")
         except BaseException:
             self._release_lock(job_name)
             raise
@@ -494,14 +498,17 @@ class SqliteCheckpointStore(CheckpointStore):
                 if scope is None:
                     raise sqlite3.DatabaseError(f"state scope of store {store!r} vanished")
                 self._new_scopes[task_name, store] = scope  # cached once the transaction commits
-            puts = [(scope, k, v) for k, v in changes.items() if v is not None]
-            if puts:
-                db.executemany("INSERT OR REPLACE INTO state (scope, key, value) VALUES (?, ?, ?)", puts)
-            if len(puts) != len(changes):
-                db.executemany(
-                    "DELETE FROM state WHERE scope = ? AND key = ?",
-                    [(scope, k) for k, v in changes.items() if v is None],
-                )
+            # the scope as a literal (an int of ours): executemany binds the changes' own
+            # (key, value) pairs, no row tuple per key (dict items reuse theirs)
+            deletes = [(k,) for k, v in changes.items() if v is None]
+            puts: Iterable[tuple[bytes, bytes | None]] = changes.items()
+            if deletes:
+                puts = [(k, v) for k, v in changes.items() if v is not None]
+            db.executemany(
+                f"INSERT OR REPLACE INTO state (scope, key, value) VALUES ({int(scope)}, ?, ?)", puts
+            )
+            if deletes:
+                db.executemany(f"DELETE FROM state WHERE scope = {int(scope)} AND key = ?", deletes)
 
     def _scope_id(
         self, db: sqlite3.Connection, task_name: str, store: str, *, cache: bool = True

@@ -130,12 +130,16 @@ try:
     from ._stores import Encoded as _Encoded
     from ._stores import StoreCore as _StoreCore
     from ._stores import StoreLock as _StoreLock
+    from ._stores import encode_changes as _encode_changes_c
+    from ._stores import scan_overlay as _scan_overlay_c
 except ImportError:  # pragma: no cover - a build without the compiled store path
     _ABSENT = _PY_ABSENT
     _MISSING = _PY_MISSING
     _Encoded = _PyEncoded  # type: ignore[assignment, misc]
     _StoreCore = _PyStoreCore  # type: ignore[assignment, misc]
     _StoreLock = threading.Lock  # type: ignore[assignment, misc]
+    _encode_changes_c = None  # type: ignore[assignment]
+    _scan_overlay_c = None  # type: ignore[assignment]
 COMPILED: Final = _StoreCore is not _PyStoreCore
 
 
@@ -172,15 +176,25 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
     for an unhashable key. Safe from any thread (see the module docstring).
     """
 
+    # the commit's encoding of the common serdes in C (tailrace._stores.encode_changes)
+    _compiled_encode: Callable[..., dict[bytes, bytes | None]] | None = (
+        None if _encode_changes_c is None else staticmethod(_encode_changes_c)
+    )
+    _compiled_overlay: Callable[..., list[tuple[bytes, Any, Any]]] | None = (
+        None if _scan_overlay_c is None else staticmethod(_scan_overlay_c)
+    )
+
     def __init__(self, name: str, task_name: str, spec: StoreSpec, backend: CheckpointStore) -> None:
         self.name = name
         self.task_name = task_name
         self.spec = spec
         self._kserde: Serde = serde(spec.key_serde)
+        self._kenc: Callable[[Any], bytes] = self._kserde._encode
         self._vserde: Serde = serde(spec.value_serde)
         self._exact = _EXACT.get(spec.value_serde, frozenset())
         self._trusted = _TRUSTED.get(spec.value_serde, frozenset())
         self._int_bits = spec.value_serde == "int"  # trusted ints still need the range check
+        self._str_keys = spec.key_serde == "str"  # (the compiled miss of a complete store)
         # get/put/[]/in/del on cache hits: tailrace._stores.StoreCore (or _PyStoreCore)
         self._backend = backend
         self._cache_size = spec.cache_size
@@ -206,6 +220,10 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
 
     def _encode_key(self, key: Any) -> bytes:
         try:
+            return self._kenc(key)  # the raw encoder (one call less on every miss and scan)
+        except Exception:  # noqa: BLE001 - the serde's own call words the error
+            pass
+        try:
             return self._kserde.encode(key)
         except SerdeError as e:
             raise SerdeError(f"{self._where(key)}: {e}") from e
@@ -221,7 +239,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         the backend read and the cache insert."""
         kb = self._encode_key(key)
         try:
-            hash(key)
+            hash(key)  # a pop from an empty dict does not hash
         except TypeError as e:
             raise self._unhashable(key, e) from None
         self.misses += 1
@@ -320,12 +338,18 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         lo = None if start is None else self._encode_key(start)
         hi = None if end is None else self._encode_key(end)
         with self._lock:
-            overlay = []
-            entries = self._entries
-            for key in (*self._committing, *self._dirty):
-                kb = self._encode_key(key)
-                if (lo is None or kb >= lo) and (hi is None or kb < hi):
-                    overlay.append((kb, key, entries[key]))
+            keys = (*self._committing, *self._dirty)
+            if self._compiled_overlay is not None:
+                overlay = self._compiled_overlay(
+                    self._entries, keys, self._encode_key, self._str_keys, lo, hi
+                )
+            else:
+                overlay = []
+                entries = self._entries
+                for key in keys:
+                    kb = self._encode_key(key)
+                    if (lo is None or kb >= lo) and (hi is None or kb < hi):
+                        overlay.append((kb, key, entries[key]))
         overlay.sort(key=lambda t: t[0])
         return self._merge(overlay, self._backend.state_scan(self.task_name, self.name, lo, hi))
 
@@ -334,28 +358,24 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
     ) -> Iterator[tuple[Any, Any]]:
         i, n = 0, len(overlay)
         kdecode = self._kserde.decode
+        absent, encoded = _ABSENT, _Encoded
         for kb, vb in committed:
-            while i < n and overlay[i][0] < kb:
-                yield from self._overlay_item(overlay[i])
+            while i < n and overlay[i][0] <= kb:
+                okb, key, value = overlay[i]
                 i += 1
-            if i < n and overlay[i][0] == kb:
-                yield from self._overlay_item(overlay[i])
-                i += 1
-                continue
-            try:
-                key = kdecode(kb)
-            except SerdeError as e:
-                raise SerdeError(f"store {self.name!r} of task {self.task_name!r}: {e}") from e
-            yield key, self._decode(key, vb)
-        while i < n:
-            yield from self._overlay_item(overlay[i])
-            i += 1
-
-    def _overlay_item(self, item: tuple[bytes, Any, Any]) -> Iterator[tuple[Any, Any]]:
-        _, key, value = item
-        if value is _ABSENT:
-            return
-        yield key, (self._decode(key, value.data) if type(value) is _Encoded else value)
+                if value is not absent:
+                    yield key, (self._decode(key, value.data) if type(value) is encoded else value)
+                if okb == kb:  # the uncommitted entry replaces the committed one
+                    break
+            else:
+                try:
+                    key = kdecode(kb)
+                except SerdeError as e:
+                    raise SerdeError(f"store {self.name!r} of task {self.task_name!r}: {e}") from e
+                yield key, self._decode(key, vb)
+        for _, key, value in overlay[i:]:
+            if value is not absent:
+                yield key, (self._decode(key, value.data) if type(value) is encoded else value)
 
     def keys(self, start: K | None = None, end: K | None = None) -> Iterator[K]:
         """Keys of ``items(start, end)``."""
@@ -412,6 +432,15 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
                 dirty = {**self._committing, **dirty}
             self._committing = dirty
             try:
+                if self._compiled_encode is not None:
+                    return self._compiled_encode(
+                        self._entries,
+                        dirty,
+                        self._kserde._encode,
+                        self._vserde._encode,
+                        self.spec.key_serde,
+                        self.spec.value_serde,
+                    )
                 return self._encode_changes(dirty, self._kserde._encode, self._vserde._encode)
             except Exception:  # noqa: BLE001 - cannot happen (put checked them); say which
                 return self._encode_changes(dirty, self._kserde.encode, self._vserde.encode)
@@ -447,7 +476,10 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
 
 
 class _PyKeyValueStore(_PyStoreCore, KeyValueStore[K, V]):
-    """KeyValueStore on the pure-Python hot path (the tests run both)."""
+    """KeyValueStore on the pure-Python hot path and commit encoding (the tests run both)."""
+
+    _compiled_encode = None
+    _compiled_overlay = None
 
 
 class TaskStores:

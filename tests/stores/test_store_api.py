@@ -4,13 +4,14 @@ range scans over cache and backend together, eviction, errors naming store and k
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tailrace import ConfigError, Container, MemorySystem
+from tailrace import ConfigError, Container, MemoryCheckpointStore, MemorySystem
 from tailrace.config import StoreSpec, parse_config
 from tailrace.interfaces import CheckpointStore
 from tailrace.serdes import SerdeError
@@ -273,6 +274,71 @@ def test_concurrent_writers_from_threads(backend: CheckpointStore) -> None:
     backend.close()
 
 
+class _SlowReads(MemoryCheckpointStore):
+    """A memory backend whose reads take a while with the GIL released (as a network or
+    disk read does), so that other threads run while a store holds its lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = threading.Event()
+        self.read_done = 0.0
+
+    def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
+        self.reading.set()
+        time.sleep(0.05)
+        data = super().state_get(task_name, store, key)
+        self.read_done = time.monotonic()
+        return data
+
+
+def test_write_waits_for_a_read_through_of_the_same_key() -> None:
+    # rule 25: a write from another thread while a miss reads the backend (lock held, GIL
+    # released) waits for it: the read cannot overwrite the newer write in the cache
+    backend = _SlowReads()
+    stores, s = _store(backend, key_serde="str", value_serde="int")
+    s["x"] = 1
+    _commit(backend, stores)
+    stores = TaskStores("Partition 0", {"s": StoreSpec("str", "int")}, backend, _impl[0])
+    s = stores.get("s")  # a restarted task: x is not cached
+    reader = threading.Thread(target=s.get, args=("x",))
+    reader.start()
+    assert backend.reading.wait(5)
+    s["x"] = 5  # waits for the reader's lock
+    written = time.monotonic()
+    reader.join()
+    assert written >= backend.read_done > 0
+    assert s["x"] == 5
+    _commit(backend, stores)
+    assert dict(s.items()) == {"x": 5}
+    backend.close()
+
+
+def test_store_lock_excludes_threads_that_release_the_gil() -> None:
+    # the store's lock: holders sleep inside (GIL released), so waiters really wait
+    _, s = _store(MemoryCheckpointStore())
+    inside = [0]
+    most = [0]
+    count = [0]
+
+    def worker() -> None:
+        for i in range(200):
+            with s._lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                if i % 20 == 0:
+                    time.sleep(0.0005)  # GIL released with the lock held
+                count[0] += 1
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert not any(th.is_alive() for th in threads)
+    assert (most[0], count[0]) == (1, 1200)
+
+
 # -- declaring stores ---------------------------------------------------------------------
 def test_config_keys_and_errors() -> None:
     cfg = parse_config({"stores.a.key.serde": "str", "stores.a.cache.size": "10"}, stores={"b": {}})
@@ -315,3 +381,38 @@ def test_unknown_store_name_is_a_clear_error(engine: str) -> None:
     c = Container(Other, inputs=["mem.in"], systems=[system], engine=engine)
     with pytest.raises(Exception, match=r"no store 'nope'.*no stores declared"):
         c.run()
+
+
+@pytest.mark.parametrize("value_serde", ["int", "str", "bytes", "json"])
+def test_compiled_commit_encoding_gives_the_serdes_bytes(value_serde: str) -> None:
+    # a commit's state is the serdes' encoding whichever path encodes it (rule 26)
+    if not COMPILED:
+        pytest.skip("tailrace._stores is not built")
+    from tailrace._stores import ABSENT, Encoded, encode_changes
+    from tailrace.serdes import serde
+
+    kser, vser = serde("str"), serde(value_serde)
+    values: dict[str, list[Any]] = {
+        "int": [0, 1, -1, 2**63 - 1, -(2**63), 12345678901],
+        "str": ["", "é", "abc"],
+        "bytes": [b"", b"\x00x"],
+        "json": [1, "a", None, 2.5],
+    }
+    entries: dict[Any, Any] = {f"k{i}é": v for i, v in enumerate(values[value_serde])}
+    entries["gone"] = ABSENT
+    entries["enc"] = Encoded(vser.encode(values[value_serde][0]))
+    got = encode_changes(entries, dict.fromkeys(entries), kser._encode, vser._encode, "str", value_serde)
+    assert got == {
+        kser.encode(k): None if v is ABSENT else v.data if type(v) is Encoded else vser.encode(v)
+        for k, v in entries.items()
+    }
+
+
+def test_miss_of_a_fresh_store_checks_the_key(backend: CheckpointStore) -> None:
+    # a fresh store answers misses from its cache; a key the serde refuses is still refused
+    _, s = _store(backend, key_serde="str", value_serde="int")
+    assert s.get("a") is None and s.misses == 1
+    with pytest.raises(SerdeError, match=r"store 's'.*key '\\ud800'"):
+        s.get("\ud800")
+    assert "a" not in s and s.misses == 1  # cached as absent: no second miss
+    backend.close()
