@@ -29,6 +29,7 @@ cdef class _Route:
 
     cdef object producer
     cdef object send  # producer.send, bound once
+    cdef FileSink sink  # the producer's compiled send (files), or None
     cdef str stream
     cdef Py_ssize_t partitions
 
@@ -70,6 +71,8 @@ cdef class Collector:
         cdef _Route r = _Route.__new__(_Route)
         r.producer = producer
         r.send = producer.send
+        sink = getattr(producer, "_tailrace_sink", None)
+        r.sink = sink if isinstance(sink, FileSink) else None
         r.stream = ss.stream
         r.partitions = producer.partitions(ss.stream)
         self._routes[stream] = r
@@ -91,5 +94,8 @@ cdef class Collector:
             if not 0 <= p < r.partitions:
                 raise ValueError(
                     f"collector.send: {stream!r} has no partition {partition} (it has {r.partitions})")
-        r.send(r.stream, p, key, message)
+        if r.sink is not None:
+            r.sink.send(r.stream, p, key, message)
+        else:
+            r.send(r.stream, p, key, message)
         self.sent += 1

@@ -170,7 +170,7 @@ def test_reader_runs_on_the_callers_thread_and_holds_one_chunk(tmp_path: Path) -
         assert threading.active_count() == before
         assert len(r.poll(5)) == 5
         assert threading.active_count() == before
-        held = sum(len(x) for x in r._lines) + len(r._tail)
+        held = len(r._data) + len(r._tail)  # the chunk (its tail included) and the tail
         assert held <= 2 * (1 << 16)
         assert [e.message for e in r.poll(100)] == msgs[5:105]
     finally:
