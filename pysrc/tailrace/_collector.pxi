@@ -23,6 +23,9 @@ cpdef Py_ssize_t key_partition(object key, Py_ssize_t partitions) except -1:
     return <Py_ssize_t>(<unsigned long>_zlib.crc32(data) % <unsigned long>partitions)
 
 
+DEF _PLACED_MAX = 65536  # str keys whose partition a route remembers (then it starts over)
+
+
 @cython.final
 cdef class _Route:
     """Where one ``send`` stream name goes: its producer, stream and partition count."""
@@ -30,6 +33,7 @@ cdef class _Route:
     cdef object producer
     cdef object send  # producer.send, bound once
     cdef FileSink sink  # the producer's compiled send (files), or None
+    cdef dict placed  # str key -> its partition (key_partition is a pure function), bounded
     cdef str stream
     cdef Py_ssize_t partitions
 
@@ -74,6 +78,7 @@ cdef class Collector:
         sink = getattr(producer, "_tailrace_sink", None)
         r.sink = sink if isinstance(sink, FileSink) else None
         r.stream = ss.stream
+        r.placed = {}
         r.partitions = producer.partitions(ss.stream)
         self._routes[stream] = r
         return r
@@ -84,7 +89,18 @@ cdef class Collector:
         cdef _Route r = self._resolve(stream) if found is None else <_Route>found
         cdef Py_ssize_t p
         if partition is None:
-            if key is not None:
+            if _is_str(key):
+                # a str key's partition, remembered: its hash is cached in the str, so this
+                # skips encoding and crc32 for every key seen before
+                found = r.placed.get(key)
+                if found is None:
+                    if len(r.placed) >= _PLACED_MAX:
+                        r.placed.clear()
+                    p = key_partition(key, r.partitions)
+                    r.placed[key] = p
+                else:
+                    p = <Py_ssize_t>found
+            elif key is not None:
                 p = key_partition(key, r.partitions)
             else:
                 p = self._rr % r.partitions
