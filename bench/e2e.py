@@ -224,9 +224,10 @@ def _records(out: Path) -> tuple[Counter[bytes], dict[str, list[int]]]:
 
 
 class Runner:
-    def __init__(self, root: Path, lib: str, engines: list[str]) -> None:
+    def __init__(self, root: Path, lib: str, engines: list[str], base_python: str | None = None) -> None:
         self.root = root
         self.lib = lib
+        self.base_python = base_python
         self.env = dict(os.environ)
         if lib == "std":
             self.env["PYTHONPATH"] = os.pathsep.join(
@@ -234,12 +235,13 @@ class Runner:
             )
         self.jobs: dict[str, Path] = {}
         for engine in engines:
-            if engine in ("c", "python"):
+            if engine in ("c", "python", "c-base"):
                 d = root / f"job-{lib}-{engine}"
                 d.mkdir()
                 (d / "data").symlink_to(root / "data")
                 (d / "task.py").write_text(TASK)
-                (d / "job.toml").write_text(JOB.format(engine=engine, out_partitions=OUT_PARTITIONS))
+                kind = "c" if engine == "c-base" else engine
+                (d / "job.toml").write_text(JOB.format(engine=kind, out_partitions=OUT_PARTITIONS))
                 self.jobs[engine] = d
         (root / "loop.py").write_text(LOOP)
         (root / "bytewax_flow.py").write_text(BYTEWAX)
@@ -264,7 +266,8 @@ class Runner:
             d = self.jobs[contender]
             shutil.rmtree(d / "output", ignore_errors=True)
             shutil.rmtree(d / "state", ignore_errors=True)
-            argv = [sys.executable, "-m", "tailrace", "run", str(d)]
+            python = self.base_python if contender == "c-base" and self.base_python else sys.executable
+            argv = [python, "-m", "tailrace", "run", str(d)]
             wall, cpu, rss, _ = _spawn(argv, d, self.env)
             out = d / "output" / "out"
         self.check(contender, out)
@@ -294,6 +297,11 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5, help="alternating rounds (>= 5 for quoted figures)")
     ap.add_argument("--libs", default="std,orjson", help="std, orjson or both")
     ap.add_argument("--engines", default="c,python", help="tailrace engines: c, python")
+    ap.add_argument(
+        "--baseline",
+        metavar="PYTHON",
+        help="add contender c-base: the C engine run by another interpreter (an older build's venv)",
+    )
     ap.add_argument("--bytewax", action="store_true", help="add bytewax's file connectors (if installed)")
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
     ap.add_argument("--json", help="write every sample and the medians here")
@@ -307,6 +315,8 @@ def main() -> None:
             import orjson  # noqa: F401
         except ImportError:
             raise SystemExit("--libs orjson needs orjson: pip install 'tailrace[fast]'") from None
+    if args.baseline:
+        engines.append("c-base")
     contenders = ["loop", *engines]
     if args.bytewax:
         try:
@@ -332,7 +342,7 @@ def main() -> None:
             f"{args.messages} messages, {size / 1e6:.1f} MB in {PARTITIONS} partitions "
             f"({time.perf_counter() - t:.1f} s to generate); load {os.getloadavg()[0]:.2f}"
         )
-        runners = {lib: Runner(root, lib, engines) for lib in libs}
+        runners = {lib: Runner(root, lib, engines, args.baseline) for lib in libs}
         samples: dict[str, dict[str, list[tuple[float, float, int]]]] = {
             lib: {c: [] for c in contenders} for lib in libs
         }

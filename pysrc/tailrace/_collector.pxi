@@ -23,12 +23,17 @@ cpdef Py_ssize_t key_partition(object key, Py_ssize_t partitions) except -1:
     return <Py_ssize_t>(<unsigned long>_zlib.crc32(data) % <unsigned long>partitions)
 
 
+DEF _PLACED_MAX = 65536  # str keys whose partition a route remembers (then it starts over)
+
+
 @cython.final
 cdef class _Route:
     """Where one ``send`` stream name goes: its producer, stream and partition count."""
 
     cdef object producer
     cdef object send  # producer.send, bound once
+    cdef FileSink sink  # the producer's compiled send (files), or None
+    cdef dict placed  # str key -> its partition (key_partition is a pure function), bounded
     cdef str stream
     cdef Py_ssize_t partitions
 
@@ -70,7 +75,10 @@ cdef class Collector:
         cdef _Route r = _Route.__new__(_Route)
         r.producer = producer
         r.send = producer.send
+        sink = getattr(producer, "_tailrace_sink", None)
+        r.sink = sink if isinstance(sink, FileSink) else None
         r.stream = ss.stream
+        r.placed = {}
         r.partitions = producer.partitions(ss.stream)
         self._routes[stream] = r
         return r
@@ -81,7 +89,18 @@ cdef class Collector:
         cdef _Route r = self._resolve(stream) if found is None else <_Route>found
         cdef Py_ssize_t p
         if partition is None:
-            if key is not None:
+            if _is_str(key):
+                # a str key's partition, remembered: its hash is cached in the str, so this
+                # skips encoding and crc32 for every key seen before
+                found = r.placed.get(key)
+                if found is None:
+                    if len(r.placed) >= _PLACED_MAX:
+                        r.placed.clear()
+                    p = key_partition(key, r.partitions)
+                    r.placed[key] = p
+                else:
+                    p = <Py_ssize_t>found
+            elif key is not None:
                 p = key_partition(key, r.partitions)
             else:
                 p = self._rr % r.partitions
@@ -91,5 +110,8 @@ cdef class Collector:
             if not 0 <= p < r.partitions:
                 raise ValueError(
                     f"collector.send: {stream!r} has no partition {partition} (it has {r.partitions})")
-        r.send(r.stream, p, key, message)
+        if r.sink is not None:
+            r.sink.send(r.stream, p, key, message)
+        else:
+            r.send(r.stream, p, key, message)
         self.sent += 1

@@ -61,6 +61,33 @@ def make_envelopes(
 def key_partition(key: Any, partitions: int) -> int: ...
 def json_long_digits(data: bytes) -> bool: ...
 def json_std_decides(data: bytes) -> bool: ...
+def file_decode_lines(
+    data: bytes,
+    at: int,
+    end: int,
+    base: int,
+    want: int,
+    decode: Callable[[bytes], Any],
+    system: str,
+    stream: str,
+    partition: int,
+    key_field: str | None,
+    out: list[Envelope],
+) -> tuple[int, int, ValueError | None, int]: ...
+
+class FileOutput:
+    fd: int
+    buf: bytearray
+    def __init__(self, fd: int) -> None: ...
+    def take(self) -> bytearray: ...
+
+class FileSink:
+    def __init__(
+        self, producer: Any, encode: Callable[[Any], bytes], sep: bytes, limit: int, what: str
+    ) -> None: ...
+    def add(self, stream: str, partition: int, out: FileOutput) -> None: ...
+    def clear(self) -> None: ...
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None: ...
 
 class Collector:
     @property

@@ -9,6 +9,8 @@ Assembled from fragments, one concern each (uvloop style):
   _primitives.pxi  Python wrappers of the C queue, sequencer and watermark
   _loop.pxi        the C dispatch loop binding: trampolines, Callback, LoopRunner
   _serde_scan.pxi  byte scans of tailrace.serdes' orjson fast path (once per message)
+  _filein.pxi      file inputs: find, decode and wrap each line of a chunk (once per message)
+  _fileout.pxi     file outputs: encode and append to a partition's buffer (once per message)
 """
 
 cimport cython
@@ -20,8 +22,10 @@ from tailrace cimport _capi as capi
 
 include "_status.pxi"
 include "_types.pxi"
+include "_fileout.pxi"
 include "_collector.pxi"
 include "_primitives.pxi"
 include "_aio.pxi"
 include "_loop.pxi"
 include "_serde_scan.pxi"
+include "_filein.pxi"

@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ._core import Envelope
+from ._core import Envelope, FileOutput, FileSink, file_decode_lines
 from .errors import ConfigError, InputError
 from .interfaces import PartitionReader, Producer, System
 from .serdes import _json_decode, _json_encode  # the raw functions: errors stay the codec's own
@@ -220,13 +220,15 @@ class FileReader(PartitionReader):
         self._decode_line: Callable[[bytes], Any] = _decode_text if fmt == "text" else _json_decode
         self._skipped = 0
         self._fd = -1
-        # the current chunk: complete lines (no newline), the next to decode, its offset
-        self._lines: list[bytes] = []
-        self._next = 0
-        self._pos = 0  # byte offset of self._lines[self._next]
+        # the current chunk: _data[:_end] is whole lines (each ends with a newline),
+        # _data[_at:_end] the ones not yet decoded; _data[0] is at file offset _data_off
+        self._data = b""
+        self._at = 0
+        self._end = 0
+        self._data_off = 0
         self._tail = b""  # bytes after the chunk's last newline (start of the next line)
         self._eof = False
-        self._line_base = 1  # line number of self._lines[0]; 0 when unknown (resumed mid-file)
+        self._line_no = 1  # line number of the line at _data[_at]; 0 when unknown (resumed mid-file)
         self._fingerprint_warned = False
         self._fingerprinted: int | None = None  # offset of the last fingerprint recorded
         self._fingerprinted_at = -FINGERPRINT_INTERVAL_S
@@ -245,8 +247,8 @@ class FileReader(PartitionReader):
         finally:
             f.close()
         self._fd = fd
-        self._pos = pos
-        self._line_base = 1 if after is None else 0  # 0: unknown, computed on error
+        self._data_off = pos
+        self._line_no = 1 if after is None else 0  # 0: unknown, computed on error
 
     def _seek_after(self, f: BinaryIO, after: Offset) -> int:
         """Position just past the line that starts at committed offset ``after``."""
@@ -274,20 +276,19 @@ class FileReader(PartitionReader):
         return f.tell()
 
     def _fill(self) -> bool:
-        """Read the next chunk into ``_lines``; False at the end of the file."""
-        if self._line_base:
-            self._line_base += len(self._lines)
-        self._lines = []
-        self._next = 0
+        """Read the next chunk into ``_data``; False at the end of the file."""
+        pos = self._data_off + self._end  # file offset of the first byte after the current chunk
+        self._data, self._at, self._end, self._data_off = b"", 0, 0, pos
         while not self._eof:
             try:
-                chunk = os.pread(self._fd, _CHUNK, self._pos + len(self._tail))
+                chunk = os.pread(self._fd, _CHUNK, pos + len(self._tail))
             except OSError as e:
                 raise InputError(f"read failed: {e}", source=str(self.path)) from None
             if not chunk:
                 self._eof = True
                 if self._tail:  # a last line without a newline
-                    self._lines = [self._tail]
+                    self._data = self._tail + b"\n"
+                    self._end = len(self._data)
                     self._tail = b""
                     return True
                 return False
@@ -296,7 +297,7 @@ class FileReader(PartitionReader):
             if cut < 0:
                 self._tail = data  # a line longer than a chunk: read on
                 continue
-            self._lines = data[:cut].split(b"\n")
+            self._data, self._end = data, cut + 1
             self._tail = data[cut + 1 :]
             return True
         return False
@@ -307,42 +308,35 @@ class FileReader(PartitionReader):
         out: list[Envelope] = []
         want = min(max_messages, self._capacity)
         s = self.ssp
-        system, stream, partition = s.system, s.stream, s.partition
-        decode = self._decode_line
-        key_field = self._key_field
-        append = out.append
         while len(out) < want:
-            lines = self._lines
-            i = self._next
-            if i >= len(lines):
-                if not self._fill():
-                    break
-                continue
-            stop = min(len(lines), i + want - len(out))
-            pos = self._pos
-            while i < stop:
-                raw = lines[i]
-                start = pos
-                pos += len(raw) + 1
-                i += 1
-                if raw.endswith(b"\r"):
-                    raw = raw[:-1]
-                try:
-                    message = decode(raw)
-                except ValueError as e:
-                    self._next, self._pos = i, pos
-                    self._bad_line(start, self._line_base + i - 1 if self._line_base else 0, e)
-                    continue
-                key = message.get(key_field) if key_field is not None and type(message) is dict else None
-                append(Envelope(system, stream, partition, start, key, message))
-            self._next, self._pos = i, pos
+            if self._at >= self._end and not self._fill():
+                break
+            # compiled (tailrace._core): find, decode and wrap each line of the chunk
+            at, lines, error, start = file_decode_lines(
+                self._data,
+                self._at,
+                self._end,
+                self._data_off,
+                want - len(out),
+                self._decode_line,
+                s.system,
+                s.stream,
+                s.partition,
+                self._key_field,
+                out,
+            )
+            self._at = at
+            if self._line_no:
+                self._line_no += lines
+            if error is not None:
+                self._bad_line(start, self._line_no - 1 if self._line_no else 0, error)
         return out
 
     def at_end(self) -> bool:
         """True once every line was polled; reads ahead one chunk to know (never a guess)."""
         if self._fd < 0:
             return True
-        if self._next < len(self._lines):
+        if self._at < self._end:
             return False
         return not self._fill()
 
@@ -367,7 +361,7 @@ class FileReader(PartitionReader):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self._lines = []
+        self._data, self._at, self._end = b"", 0, 0
         self._tail = b""
 
     def _bad_line(self, start: int, line_no: int, exc: ValueError) -> None:
@@ -507,28 +501,15 @@ def _msgpack() -> Any:
     return msgpack
 
 
-class _Output:
-    """One open output partition file and its encoded, not yet written lines.
-
-    The lines are copied into one bytearray rather than kept as bytes objects: an
-    encoder's bytes (orjson's especially) can hold far more memory than their length,
-    and thousands of them waiting for a write cost tens of MiB.
-    """
-
-    __slots__ = ("buf", "fd")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buf = bytearray()
-
-
 class FileProducer(Producer):
     """Appends JSON Lines to ``<root>/<stream>/partition-N.jsonl``; ``flush`` writes and fsyncs.
 
     ``send`` encodes on the caller's thread (the loop's GIL hold) and appends to the
-    partition's buffer; a buffer is written in one ``os.write`` (which drops the GIL)
-    once it holds ``buffer_bytes``, and every buffer is written and fsynced by
-    ``flush`` (before every checkpoint). Thread-safe.
+    partition's buffer, compiled (``tailrace._core.FileSink``, which the compiled
+    collector calls directly); a buffer is written in one ``os.write`` (which drops
+    the GIL) once it holds ``buffer_bytes``, and every buffer is written and fsynced
+    by ``flush`` (before every checkpoint). Thread-safe: opening, writing and fsyncing
+    hold the producer's lock, and the append itself is one step under the GIL.
     """
 
     def __init__(
@@ -536,45 +517,47 @@ class FileProducer(Producer):
     ) -> None:
         self._root = root
         self._partitions = partitions
-        self._limit = buffer_bytes
         self._fmt = fmt
         # jsonl: one encoded line and a newline; msgpack: values back to back
-        self._encode: Callable[[Any], bytes] = _json_encode
-        self._sep = b"\n"
+        encode: Callable[[Any], bytes] = _json_encode
+        sep = b"\n"
         if fmt == "msgpack":
             packer = _msgpack().Packer(use_bin_type=True)
-            self._encode, self._sep = packer.pack, b""
+            encode, sep = packer.pack, b""
         elif fmt != "jsonl":
             raise ValueError(f"file output format {fmt!r}: expected jsonl or msgpack")
         self._lock = threading.Lock()
-        self._outs: dict[tuple[str, int], _Output] = {}
-        self._dirty: set[_Output] = set()
+        self._outs: dict[tuple[str, int], FileOutput] = {}
+        self._dirty: set[FileOutput] = set()
         self._closed = False
+        what = "JSON" if fmt == "jsonl" else "msgpack"
+        # the compiled send path; the collector finds it under this name
+        self._tailrace_sink = FileSink(self, encode, sep, buffer_bytes, what)
 
     def partitions(self, stream: str) -> int:
         return self._partitions(stream)
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
-        try:
-            line = self._encode(message)
-        except (TypeError, ValueError, OverflowError) as e:
-            what = "JSON" if self._fmt == "jsonl" else "msgpack"
-            raise ValueError(
-                f"file output {stream}[{partition}]: message is not {what}-serialisable: {e}"
-            ) from None
+        self._tailrace_sink.send(stream, partition, key, message)
+
+    def _output(self, stream: str, partition: int) -> FileOutput:
+        """The open file of ``stream``'s ``partition``, opened on first use (FileSink's slow path)."""
         with self._lock:
             out = self._outs.get((stream, partition))
             if out is None:
                 if self._closed:
                     raise ValueError(f"file output {stream}[{partition}]: producer is closed")
                 out = self._open(stream, partition)
-            buf = out.buf
-            buf += line
-            buf += self._sep
-            if len(buf) >= self._limit:
-                self._write(out)
+            return out
 
-    def _open(self, stream: str, partition: int) -> _Output:
+    def _write_full(self, out: FileOutput) -> None:
+        """Write ``out``'s buffer (FileSink, once it holds ``buffer_bytes``)."""
+        with self._lock:
+            self._write(out)
+
+    def _open(self, stream: str, partition: int) -> FileOutput:
+        if partition < 0:
+            raise ValueError(f"file output {stream}[{partition}]: no such partition")
         directory = self._root / stream
         created_dir = not directory.is_dir()
         directory.mkdir(parents=True, exist_ok=True)
@@ -594,12 +577,15 @@ class FileProducer(Producer):
         if created_dir:
             _fsync_dir(directory.parent)
         _fsync_dir(directory)
-        out = self._outs[(stream, partition)] = _Output(fd)
+        out = self._outs[(stream, partition)] = FileOutput(fd)
+        self._tailrace_sink.add(stream, partition, out)
         return out
 
-    def _write(self, out: _Output) -> None:
-        data = out.buf
-        out.buf = bytearray()
+    def _write(self, out: FileOutput) -> None:
+        """Write ``out``'s buffer; the caller holds the lock (so buffers reach the file in order)."""
+        data = out.take()
+        if not data:
+            return
         view = memoryview(data)
         while view:
             n = os.write(out.fd, view)
@@ -622,6 +608,7 @@ class FileProducer(Producer):
         self.flush()
         with self._lock:
             self._closed = True
+            self._tailrace_sink.clear()
             for out in self._outs.values():
                 os.close(out.fd)
             self._outs.clear()

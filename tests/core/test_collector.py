@@ -75,3 +75,19 @@ def test_round_robin_from_many_threads_spreads_exactly_evenly() -> None:
         t.join()
     assert col.sent == 20000
     assert [len(mem.messages("out", p)) for p in range(4)] == [5000] * 4
+
+
+def test_remembered_str_key_partitions_match_the_hash_past_the_bound() -> None:
+    # a route remembers str keys' partitions (bounded: it starts over past 65,536 keys);
+    # every send, remembered or not, goes where key_partition says
+    class Sub(str):
+        pass
+
+    col, mem = _collector(7)
+    keys: list[object] = [f"user-{i}" for i in range(70_000)]
+    keys += ["user-1", "user-69999", Sub("user-3"), b"user-4", 5, ("t", 1)]
+    for k in keys:
+        col.send("mem.out", "m", key=k)
+    got = [k for p in range(7) for k, _ in mem.records("out", p) if key_partition(k, 7) != p]
+    assert got == []
+    assert sum(len(mem.records("out", p)) for p in range(7)) == len(keys)
