@@ -166,8 +166,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def console_main() -> int:
+    """The ``tailrace`` command (and ``python -m tailrace``): :func:`main`, then SIGINT and
+    SIGTERM blocked for the rest of the process. Python puts the default handlers back
+    while it shuts down, so a signal arriving then would kill the process (status -2 /
+    -15) after a graceful run; blocked, it leaves the status ``main`` returned."""
+    code = main()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``tailrace`` command; returns the exit status."""
+    """The command line's work; returns the exit status (usable in-process: it leaves the
+    signal mask alone)."""
     args = _parser().parse_args(argv)
     if args.command == "run":
         _SIGNALS.install()  # before anything slow: a stop while the job starts is graceful too

@@ -97,3 +97,41 @@ def test_second_signal_forces_an_exit(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM again: forced stop, no final checkpoint" in err
+
+
+LATE_SIGNAL_TASK = """
+import os
+import signal
+import time
+
+import tailrace
+
+
+class _Late:
+    # destroyed while the interpreter shuts down, after Python put the default handlers back
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIG{name})
+        time.sleep(0.2)
+
+
+_late = _Late()
+
+
+class Task(tailrace.StreamTask):
+    def process(self, envelope, collector, coordinator):
+        collector.send("files.out", envelope.message)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_while_the_interpreter_shuts_down_keeps_the_exit_status(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    name = sig.name.removeprefix("SIG")
+    job = write_job(
+        tmp_path, task=LATE_SIGNAL_TASK.format(name=name), partitions=[[{"n": i} for i in range(3)]]
+    )
+    proc = _start(job, {})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (proc.returncode, err)  # not -2 / -15: killed by the late signal
+    assert "3 messages processed" in out
