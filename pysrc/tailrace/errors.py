@@ -145,3 +145,15 @@ class CoreError(TailraceError):
 
 class CoreUnavailableError(TailraceError, ImportError):
     """The compiled core (``tailrace._core``) cannot be imported."""
+
+
+def fenced_cause(error: BaseException) -> FencedError | None:
+    """The FencedError that caused ``error`` (an engine may wrap it in a TaskError), if any."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, FencedError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None

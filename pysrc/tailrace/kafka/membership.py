@@ -40,7 +40,7 @@ from typing import Any
 
 from ..config import parse_config
 from ..container import Container
-from ..errors import ConfigError, FencedError, TailraceError
+from ..errors import ConfigError, TailraceError, fenced_cause
 from ..interfaces import CheckpointStore, System
 from ..memory import MemoryCheckpointStore
 from ..types import SystemStreamPartition, parse_system_stream
@@ -287,7 +287,7 @@ class KafkaMember:
         try:
             result = container.run()
         except TailraceError as e:
-            if _fenced(e) is None:
+            if fenced_cause(e) is None:
                 raise
             self.result.fenced += 1
             log.warning("member of %r: %s; re-planning", self.job, e)
@@ -312,17 +312,6 @@ class KafkaMember:
         self._stop_container()
         with self._cond:  # an RLock: a signal handler on a thread inside _cond may take it again
             self._cond.notify_all()
-
-
-def _fenced(error: BaseException) -> FencedError | None:
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        if isinstance(e, FencedError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def run_kafka_member(spec: KafkaMemberSpec, *, handle_signals: bool = True) -> KafkaMemberResult:

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..config import parse_config
 from ..container import Container
-from ..errors import CheckpointError, ConfigError, FencedError, TailraceError
+from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
 from ..interfaces import System
 from ..metrics import TaskMetrics
 from ..types import SystemStreamPartition, parse_system_stream
@@ -402,7 +402,7 @@ class Member:
         except Exception as e:
             if self.deadline.due():
                 raise CheckpointError(self.gave_up_message(f"{type(e).__name__}: {e}")) from e
-            if not isinstance(e, TailraceError) or _fenced(e) is None:
+            if not isinstance(e, TailraceError) or fenced_cause(e) is None:
                 raise
             self.result.fenced += 1
             log.warning("member %s: %s; re-planning", self.id, e)
@@ -465,18 +465,6 @@ def _uncommitted(t: TaskMetrics) -> list[str]:
             since = "nothing committed" if committed is None else f"committed {committed}"
             out.append(f"{ssp} processed through {low} ({since})")
     return out
-
-
-def _fenced(error: BaseException) -> FencedError | None:
-    """The FencedError that caused ``error`` (an engine may wrap it), if any."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        if isinstance(e, FencedError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult:
