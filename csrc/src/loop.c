@@ -67,6 +67,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     L->coarse_lag = cfg->clock_fn ? 0 : tr_coarse_lag_ns(); /* a configured clock is exact */
     L->run_until = INT64_MAX;
     L->run_check_from = INT64_MAX;
+    atomic_init(&L->timer_min_new, INT64_MAX);
     if (L->cfg.max_idle_ns < MIN_IDLE_NS)
         L->cfg.max_idle_ns = MIN_IDLE_NS;
     tr_status st = tr_notifier_init(&L->notifier);
@@ -282,7 +283,22 @@ void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
     task *T = &L->tasks[t];
     /* release: the loop's acquire load of timer_when after its exchange */
     atomic_store_explicit(&T->timer_when, when_ns, TR_RELEASE);
-    if (atomic_exchange_explicit(&T->timer_pending, 1, TR_ACQ_REL))
+    /* relaxed CAS-min: see loop.timer_min_new */
+    int64_t seen = atomic_load_explicit(&L->timer_min_new, TR_RELAXED);
+    while (when_ns < seen && !atomic_compare_exchange_weak_explicit(
+                                 &L->timer_min_new, &seen, when_ns, TR_RELAXED, TR_RELAXED)) {
+    }
+    /* seq_cst: pairs with trl_pool_unhold (the loop clears hold, then re-reads
+     * timer_pending): either it sees this item pending or this hold lands after
+     * its clear */
+    uint32_t was_pending = atomic_exchange_explicit(&T->timer_pending, 1, TR_SEQ_CST);
+    if ((T->flags & TR_TASK_POOL) && when_ns <= trl_now(L)) {
+        /* due already (a process call on the task's worker scheduled it): the
+         * worker invokes none of this task's queued messages until the timer
+         * ran (rule 23, like a due window: rule 8); see task.hold */
+        atomic_store_explicit(&T->hold, 1, TR_SEQ_CST);
+    }
+    if (was_pending)
         return;
     trl_cq_push(L, (tr_item){kt_word(CQ_TIMER, t), 0});
 }

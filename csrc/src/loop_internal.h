@@ -172,8 +172,11 @@ typedef struct task {
     uint32_t timer_gen;
     /* pool tasks: 1 while a window, timer or (sync) commit of this task is due;
      * its worker stops invoking it and hands its queued ops back (rules 8, 9,
-     * 23). relaxed both ways: cleared before the loop pushes the W_RESUME
-     * that re-opens the task, and that push (release) / pop (acquire) orders it */
+     * 23). Set by the loop (relaxed: trl_fire_timers) and by
+     * tr_loop_set_user_timer on the worker itself for a timer due at once
+     * (seq_cst, see trl_pool_unhold); cleared only by trl_pool_unhold, before
+     * the loop pushes the W_RESUME that re-opens the task, and that push
+     * (release) / pop (acquire) orders it */
     _Atomic uint32_t hold;
     _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */
     _Atomic uint32_t timer_pending; /* 1 while a CQ_TIMER item is queued */
@@ -256,6 +259,13 @@ struct tr_loop {
     int64_t run_until;
     int64_t run_check_from; /* run_until - coarse clock lag: earlier, certainly not due */
     int64_t coarse_lag;
+    /* the earliest user timer set (tr_loop_set_user_timer, any thread, usually a
+     * process call inside a run) since the last build took it (exchange to
+     * INT64_MAX): tr_loop_run_yield folds it into run_until, so a timer a
+     * message schedules ends the run before the next message once it is due
+     * (rules 8, 23). relaxed: the setter that matters is the loop thread itself;
+     * one set from another thread reaches the loop through its CQ_TIMER item */
+    _Atomic int64_t timer_min_new;
 
     /* ---- loop thread only ---- */
     uint32_t *ready;
@@ -333,6 +343,7 @@ int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t 
 void trl_heap_compact(tr_loop *L);
 void trl_maybe_ready(tr_loop *L, uint32_t t);
 void trl_maybe_control(tr_loop *L, uint32_t t);
+void trl_pool_unhold(tr_loop *L, task *T);
 void trl_mark_dirty(tr_loop *L, uint32_t t);
 void trl_queue_refill(tr_loop *L, uint32_t t, uint32_t p);
 void trl_finish(tr_loop *L, tr_stop_reason reason);

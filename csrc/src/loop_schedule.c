@@ -406,12 +406,17 @@ static void build_batch(tr_loop *L) {
         return;
     }
     L->now = trl_now(L);
+    /* relaxed: see loop.timer_min_new; taken before the drain, so a timer set
+     * after it is still in timer_min_new for the runs of this batch */
+    int64_t new_timer = atomic_exchange_explicit(&L->timer_min_new, INT64_MAX, TR_RELAXED);
     trl_drain_completions(L);
     trl_process_dirty(L);
     trl_fire_timers(L);
     if (L->phase == PH_FINISHED)
         return;
     L->run_until = L->nheap ? L->heap[0].when : INT64_MAX;
+    if (new_timer < L->run_until)
+        L->run_until = new_timer; /* set after the drain above read its CQ_TIMER item */
     L->run_check_from =
         L->run_until > INT64_MIN + L->coarse_lag ? L->run_until - L->coarse_lag : INT64_MIN;
     /* acquire: pairs with tr_loop_stop's release store */
@@ -677,10 +682,30 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
     return 1;
 }
 
+/* Loop thread: re-open a pool task to its worker once nothing of rules 8, 9, 23
+ * is due or running for it (see task.hold). seq_cst clear, then re-read
+ * timer_pending: a due timer set on the worker meanwhile
+ * (tr_loop_set_user_timer sets pending, then hold) keeps the task held until
+ * the loop has read it. */
+void trl_pool_unhold(tr_loop *L, task *T) {
+    if (!(T->flags & TR_TASK_POOL) || T->window_due || T->timer_due || T->in_control ||
+        (!L->cfg.async_commit && T->commit_due))
+        return;
+    atomic_store_explicit(&T->hold, 0, TR_SEQ_CST);
+    if (atomic_load_explicit(&T->timer_pending, TR_SEQ_CST))
+        atomic_store_explicit(&T->hold, 1, TR_SEQ_CST);
+}
+
 int tr_loop_run_yield(tr_loop *L) {
     /* relaxed: a hint; build_batch's acquire load acts on the stop itself */
     if (TR_UNLIKELY(atomic_load_explicit(&L->stop_requested, TR_RELAXED)))
         return 1;
+    /* a timer set since the build (by the message just run, usually) */
+    int64_t set = atomic_load_explicit(&L->timer_min_new, TR_RELAXED); /* see loop.timer_min_new */
+    if (TR_UNLIKELY(set < L->run_until)) {
+        L->run_until = set;
+        L->run_check_from = set > INT64_MIN + L->coarse_lag ? set - L->coarse_lag : INT64_MIN;
+    }
     /* one coarse read per message; the exact clock only in the last tick or two
      * before the earliest timer */
     if (TR_LIKELY(trl_coarse_now(L) < L->run_check_from))
@@ -723,9 +748,7 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
         break;
     }
     T->control_kind = CTL_NONE;
-    if ((T->flags & TR_TASK_POOL) && !T->window_due && !T->timer_due &&
-        (L->cfg.async_commit || !T->commit_due))
-        atomic_store_explicit(&T->hold, 0, TR_RELAXED); /* see task.hold */
+    trl_pool_unhold(L, T);
     if (requests)
         trl_apply_requests(L, t, requests & TR_REQ_MASK);
     if (T->done)

@@ -223,6 +223,86 @@ static void test_run_failure(void) {
     free(r.h.next_read);
 }
 
+/* rules 8, 23: a timer that a message of a run schedules due at once ends the
+ * run; the timer runs before the next message. One scheduled far ahead does
+ * not end it. */
+typedef struct timer_run {
+    harness h;
+    uint64_t invoked, timer_ops,
+        timer_after; /* timer_after: messages invoked before the timer op */
+    int yielded_at_10, yielded_at_20;
+} timer_run;
+
+static int timer_run_batch(void *ctx, tr_loop *loop) {
+    timer_run *r = ctx;
+    tr_op op;
+    while (tr_loop_next_op(loop, &op)) {
+        if (op.kind == TR_OP_REFILL) {
+            uint64_t items[100], handles[100];
+            uint64_t n = 100 - r->h.next_read[0];
+            if (n > op.handle)
+                n = op.handle;
+            for (uint64_t i = 0; i < n; i++) {
+                handles[i] = r->h.next_read[0] + i;
+                items[i] = h_item(0, 0, handles[i]);
+            }
+            CHECK_EQ(tr_loop_push_inputs(loop, 0, 0, items, handles, n), TR_OK);
+            r->h.next_read[0] += n;
+            if (n == 0)
+                tr_loop_partition_state(loop, 0, 0, TR_PART_ENDED);
+            continue;
+        }
+        if (op.kind != TR_OP_RUN) {
+            if (op.kind == TR_OP_TIMER) {
+                r->timer_ops++;
+                r->timer_after = r->invoked;
+            }
+            tr_loop_control_done(loop, op.task, 0);
+            continue;
+        }
+        const uint64_t *items = (const uint64_t *)(uintptr_t)op.item;
+        uint32_t i = 0;
+        for (; i < op.count; i++) {
+            if (tr_loop_run_yield(loop))
+                break;
+            uint32_t t, p;
+            uint64_t idx;
+            h_decode(items[i], &t, &p, &idx);
+            CHECK_EQ(idx, r->invoked); /* rule 1 */
+            r->invoked++;
+            if (idx == 10) {
+                tr_loop_set_user_timer(loop, 0, tr_now_ns());
+                r->yielded_at_10 = tr_loop_run_yield(loop);
+            } else if (idx == 20) {
+                tr_loop_set_user_timer(loop, 0, tr_now_ns() + 3600000000000LL);
+                r->yielded_at_20 = tr_loop_run_yield(loop);
+            }
+        }
+        CHECK_EQ(tr_loop_run_done(loop, 0, i, i, 0), TR_OK);
+    }
+    return 0;
+}
+
+static void test_timer_set_in_run(void) {
+    tr_loop_config c = h_config(1, 1);
+    c.input_buffer = 200;
+    timer_run r;
+    memset(&r, 0, sizeof r);
+    r.h.next_read = calloc(1, sizeof(uint64_t));
+    tr_loop_task one = {1, TR_TASK_INLINE};
+    CHECK_EQ(tr_loop_create(&c, &one, &r.h.loop), TR_OK);
+    tr_loop_hooks hooks = {&r, timer_run_batch, NULL, NULL, NULL};
+    CHECK_EQ(tr_loop_run(r.h.loop, &hooks), TR_OK);
+    CHECK_EQ(tr_loop_stop_reason(r.h.loop), TR_STOP_END_OF_STREAM);
+    CHECK_EQ(r.invoked, 100);
+    CHECK_EQ(r.yielded_at_10, 1);
+    CHECK_EQ(r.yielded_at_20, 0);
+    CHECK_EQ(r.timer_ops, 1);
+    CHECK_EQ(r.timer_after, 11); /* before message 11 started */
+    tr_loop_destroy(r.h.loop);
+    free(r.h.next_read);
+}
+
 /* Rings start at the refill size (with many partitions, FILL_BUDGET split)
  * and grow on demand: partition 0 of 2048 takes pushes up to the full input
  * buffer (rule 6), mixing push_input and push_inputs, keeps them in order,
@@ -368,6 +448,7 @@ int main(void) {
     test_user_timer();
     test_edges();
     test_run_failure();
+    test_timer_set_in_run();
     test_ring_growth();
     test_partition_fill();
     printf("test_loop: ok\n");
