@@ -614,6 +614,18 @@ class _ContainerProcesses:
                 out.write(f"[container {i:>{self._width}}] {line}\n")
                 out.flush()
 
+    def watch(self) -> threading.Event:
+        """An event set each time a container ends (its ``returncode`` is set first)."""
+        ended = threading.Event()
+
+        def waiter(p: subprocess.Popen[bytes]) -> None:
+            p.wait()
+            ended.set()
+
+        for p in self.procs.values():
+            threading.Thread(target=waiter, args=(p,), daemon=True).start()
+        return ended
+
     def terminate(self) -> None:
         """SIGTERM to every container still running (a graceful stop; a second one forces)."""
         for p in self.procs.values():
@@ -1196,8 +1208,11 @@ def _watch_file_containers(
         _log_metrics_ports(args, count)
         _SIGNALS.attach(children.terminate, force=children.terminate)
         failure: tuple[int, int] | None = None
+        ended = children.watch()
         while True:
-            codes = {i: p.poll() for i, p in children.procs.items()}
+            ended.wait()
+            ended.clear()
+            codes = {i: p.returncode for i, p in children.procs.items()}
             if failure is None:
                 failure = next(((i, c) for i, c in codes.items() if c is not None and c != 0), None)
                 if failure is not None:
@@ -1210,7 +1225,6 @@ def _watch_file_containers(
                     children.terminate()
             if all(c is not None for c in codes.values()):
                 break
-            time.sleep(0.05)
         children.join_pumps()
         reports = {i: _read_report(r) for i, r in results.items()}
     finally:
