@@ -32,7 +32,10 @@ only; the key places it in a partition), encoded by ``tailrace.serdes`` (orjson
 when installed, byte for byte the standard library's output). ``flush`` (called
 before every checkpoint) writes and fsyncs them. ``output_format = "msgpack"`` writes
 ``partition-N.msgpack`` files instead. A partial last line (or value) left by a hard kill
-is cut off when the file is reopened (it was never covered by a checkpoint).
+is cut off when the file is reopened (it was never covered by a checkpoint). Several
+processes may append to one output file (``tailrace run --containers N``): every write
+and every repair happens under an exclusive ``flock`` of the file, and a JSON Lines writer
+first cuts a partial last line left by a writer killed inside its write.
 
 Bad input is never silent: a missing directory or file, a partition gap, a line
 that is not valid JSON (or UTF-8) raises InputError naming the file and line;

@@ -37,6 +37,15 @@ path (symlinks resolved), a database in use under one real path is refused under
 any other (a hard link or bind mount), whatever the job: see ``_claim_name``.
 The locks are held until ``close``; the kernel drops them when the holder dies,
 so a crashed container never blocks the next one.
+
+``tailrace run --containers N`` shares one store between N container processes of
+one job and still refuses every other run of it: the parent holds the job's locks
+(an ordinary ``open``), and container i opens the store ``as_container(i, parent)``,
+taking ``<db>.<job>.container-i.lock`` and a database byte keyed by job and index
+instead, after checking that the job's lock is held by its parent. An ordinary
+``open`` checks, after taking the job's lock, that no container lock of the job is
+held (a container of an earlier run still stopping); so of a newcomer and such a
+container, whichever comes second is refused.
 """
 
 from __future__ import annotations

@@ -293,3 +293,26 @@ def test_a_second_run_is_refused_while_containers_run_and_sigterm_stops_all_grac
     r = run(job, "--containers", "2")
     assert r.returncode == 0, r.stderr
     assert outputs(job) == outputs(ref)
+
+
+def test_an_error_in_one_container_stops_the_others_gracefully_and_names_it(tmp_path: Path) -> None:
+    job = make_job(tmp_path, messages=6000)
+    task = job / "task.py"
+    task.write_text(
+        task.read_text().replace(
+            '        user = m["user"]\n',
+            '        user = m["user"]\n'
+            '        if envelope.partition == 3 and m["seq"] > 3000:\n'
+            "            raise ValueError(f\"bad seq {m['seq']}\")\n",
+        )
+    )
+    r = run(job, "--containers", "2", env={"SLOW": "0.0005"})
+    assert r.returncode == 1, r.stderr
+    assert "[container 1] tailrace: error: task 'Partition 3'" in r.stderr  # the container's own report
+    assert "ValueError: bad seq" in r.stderr
+    failed = "container 1 of job 'sums' (tasks Partition 1, Partition 3) failed (exit status 1)"
+    assert f"tailrace: error: {failed}" in r.stderr
+    assert "container 0: exit status 0" in r.stderr
+    # container 0 committed what it did: its tasks resume after their checkpoints
+    show = run_cli(["checkpoints", "show", str(job)])
+    assert "Partition 0" in show.stdout and "Partition 2" in show.stdout
