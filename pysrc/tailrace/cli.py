@@ -1145,6 +1145,12 @@ def _run_file_container(args: argparse.Namespace, spec: JobSpec) -> int:
     return 0
 
 
+def _stopped(code: int) -> bool:
+    """A container ended by the stop we forwarded before it could take the signal itself
+    (still starting: nothing processed, nothing to commit), not a failure."""
+    return code == -signal.SIGTERM and _SIGNALS.received > 0
+
+
 def _exit_text(code: int) -> str:
     if code < 0:
         try:
@@ -1214,7 +1220,7 @@ def _watch_file_containers(
             ended.clear()
             codes = {i: p.returncode for i, p in children.procs.items()}
             if failure is None:
-                failure = next(((i, c) for i, c in codes.items() if c is not None and c != 0), None)
+                failure = next(((i, c) for i, c in codes.items() if c and not _stopped(c)), None)
                 if failure is not None:
                     log.error(
                         "container %d (tasks %s) failed (%s): stopping the other containers gracefully",
@@ -1264,7 +1270,8 @@ def _print_containers_summary(
     spec: JobSpec, reports: dict[int, dict[str, Any]], store: Any, seconds: float, out: TextIO
 ) -> None:
     processed = sum(int(r.get("processed", 0)) for r in reports.values())
-    reasons = sorted({str(r.get("reason", "?")) for r in reports.values()})
+    # no report: the container was stopped while it started (before it ran anything)
+    reasons = sorted({str(r.get("reason", "stopped while starting")) for r in reports.values()})
     rate = processed / seconds if seconds > 0 else 0.0
     out.write(
         f"job {spec.name!r} finished ({', '.join(reasons)}) in {seconds:.2f} s: "
