@@ -277,7 +277,10 @@ class _StopSignals:
         if self.live:
             self.notices.append(notice)
         else:
-            os.write(2, f"\n{notice}\n".encode())
+            try:
+                os.write(2, f"\n{notice}\n".encode())
+            except OSError:  # stderr closed (a container whose parent died): stop all the same
+                pass
         if self._stop is not None:
             self._stop()
 

@@ -316,3 +316,28 @@ def test_an_error_in_one_container_stops_the_others_gracefully_and_names_it(tmp_
     # container 0 committed what it did: its tasks resume after their checkpoints
     show = run_cli(["checkpoints", "show", str(job)])
     assert "Partition 0" in show.stdout and "Partition 2" in show.stdout
+
+
+def test_kill_9_of_the_parent_stops_its_containers_gracefully(tmp_path: Path) -> None:
+    job = make_job(tmp_path, messages=6000)
+    ref = make_job(tmp_path / "ref", messages=6000)
+    assert run(ref).returncode == 0
+    proc = _start_slow(job, "--containers", "2")
+    kids = _children(proc.pid)
+    proc.kill()  # the kernel sends each container a SIGTERM (PR_SET_PDEATHSIG): a graceful stop
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() and _state(pid) != "Z" for pid in kids.values()):
+        assert time.monotonic() < deadline, "the containers did not stop"
+        time.sleep(0.05)
+    r = run(job, "--containers", "2")
+    assert r.returncode == 0, r.stderr
+    assert " 0 messages processed" not in r.stdout  # they stopped early, not at the end of input
+    assert outputs(job) == outputs(ref)  # they committed what they wrote: nothing repeated
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
