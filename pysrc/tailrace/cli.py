@@ -1142,6 +1142,7 @@ def _run_file_container(args: argparse.Namespace, spec: JobSpec) -> int:
             "skipped": {str(ssp): n for ssp, n in container.skipped().items() if n},
             "failed": sum(t.failed for t in result.tasks.values()),
             "ignored": sum(t.ignored for t in result.tasks.values()),
+            "cpu_s": sum(os.times()[:2]),
         }
         with os.fdopen(args.result_fd, "w") as f:
             json.dump(report, f)
@@ -1272,6 +1273,16 @@ def _read_report(fd: int) -> dict[str, Any]:
 def _print_containers_summary(
     spec: JobSpec, reports: dict[int, dict[str, Any]], store: Any, seconds: float, out: TextIO
 ) -> None:
+    for i, r in sorted(reports.items()):
+        if r:
+            log.info(
+                "container %d: %s messages in %.2f s, CPU %.2f s",
+                i,
+                f"{int(r.get('processed', 0)):,}",
+                float(r.get("seconds", 0.0)),
+                float(r.get("cpu_s", 0.0)),
+            )
+    log.info("this process (the parent): CPU %.2f s", sum(os.times()[:2]))
     processed = sum(int(r.get("processed", 0)) for r in reports.values())
     # no report: the container was stopped while it started (before it ran anything)
     reasons = sorted({str(r.get("reason", "stopped while starting")) for r in reports.values()})
