@@ -1204,6 +1204,8 @@ def _watch_file_containers(
 ) -> int:
     started = time.monotonic()
     argv = [*_member_argv(args), "--containers", str(count)]
+    if args.progress is not False:  # progress lines per container (a pipe: never a live view)
+        argv[argv.index("--no-progress")] = f"--progress-interval={args.progress_interval}"
     children = _ContainerProcesses(count)
     results: dict[int, int] = {}  # container -> read end of its result pipe
     try:

@@ -341,3 +341,20 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_progress_lines_come_per_container_and_whole(tmp_path: Path) -> None:
+    job = make_job(tmp_path, messages=2000)
+    r = run_cli(
+        ["run", str(job), "--containers", "2", "--progress-interval", "0.1"],
+        env={"SLOW": "0.001"},
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    for i in (0, 1):
+        assert f"[container {i}] " in r.stderr and "progress: " in r.stderr
+    for line in r.stderr.splitlines():  # each line is one container's, or the parent's
+        assert line.count("progress: ") <= 1 and line.count("tailrace.cli") <= 1, line
+    quiet = make_job(tmp_path / "quiet", messages=2000)
+    r = run(quiet, "--containers", "2", "--progress-interval", "0.1", env={"SLOW": "0.001"})
+    assert r.returncode == 0 and "progress: " not in r.stderr
