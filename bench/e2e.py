@@ -9,6 +9,8 @@ hurts every side alike:
 ``loop``     the hand-written single-threaded loop: readline, json.loads, dict, json.dumps, write
 ``c``        ``tailrace run`` with the C engine, files, SQLite checkpoints
 ``python``   ``tailrace run`` with the reference engine (``--engines c,python``)
+``c2``       ``tailrace run --containers 2`` with the C engine: two container processes
+             (tasks 0, 2 and 1, 3), one SQLite store, shared output files (``--engines c,c2``)
 ``bytewax``  bytewax's FileSource/FileSink doing the same work, where bytewax is installed
 
 for each JSON library asked for (``--libs std,orjson``); every side uses the same library:
@@ -235,12 +237,12 @@ class Runner:
             )
         self.jobs: dict[str, Path] = {}
         for engine in engines:
-            if engine in ("c", "python", "c-base"):
+            if engine in ("c", "python", "c-base", "c2"):
                 d = root / f"job-{lib}-{engine}"
                 d.mkdir()
                 (d / "data").symlink_to(root / "data")
                 (d / "task.py").write_text(TASK)
-                kind = "c" if engine == "c-base" else engine
+                kind = "c" if engine in ("c-base", "c2") else engine
                 (d / "job.toml").write_text(JOB.format(engine=kind, out_partitions=OUT_PARTITIONS))
                 self.jobs[engine] = d
         (root / "loop.py").write_text(LOOP)
@@ -268,6 +270,8 @@ class Runner:
             shutil.rmtree(d / "state", ignore_errors=True)
             python = self.base_python if contender == "c-base" and self.base_python else sys.executable
             argv = [python, "-m", "tailrace", "run", str(d)]
+            if contender == "c2":
+                argv += ["--containers", "2"]  # CPU: wait4 counts the containers (reaped by the parent)
             wall, cpu, rss, _ = _spawn(argv, d, self.env)
             out = d / "output" / "out"
         self.check(contender, out)
@@ -296,7 +300,9 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=10_000)
     ap.add_argument("--pairs", type=int, default=5, help="alternating rounds (>= 5 for quoted figures)")
     ap.add_argument("--libs", default="std,orjson", help="std, orjson or both")
-    ap.add_argument("--engines", default="c,python", help="tailrace engines: c, python")
+    ap.add_argument(
+        "--engines", default="c,python", help="tailrace contenders: c, python, c2 (--containers 2)"
+    )
     ap.add_argument(
         "--baseline",
         metavar="PYTHON",

@@ -10,9 +10,11 @@ written), 128+N after a forced stop by a second signal N.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -112,10 +114,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--containers",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help='start N local containers sharing the partitions (needs [checkpoints] type = "redis")',
+        help="start N container processes sharing the job's tasks (default: the config key "
+        "job.container.count, else 1); file jobs: task N runs in container N mod count",
     )
+    # a container process of `--containers N` (started by the parent, never by hand)
+    run.add_argument("--container-index", type=int, default=None, help=argparse.SUPPRESS)
+    run.add_argument("--result-fd", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument(
         "--metrics-port",
         type=int,
@@ -271,7 +277,10 @@ class _StopSignals:
         if self.live:
             self.notices.append(notice)
         else:
-            os.write(2, f"\n{notice}\n".encode())
+            try:
+                os.write(2, f"\n{notice}\n".encode())
+            except OSError:  # stderr closed (a container whose parent died): stop all the same
+                pass
         if self._stop is not None:
             self._stop()
 
@@ -371,8 +380,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
     args.spec = spec  # for describe_task_error
     _check_state_dir(spec)
-    if args.containers != 1 or _is_distributed(spec):
+    if _is_distributed(spec):
         return _run_distributed(args, spec)
+    if args.container_index is not None:
+        return _run_file_container(args, spec)
+    count = _container_count(args, spec)
+    if count != 1:
+        return _run_file_containers(args, spec, count)
     container = spec.container()
     if args.metrics_port is not None:
         _serve_prometheus(container, args.metrics_port, args.metrics_host, spec.name)
@@ -500,8 +514,9 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     from .redis.membership import Member, arm_backstop, member_spec_from_job
 
     member_spec = member_spec_from_job(spec, lambda: _load(args))  # checks [checkpoints] is Redis
-    if args.containers != 1:
-        return _run_local_containers(args, spec)
+    count = _container_count(args, spec)
+    if count != 1:
+        return _run_local_containers(args, spec, count)
     member = Member(member_spec)
     view = _MemberView(member)
     if args.metrics_port is not None:
@@ -527,64 +542,102 @@ def _member_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _run_local_containers(args: argparse.Namespace, spec: JobSpec) -> int:
-    """``--containers N``: N member processes; each output line is prefixed with its
-    container's index (whole lines, so containers never interleave mid-line)."""
-    import subprocess
+def _run_local_containers(args: argparse.Namespace, spec: JobSpec, count: int) -> int:
+    """``--containers N`` of a Redis job: N member processes sharing the partitions by
+    lease (see tailrace.redis.membership); each output line is prefixed with its
+    container's index."""
+    argv = [*_member_argv(args), "--containers", "1"]  # a member never starts members itself
+    children = _ContainerProcesses(count)
+    for i in range(count):
+        children.start(i, argv + _metrics_argv(args, i), {"TAILRACE_MEMBER_INDEX": str(i)})
+    _log_metrics_ports(args, count)
+    _SIGNALS.attach(children.terminate, force=children.terminate)  # a second SIGTERM force-stops each
+    codes = [p.wait() for p in children.procs.values()]
+    children.join_pumps()
+    failed = [c for c in codes if c != 0]
+    if failed:
+        log.error("%d of %d containers failed (exit codes %s)", len(failed), count, codes)
+    _print_committed(spec, sys.stdout)
+    return max((abs(c) for c in codes), default=0)
 
-    if args.containers < 1:
-        raise ConfigError(f"{args.containers} is not a container count", key="--containers", allowed=">= 1")
-    argv = _member_argv(args)
-    procs: list[subprocess.Popen[bytes]] = []
-    write_lock = threading.Lock()
 
-    def pump(i: int, stream: Any, out: TextIO) -> None:
-        width = len(str(args.containers - 1))
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            with write_lock:
-                out.write(f"[container {i:>{width}}] {line}\n")
-                out.flush()
+def _metrics_argv(args: argparse.Namespace, i: int) -> list[str]:
+    """``--metrics-port`` of container ``i``: PORT + i."""
+    if args.metrics_port is None:
+        return []
+    return ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
 
-    pumps: list[threading.Thread] = []
-    for i in range(args.containers):
-        env = {**os.environ, "TAILRACE_MEMBER_INDEX": str(i)}
-        extra = []
-        if args.metrics_port is not None:
-            extra = ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
-        # own process group: a terminal's Ctrl-C reaches this process only, which forwards it
-        # once (a member that got it twice, from the terminal and from here, would force-stop)
-        proc = subprocess.Popen(
-            argv + extra, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0
-        )
-        procs.append(proc)
-        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-            t = threading.Thread(target=pump, args=(i, stream, out), daemon=True)
-            t.start()
-            pumps.append(t)
+
+def _log_metrics_ports(args: argparse.Namespace, count: int) -> None:
     if args.metrics_port is not None:
         log.info(
             "Prometheus metrics of container i on http://%s:%d+i/metrics (ports %d..%d)",
             args.metrics_host,
             args.metrics_port,
             args.metrics_port,
-            args.metrics_port + args.containers - 1,
+            args.metrics_port + count - 1,
         )
 
-    def forward() -> None:
-        for p in procs:
+
+class _ContainerProcesses:
+    """The container processes of ``--containers N`` (a ``tailrace run`` each). Every line
+    they print is prefixed ``[container i]`` and written whole, so containers never
+    interleave mid-line. Each runs in its own process group: a terminal's Ctrl-C reaches
+    the parent only, which forwards it once (a container that got it twice, from the
+    terminal and from the parent, would force-stop)."""
+
+    def __init__(self, count: int) -> None:
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._width = len(str(count - 1))
+        self._write_lock = threading.Lock()
+        self._pumps: list[threading.Thread] = []
+
+    def start(
+        self, i: int, argv: list[str], env: dict[str, str], pass_fds: Sequence[int] = ()
+    ) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            process_group=0,
+            pass_fds=tuple(pass_fds),
+        )
+        self.procs[i] = proc
+        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            t = threading.Thread(target=self._pump, args=(i, stream, out), daemon=True)
+            t.start()
+            self._pumps.append(t)
+        return proc
+
+    def _pump(self, i: int, stream: Any, out: TextIO) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self._write_lock:
+                out.write(f"[container {i:>{self._width}}] {line}\n")
+                out.flush()
+
+    def watch(self) -> threading.Event:
+        """An event set each time a container ends (its ``returncode`` is set first)."""
+        ended = threading.Event()
+
+        def waiter(p: subprocess.Popen[bytes]) -> None:
+            p.wait()
+            ended.set()
+
+        for p in self.procs.values():
+            threading.Thread(target=waiter, args=(p,), daemon=True).start()
+        return ended
+
+    def terminate(self) -> None:
+        """SIGTERM to every container still running (a graceful stop; a second one forces)."""
+        for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    _SIGNALS.attach(forward, force=forward)  # a second SIGTERM force-stops each member
-    codes = [p.wait() for p in procs]
-    for t in pumps:
-        t.join(timeout=5)
-    failed = [c for c in codes if c != 0]
-    if failed:
-        log.error("%d of %d containers failed (exit codes %s)", len(failed), args.containers, codes)
-    _print_committed(spec, sys.stdout)
-    return max((abs(c) for c in codes), default=0)
+    def join_pumps(self) -> None:
+        for t in self._pumps:
+            t.join(timeout=5)
 
 
 class _MemberView:
@@ -963,6 +1016,301 @@ def cmd_load(args: argparse.Namespace) -> int:
     )
     system.close()
     return 0
+
+
+# -- containers of a file job (--containers N / job.container.count) ------------------
+# The parent holds the job's lock (it opens the checkpoint store as one run of the job
+# would) and starts one `tailrace run` per container; container i runs the tasks whose
+# partition number is i mod N (Samza's round-robin grouping of tasks onto containers) as
+# an ordinary Container whose store is opened as container i (SqliteCheckpointStore.
+# as_container: it refuses to run under any process but the parent holding the lock).
+# Each container reports its result on a pipe (--result-fd); the parent prints the
+# summary once. A container that fails stops the others gracefully.
+
+
+def _container_count(args: argparse.Namespace, spec: JobSpec) -> int:
+    """``--containers`` when given (it wins), else the job's ``job.container.count``."""
+    n = args.containers
+    if n is None:
+        return spec.config.container_count
+    if n < 1 or n > 1024:
+        raise ConfigError(
+            f"{n} is not a container count", key="--containers", allowed="an integer from 1 to 1024"
+        )
+    return int(n)
+
+
+def _count_key(args: argparse.Namespace) -> str:
+    return "--containers" if args.containers is not None else "job.container.count"
+
+
+def _file_task_partitions(args: argparse.Namespace, spec: JobSpec) -> list[int]:
+    """The partition numbers (= tasks) of a job whose inputs can be split over processes:
+    file inputs, checkpoints in SQLite (or memory); ConfigError naming the key otherwise."""
+    from .files import FileSystem
+    from .types import parse_system_stream
+
+    key = _count_key(args)
+    kind = (spec.tree.get("checkpoints") or {"type": "sqlite"}).get("type", "sqlite")
+    if kind not in ("sqlite", "memory"):
+        raise ConfigError(
+            f"a job with {kind} checkpoints cannot run in several containers",
+            key=key,
+            allowed='1, or [checkpoints] type = "sqlite" (or "redis")',
+            source=str(spec.source),
+        )
+    numbers: set[int] = set()
+    for name in spec.inputs:
+        ss = parse_system_stream(name)
+        system = spec.systems[ss.system]
+        if not isinstance(system, FileSystem):
+            raise ConfigError(
+                f"input {name!r} is not a file input ({type(system).__name__}): its partitions live in "
+                "this process and cannot be split over container processes",
+                key=key,
+                allowed="1 for this job; several containers need file inputs (or Redis checkpoints)",
+                source=str(spec.source),
+            )
+        numbers.update(range(system.partitions(ss.stream)))
+    for sname, system in spec.systems.items():
+        if isinstance(system, FileSystem) and system.output_format != "jsonl":
+            raise ConfigError(
+                f"several containers append to shared output files, which needs JSON Lines outputs "
+                f"(a partial {system.output_format} value of a killed container could not be found "
+                "and cut)",
+                key=f"systems.{sname}.output_format",
+                allowed=f"jsonl with {key} > 1",
+                source=str(spec.source),
+            )
+    return sorted(numbers)
+
+
+def _container_inputs(spec: JobSpec, index: int, count: int) -> list[SystemStreamPartition]:
+    """The input partitions of container ``index`` of ``count``: task N goes to N mod count."""
+    from .types import parse_system_stream
+
+    out: list[SystemStreamPartition] = []
+    for name in spec.inputs:
+        ss = parse_system_stream(name)
+        n = spec.systems[ss.system].partitions(ss.stream)
+        out.extend(SystemStreamPartition(ss.system, ss.stream, p) for p in range(n) if p % count == index)
+    return out
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel for a SIGTERM (a graceful stop) when the parent dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        log.debug("prctl(PR_SET_PDEATHSIG) unavailable", exc_info=True)
+
+
+def _run_file_container(args: argparse.Namespace, spec: JobSpec) -> int:
+    """One container process of ``--containers N`` (``--container-index I``, started by
+    the parent): the tasks I mod N, the store opened as container I; no summary (the
+    parent prints it), the result as JSON on ``--result-fd``."""
+    parent = os.getppid()
+    _die_with_parent()
+    count = _container_count(args, spec)
+    index = args.container_index
+    if not 0 <= index < count:
+        raise ConfigError(f"{index} is not a container of {count}", key="--container-index")
+    _file_task_partitions(args, spec)
+    store = spec.checkpoint_store()
+    as_container = getattr(store, "as_container", None)
+    if as_container is not None:
+        as_container(index, parent)
+    inputs = _container_inputs(spec, index, count)
+    if not inputs:
+        raise ConfigError(f"container {index} of {count} has no task", key=_count_key(args))
+    container = spec.container(inputs=inputs, checkpoints=store)
+    if args.metrics_port is not None:
+        _serve_prometheus(container, args.metrics_port, args.metrics_host, spec.name)
+    started = time.monotonic()
+    result: RunResult = _run_watched(args, spec, container, container.run, container.stop)
+    seconds = time.monotonic() - started
+    if args.result_fd is not None:
+        report = {
+            "processed": result.processed,
+            "reason": result.reason,
+            "seconds": seconds,
+            "skipped": {str(ssp): n for ssp, n in container.skipped().items() if n},
+            "failed": sum(t.failed for t in result.tasks.values()),
+            "ignored": sum(t.ignored for t in result.tasks.values()),
+            "cpu_s": sum(os.times()[:2]),
+        }
+        with os.fdopen(args.result_fd, "w") as f:
+            json.dump(report, f)
+    return 0
+
+
+def _stopped(code: int) -> bool:
+    """A container ended by the stop we forwarded before it could take the signal itself
+    (still starting: nothing processed, nothing to commit), not a failure."""
+    return code == -signal.SIGTERM and _SIGNALS.received > 0
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _run_file_containers(args: argparse.Namespace, spec: JobSpec, count: int) -> int:
+    """``--containers N`` of a file job (see the top of this section)."""
+    numbers = _file_task_partitions(args, spec)
+    groups = {i: [p for p in numbers if p % count == i] for i in range(count)}
+    started_ids = [i for i in range(count) if groups[i]]
+    if len(started_ids) < count:
+        log.info(
+            "the job has %d tasks: containers %s would have none and are not started",
+            len(numbers),
+            ", ".join(str(i) for i in range(count) if not groups[i]),
+        )
+    lock = spec.checkpoint_store()
+    lock.open(spec.name)  # the job's lock, held until every container ended: no other run overlaps
+    try:
+        log.info(
+            "running job %r (%s engine) from %s in %d containers; checkpoints: %s",
+            spec.name,
+            spec.engine,
+            spec.source,
+            len(started_ids),
+            _store_text(spec),
+        )
+        for i in started_ids:
+            log.info("container %d: tasks %s", i, ", ".join(f"Partition {p}" for p in groups[i]))
+        _log_resume(spec)
+        return _watch_file_containers(args, spec, count, started_ids, groups, lock)
+    finally:
+        lock.close()
+
+
+def _watch_file_containers(
+    args: argparse.Namespace,
+    spec: JobSpec,
+    count: int,
+    ids: list[int],
+    groups: dict[int, list[int]],
+    lock: Any,
+) -> int:
+    started = time.monotonic()
+    argv = [*_member_argv(args), "--containers", str(count)]
+    if args.progress is not False:  # progress lines per container (a pipe: never a live view)
+        argv[argv.index("--no-progress")] = f"--progress-interval={args.progress_interval}"
+    children = _ContainerProcesses(count)
+    results: dict[int, int] = {}  # container -> read end of its result pipe
+    try:
+        for i in ids:
+            r, w = os.pipe()
+            results[i] = r
+            try:
+                extra = ["--container-index", str(i), "--result-fd", str(w), *_metrics_argv(args, i)]
+                children.start(i, argv + extra, {}, pass_fds=(w,))
+            finally:
+                os.close(w)
+        _log_metrics_ports(args, count)
+        _SIGNALS.attach(children.terminate, force=children.terminate)
+        failure: tuple[int, int] | None = None
+        ended = children.watch()
+        while True:
+            ended.wait()
+            ended.clear()
+            codes = {i: p.returncode for i, p in children.procs.items()}
+            if failure is None:
+                failure = next(((i, c) for i, c in codes.items() if c and not _stopped(c)), None)
+                if failure is not None:
+                    log.error(
+                        "container %d (tasks %s) failed (%s): stopping the other containers gracefully",
+                        failure[0],
+                        ", ".join(f"Partition {p}" for p in groups[failure[0]]),
+                        _exit_text(failure[1]),
+                    )
+                    children.terminate()
+            if all(c is not None for c in codes.values()):
+                break
+        children.join_pumps()
+        reports = {i: _read_report(r) for i, r in results.items()}
+    finally:
+        for r in results.values():
+            try:
+                os.close(r)
+            except OSError:
+                pass
+    exits = {i: p.wait() for i, p in children.procs.items()}
+    if failure is not None:
+        others = [f"container {i}: {_exit_text(c)}" for i, c in exits.items() if i != failure[0]]
+        print(
+            f"tailrace: error: container {failure[0]} of job {spec.name!r} (tasks "
+            f"{', '.join(f'Partition {p}' for p in groups[failure[0]])}) failed ({_exit_text(failure[1])}); "
+            f"the others were stopped gracefully ({'; '.join(others) or 'none'}). A rerun resumes every "
+            "task after its last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    _print_containers_summary(spec, reports, lock, time.monotonic() - started, sys.stdout)
+    return 0
+
+
+def _read_report(fd: int) -> dict[str, Any]:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    try:
+        report = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def _print_containers_summary(
+    spec: JobSpec, reports: dict[int, dict[str, Any]], store: Any, seconds: float, out: TextIO
+) -> None:
+    for i, r in sorted(reports.items()):
+        if r:
+            log.info(
+                "container %d: %s messages in %.2f s, CPU %.2f s",
+                i,
+                f"{int(r.get('processed', 0)):,}",
+                float(r.get("seconds", 0.0)),
+                float(r.get("cpu_s", 0.0)),
+            )
+    log.info("this process (the parent): CPU %.2f s", sum(os.times()[:2]))
+    processed = sum(int(r.get("processed", 0)) for r in reports.values())
+    # no report: the container was stopped while it started (before it ran anything)
+    reasons = sorted({str(r.get("reason", "stopped while starting")) for r in reports.values()})
+    rate = processed / seconds if seconds > 0 else 0.0
+    out.write(
+        f"job {spec.name!r} finished ({', '.join(reasons)}) in {seconds:.2f} s: "
+        f"{processed:,} messages processed ({rate:,.0f} msg/s) by {len(reports)} containers\n"
+    )
+    skipped: dict[str, int] = {}
+    for r in reports.values():
+        skipped.update(r.get("skipped") or {})
+    failed = sum(int(r.get("failed", 0)) for r in reports.values())
+    ignored = sum(int(r.get("ignored", 0)) for r in reports.values())
+    more = f", failed {failed}, ignored exceptions {ignored}" if failed or ignored else ""
+    out.write(f"  {sum(skipped.values()):,} bad lines skipped{more}\n")
+    committed = getattr(store, "committed", None)
+    offsets = (
+        sorted((ssp, off) for per_task in committed().values() for ssp, off in per_task.items())
+        if committed is not None
+        else []
+    )
+    out.write("  committed offsets:\n" if offsets else "  no committed offsets\n")
+    for ssp, off in offsets:
+        extra = f"  ({skipped[str(ssp)]} skipped)" if skipped.get(str(ssp)) else ""
+        out.write(f"    {ssp!s:<28} {off!s}{extra}\n")
+    out.flush()
 
 
 # -- prometheus -----------------------------------------------------------------

@@ -105,6 +105,13 @@ KEYS: tuple[_Key, ...] = (
         "threads running sync process (0 = the loop thread)",
     ),
     _Key(
+        "job.container.count",
+        "container_count",
+        1,
+        _ranged(1, 1024, "an integer from 1 to 1024"),
+        "processes `tailrace run` starts for the job; task N runs in container N mod count",
+    ),
+    _Key(
         "task.window.ms", "window_ms", -1, _ranged(None, _MAXI, "an integer; <= 0 disables"), "window period"
     ),
     _Key(
@@ -276,6 +283,7 @@ class Config:
     job_name: str = "tailrace-job"
     max_concurrency: int = 1
     thread_pool_size: int = 0
+    container_count: int = 1
     window_ms: int = -1
     commit_ms: int = 60000
     async_commit: bool = False

@@ -32,7 +32,10 @@ only; the key places it in a partition), encoded by ``tailrace.serdes`` (orjson
 when installed, byte for byte the standard library's output). ``flush`` (called
 before every checkpoint) writes and fsyncs them. ``output_format = "msgpack"`` writes
 ``partition-N.msgpack`` files instead. A partial last line (or value) left by a hard kill
-is cut off when the file is reopened (it was never covered by a checkpoint).
+is cut off when the file is reopened (it was never covered by a checkpoint). Several
+processes may append to one output file (``tailrace run --containers N``): every write
+and every repair happens under an exclusive ``flock`` of the file, and a JSON Lines writer
+first cuts a partial last line left by a writer killed inside its write.
 
 Bad input is never silent: a missing directory or file, a partition gap, a line
 that is not valid JSON (or UTF-8) raises InputError naming the file and line;
@@ -42,6 +45,7 @@ with ``skip_bad_lines=True`` bad lines are skipped, logged and counted instead
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -529,6 +533,7 @@ class FileProducer(Producer):
         self._lock = threading.Lock()
         self._outs: dict[tuple[str, int], FileOutput] = {}
         self._dirty: set[FileOutput] = set()
+        self._paths: dict[FileOutput, Path] = {}  # for messages
         self._closed = False
         what = "JSON" if fmt == "jsonl" else "msgpack"
         # the compiled send path; the collector finds it under this name
@@ -563,33 +568,49 @@ class FileProducer(Producer):
         directory.mkdir(parents=True, exist_ok=True)
         path = partition_file(directory, partition, self._fmt)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        size = os.fstat(fd).st_size
-        if size:
-            keep = _complete_prefix(fd, size) if self._fmt == "jsonl" else _complete_values(fd, size)
-            if keep != size:
-                log.warning(
-                    "%s: cut off a partial last record (%d bytes) left by an earlier hard stop",
-                    path,
-                    size - keep,
-                )
-                os.ftruncate(fd, keep)
-                os.fsync(fd)
+        try:
+            with _appending(fd):  # no other process is inside a write of this file meanwhile
+                size = os.fstat(fd).st_size
+                if size:
+                    keep = _complete_prefix(fd, size) if self._fmt == "jsonl" else _complete_values(fd, size)
+                    if keep != size:
+                        log.warning(
+                            "%s: cut off a partial last record (%d bytes) left by an earlier hard stop",
+                            path,
+                            size - keep,
+                        )
+                        os.ftruncate(fd, keep)
+                        os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         if created_dir:
             _fsync_dir(directory.parent)
         _fsync_dir(directory)
         out = self._outs[(stream, partition)] = FileOutput(fd)
+        self._paths[out] = path
         self._tailrace_sink.add(stream, partition, out)
         return out
 
     def _write(self, out: FileOutput) -> None:
-        """Write ``out``'s buffer; the caller holds the lock (so buffers reach the file in order)."""
+        """Write ``out``'s buffer; the caller holds the lock (so buffers reach the file in order).
+
+        Several processes may append to one file (``tailrace run --containers N``, or two
+        jobs writing one stream): a buffer holds whole records and is written under an
+        exclusive ``flock`` of the file, so a short write's rest follows it directly and no
+        other process's record lands inside one. A writer killed inside its write (the
+        kernel drops its lock) leaves a partial record at the end: the next writer cuts it
+        (JSON Lines: the file ends without a newline) before appending."""
         data = out.take()
         if not data:
             return
         view = memoryview(data)
-        while view:
-            n = os.write(out.fd, view)
-            view = view[n:]
+        with _appending(out.fd):
+            if self._fmt == "jsonl":
+                _cut_partial_line(out.fd, self._paths.get(out))
+            while view:
+                n = os.write(out.fd, view)
+                view = view[n:]
         self._dirty.add(out)
 
     def flush(self) -> None:
@@ -612,6 +633,35 @@ class FileProducer(Producer):
             for out in self._outs.values():
                 os.close(out.fd)
             self._outs.clear()
+            self._paths.clear()
+
+
+class _appending:
+    """Context manager: an exclusive ``flock`` of an output file while appending to it or
+    repairing its end (see ``FileProducer._write``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __enter__(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)  # held for one write: others wait at most that long
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def _cut_partial_line(fd: int, path: Path | None) -> None:
+    """Under ``_appending``: cut a partial last line (its writer died inside its write)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    keep = _complete_prefix(fd, size)
+    log.warning(
+        "%s: cut off a partial last line (%d bytes) left by a writer stopped inside its write",
+        path if path is not None else f"output file descriptor {fd}",
+        size - keep,
+    )
+    os.ftruncate(fd, keep)
 
 
 def _complete_prefix(fd: int, size: int) -> int:

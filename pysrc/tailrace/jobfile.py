@@ -36,7 +36,7 @@ import inspect
 import json
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from .config import KEYS, Config, parse_config
 from .container import ENGINES, Container, load_engine
 from .errors import ConfigError
 from .interfaces import CheckpointStore, System
+from .types import SystemStreamPartition
 
 JOB_FILE = "job.toml"
 DEFAULT_CHECKPOINTS = "state/checkpoints.db"
@@ -153,8 +154,15 @@ class JobSpec:
         """The task class (or factory) named by ``job.task``."""
         return load_task(self.task, self.base, self.source)
 
-    def container(self) -> Container:
-        """A Container for this job (loads the task and engine; ConfigError on failure)."""
+    def container(
+        self,
+        *,
+        inputs: Sequence[SystemStreamPartition] | None = None,
+        checkpoints: CheckpointStore | None = None,
+    ) -> Container:
+        """A Container for this job (loads the task and engine; ConfigError on failure);
+        ``inputs`` and ``checkpoints`` replace the job's (one container of several: its
+        partitions, and its store opened as that container)."""
         task = self.load_task()
         try:
             load_engine(self.engine)
@@ -167,10 +175,10 @@ class JobSpec:
             ) from e
         return Container(
             task,
-            inputs=self.inputs,
+            inputs=list(inputs) if inputs is not None else self.inputs,
             systems=self.systems,
             config=self.config,
-            checkpoints=self.checkpoint_store(),
+            checkpoints=checkpoints if checkpoints is not None else self.checkpoint_store(),
             engine=self.engine,
             default_output_system=self.default_output,
         )

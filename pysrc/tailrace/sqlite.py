@@ -37,6 +37,15 @@ path (symlinks resolved), a database in use under one real path is refused under
 any other (a hard link or bind mount), whatever the job: see ``_claim_name``.
 The locks are held until ``close``; the kernel drops them when the holder dies,
 so a crashed container never blocks the next one.
+
+``tailrace run --containers N`` shares one store between N container processes of
+one job and still refuses every other run of it: the parent holds the job's locks
+(an ordinary ``open``), and container i opens the store ``as_container(i, parent)``,
+taking ``<db>.<job>.container-i.lock`` and a database byte keyed by job and index
+instead, after checking that the job's lock is held by its parent. An ordinary
+``open`` checks, after taking the job's lock, that no container lock of the job is
+held (a container of an earlier run still stopping); so of a newcomer and such a
+container, whichever comes second is refused.
 """
 
 from __future__ import annotations
@@ -117,6 +126,12 @@ def lock_path(db: Path, job_name: str) -> Path:
     """The lock file guarding ``job_name`` in store ``db``."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)[:64]
     return db.with_name(f"{db.name}.{safe}-{zlib.crc32(job_name.encode()):08x}.lock")
+
+
+def container_lock_path(db: Path, job_name: str, index: int) -> Path:
+    """The lock file of container ``index`` of a ``--containers`` run of ``job_name`` in ``db``."""
+    job = lock_path(db, job_name)
+    return job.with_name(f"{job.name[: -len('.lock')]}.container-{index}.lock")
 
 
 def marker_path(db: Path) -> Path:
@@ -293,6 +308,8 @@ class SqliteCheckpointStore(CheckpointStore):
         self._conn: sqlite3.Connection | None = None
         self._job: str | None = None
         self._lock_fd: int | None = None
+        self._lock_key: str | None = None  # the key of our OFD lock on the database file
+        self._container: tuple[int, int] | None = None  # (index, parent pid): see as_container
         self._inode: tuple[int, int] | None = None  # the database file's (st_dev, st_ino) we lock
         self._marker: GenerationMarker | None = None
         self._writes = 0
@@ -307,20 +324,37 @@ class SqliteCheckpointStore(CheckpointStore):
         self._stall_after = int(stall) if stall else None
 
     # -- opening --------------------------------------------------------------
+    def as_container(self, index: int, parent_pid: int) -> None:
+        """Open (next ``open``) as container ``index`` of a ``tailrace run --containers N``
+        whose parent, process ``parent_pid``, holds the job's lock: instead of the job's
+        lock this store takes the lock of that container alone (``container_lock_path``,
+        and a byte of the database keyed by job and index), so the N containers share the
+        store while any other run of the job stays refused. ``open`` refuses unless the
+        job's lock is held by ``parent_pid`` and it is this process's parent."""
+        self._container = (index, parent_pid)
+
     def open(self, job_name: str) -> None:
         if self._conn is not None:
             raise CheckpointError(f"checkpoint store {self.path} is already open (job {self._job!r})")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = self._take_lock(job_name)
+        if self._container is None:
+            self._lock_fd = self._take_lock(job_name)
+            self._lock_key = job_name
+        else:
+            index, parent = self._container
+            self._lock_fd = self._take_container_lock(job_name, index, parent)
+            self._lock_key = f"{job_name}\0container {index}"
         try:
-            self._take_inode_lock(job_name)
+            if self._container is None:
+                self._refuse_live_containers(job_name)
+            self._take_inode_lock(job_name, self._lock_key)
             self._conn, self._marker = _open_checked(self.path, create=True)
             self._conn.executescript(_STATE_SCHEMA)  # stores created before state existed
             # a commit's state flush touches many pages in one transaction: pages past the
             # default 2 MiB cache spill to the WAL before the commit (written twice)
             self._conn.execute(f"PRAGMA cache_size = {_WRITER_CACHE_KIB}")
         except BaseException:
-            self._release_lock(job_name)
+            self._release_lock()
             raise
         self._job = job_name
 
@@ -350,8 +384,85 @@ class SqliteCheckpointStore(CheckpointStore):
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
 
-    def _take_inode_lock(self, job_name: str) -> None:
-        """Lock ``job_name`` on the database file itself (any path to it: see module doc)."""
+    def _take_container_lock(self, job_name: str, index: int, parent: int) -> int:
+        """The lock of container ``index`` (see ``as_container``): taken first, then the
+        job's lock is checked to be held by our parent. A run that takes the job's lock
+        checks the container locks after taking it (``_refuse_live_containers``), so of
+        a newcomer and a container of an earlier parent, one always sees the other."""
+        what = f"container {index} of job {job_name!r}"
+        lp = container_lock_path(self.path, job_name, index)
+        try:
+            fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise CheckpointError(
+                f"cannot use checkpoint store {self.path}: cannot create the lock file {lp} of {what} "
+                f"({e.strerror}){_access_hint(self.path)}"
+            ) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                raise CheckpointError(
+                    f"checkpoint store {self.path} is in use by {what} of another run (pid {holder}, "
+                    f"lock file {lp}); stop it first"
+                ) from None
+            job_fd = os.open(lock_path(self.path, job_name), os.O_RDONLY | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(job_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    holder_pid = None  # nobody holds the job's lock
+                except BlockingIOError:
+                    text = os.pread(job_fd, 64, 0).decode(errors="replace").strip()
+                    holder_pid = int(text) if text.isdigit() else None
+            finally:
+                os.close(job_fd)  # drops our shared lock, if we got it
+            if holder_pid is None or holder_pid != parent or os.getppid() != parent:
+                raise CheckpointError(
+                    f"{what} refused: a container of a job with --containers / job.container.count "
+                    f"runs only under the `tailrace run` that started it and holds the job's lock "
+                    f"(expected pid {parent}, parent {os.getppid()}, lock held by "
+                    f"{holder_pid if holder_pid is not None else 'nobody'})"
+                )
+        except OSError as e:
+            os.close(fd)
+            raise CheckpointError(f"cannot lock checkpoint store {self.path} ({lp}): {e}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def _refuse_live_containers(self, job_name: str) -> None:
+        """CheckpointError when a container of an earlier ``--containers`` run of the job still
+        holds its lock (its parent gone, it is still stopping); we hold the job's lock."""
+        prefix = lock_path(self.path, job_name).name[: -len(".lock")] + ".container-"
+        try:
+            names = [n for n in os.listdir(self.path.parent) if n.startswith(prefix) and n.endswith(".lock")]
+        except OSError as e:
+            where = f"checkpoint store {self.path}"
+            raise CheckpointError(f"cannot list the lock files of {where}: {e}") from None
+        for name in sorted(names):
+            lp = self.path.parent / name
+            try:
+                fd = os.open(lp, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                raise CheckpointError(
+                    f"checkpoint store {self.path} is in use by a container of an earlier run of job "
+                    f"{job_name!r} (pid {holder}, lock file {lp}); wait until it stops"
+                ) from None
+            finally:
+                os.close(fd)
+
+    def _take_inode_lock(self, job_name: str, key: str) -> None:
+        """Lock ``key`` (the job's name, or a container's key) on the database file itself
+        (any path to it: see module doc)."""
         other_name = CheckpointError(
             f"checkpoint store {self.path} is open under another name (a hard link or bind mount of "
             "the same database file) by another container; SQLite keeps a write-ahead log per name, "
@@ -370,9 +481,9 @@ class SqliteCheckpointStore(CheckpointStore):
                 except FileNotFoundError:
                     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # a new, empty store
                     st = os.fstat(fd)
-                key = (st.st_dev, st.st_ino)
+                inode = (st.st_dev, st.st_ino)
                 name = os.path.realpath(self.path)
-                entry = _inode_locks.get(key)
+                entry = _inode_locks.get(inode)
                 if entry is None:
                     entry = _InodeLock(fd if fd >= 0 else os.open(self.path, os.O_RDWR), name)
                     try:
@@ -383,36 +494,37 @@ class SqliteCheckpointStore(CheckpointStore):
                     if not claimed:
                         os.close(entry.fd)
                         raise other_name
-                    _inode_locks[key] = entry
+                    _inode_locks[inode] = entry
                 elif entry.name != name:
                     raise other_name
-                if job_name in entry.jobs:
+                if key in entry.jobs:
                     raise in_use  # another store of this process (OFD locks of one descriptor never conflict)
                 try:
-                    _ofd(entry.fd, fcntl.F_WRLCK, job_name)
+                    _ofd(entry.fd, fcntl.F_WRLCK, key)
                 except OSError as e:
                     if not entry.jobs:
-                        del _inode_locks[key]
+                        del _inode_locks[inode]
                         os.close(entry.fd)
                     if e.errno in (errno.EAGAIN, errno.EACCES):
                         raise in_use from None
                     raise CheckpointError(f"cannot lock checkpoint store {self.path}: {e}") from None
-                entry.jobs.add(job_name)
-                self._inode = key
+                entry.jobs.add(key)
+                self._inode = inode
         except OSError as e:
             raise CheckpointError(f"cannot open checkpoint store {self.path}: {e}") from None
 
-    def _release_lock(self, job_name: str | None) -> None:
-        key, self._inode = self._inode, None
-        if key is not None and job_name is not None:
+    def _release_lock(self) -> None:
+        inode, self._inode = self._inode, None
+        key, self._lock_key = self._lock_key, None
+        if inode is not None and key is not None:
             with _inode_locks_guard:
-                entry = _inode_locks.get(key)
-                if entry is not None and job_name in entry.jobs:
-                    entry.jobs.discard(job_name)
+                entry = _inode_locks.get(inode)
+                if entry is not None and key in entry.jobs:
+                    entry.jobs.discard(key)
                     if entry.jobs:
-                        _ofd(entry.fd, fcntl.F_UNLCK, job_name)
+                        _ofd(entry.fd, fcntl.F_UNLCK, key)
                     else:  # the last store of this file in this process: its SQLite connection is closed
-                        del _inode_locks[key]
+                        del _inode_locks[inode]
                         os.close(entry.fd)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
@@ -625,10 +737,10 @@ class SqliteCheckpointStore(CheckpointStore):
                 self._conn.close()
             finally:
                 self._conn = None
-                job, self._job = self._job, None
-                self._release_lock(job)
+                self._job = None
+                self._release_lock()
         else:
-            self._release_lock(None)
+            self._release_lock()
 
     # -- tools (CLI) ----------------------------------------------------------
     def committed(self, job_name: str | None = None) -> dict[str, dict[SystemStreamPartition, Offset]]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -367,3 +369,68 @@ def test_msgpack_output_format_writes_values_and_cuts_a_partial_one(tmp_path: Pa
         fs.producer().send("o", 0, None, object())
     with pytest.raises(ConfigError, match=r"systems.files.output_format"):
         FileSystem("files", tmp_path, output_format="csv")
+
+
+def test_a_partial_line_of_a_writer_killed_inside_its_write_is_cut_by_the_next_writer(tmp_path: Path) -> None:
+    # tailrace run --containers N: processes append to one file; one killed inside its write
+    # leaves a partial line while the others keep the file open
+    from tailrace.files import FileProducer
+
+    p = FileProducer(tmp_path, lambda stream: 1, buffer_bytes=1 << 20)
+    p.send("o", 0, None, {"seq": 0})
+    p.flush()
+    f = tmp_path / "o" / "partition-0.jsonl"
+    with open(f, "ab") as other:  # the other process's whole line, then the start of one
+        other.write(b'{"other":1}\n{"oth')
+    p.send("o", 0, None, {"seq": 1})
+    p.flush()
+    assert f.read_bytes() == b'{"seq":0}\n{"other":1}\n{"seq":1}\n'
+    p.close()
+
+
+def test_appends_wait_for_the_files_lock(tmp_path: Path) -> None:
+    # a buffer (whole lines) is written under an exclusive flock of the file, so another
+    # process's record never lands inside it, even when a write is short
+    import fcntl
+
+    from tailrace.files import FileProducer
+
+    p = FileProducer(tmp_path, lambda stream: 1, buffer_bytes=1 << 20)
+    p.send("o", 0, None, {"seq": 0})
+    p.flush()
+    f = tmp_path / "o" / "partition-0.jsonl"
+    with open(f, "ab") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+        other.write(b'{"other":')
+        other.flush()
+        p.send("o", 0, None, {"seq": 1})
+        t = threading.Thread(target=p.flush)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and f.read_bytes() == b'{"seq":0}\n{"other":'  # waiting for the lock
+        other.write(b"1}\n")
+        other.flush()
+        fcntl.flock(other.fileno(), fcntl.LOCK_UN)
+    t.join(10)
+    assert f.read_bytes() == b'{"seq":0}\n{"other":1}\n{"seq":1}\n'
+    p.close()
+
+
+def test_two_processes_append_to_one_output_without_tearing_a_line(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tailrace.files import FileProducer\n"
+        "w = int(sys.argv[1])\n"
+        "p = FileProducer(Path(sys.argv[2]), lambda s: 1, buffer_bytes=1000)\n"
+        "for i in range(20000):\n"
+        "    p.send('o', 0, None, {'w': w, 'i': i, 'pad': 'x' * (i % 97)})\n"
+        "p.close()\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(w), str(tmp_path)]) for w in range(2)]
+    assert [p.wait(120) for p in procs] == [0, 0]
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    for line in (tmp_path / "o" / "partition-0.jsonl").read_bytes().splitlines():
+        m = json.loads(line)
+        seen[m["w"]].append(m["i"])
+    assert seen == {0: list(range(20000)), 1: list(range(20000))}

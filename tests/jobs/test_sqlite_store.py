@@ -371,3 +371,65 @@ def test_deleting_the_marker_resumes_from_the_older_checkpoint_on_purpose(tmp_pa
     s.open("job")
     assert s.load("t") == {}  # the backup predates every commit: all replayed, as asked
     s.close()
+
+
+def _container_proc(db: Path, index: int, parent: str = "os.getppid()") -> subprocess.Popen[str]:
+    """A process opening ``db`` as container ``index`` of a --containers run, then holding it."""
+    code = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from tailrace.errors import CheckpointError
+        from tailrace.sqlite import SqliteCheckpointStore
+        from tailrace.types import SystemStreamPartition as SSP
+        s = SqliteCheckpointStore({str(db)!r})
+        s.as_container({index}, {parent})
+        try:
+            s.open("job")
+        except CheckpointError as e:
+            print("refused:", e, flush=True)
+            sys.exit(1)
+        s.write("Partition {index}", {{SSP("files", "in", {index}): {index}}})
+        print("open", flush=True)
+        time.sleep(60)
+        """
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def test_containers_share_the_store_only_under_the_parent_holding_the_job_lock(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    parent = SqliteCheckpointStore(db)
+    parent.open("job")  # this process plays the `tailrace run --containers 2` parent
+    procs = [_container_proc(db, 0), _container_proc(db, 1)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "open"
+        # the same container twice: refused by its own lock
+        twin = _container_proc(db, 1)
+        out, _ = twin.communicate(timeout=30)
+        assert twin.returncode == 1 and "in use by container 1 of job 'job'" in out, out
+        # any other run of the job: refused by the job's lock
+        with pytest.raises(CheckpointError, match="in use by another container for job 'job'"):
+            SqliteCheckpointStore(db).open("job")
+        # the parent gone, its containers still stopping: a new run is refused by their locks...
+        parent.close()
+        with pytest.raises(
+            CheckpointError, match=r"in use by a container of an earlier run of job 'job' \(pid"
+        ):
+            SqliteCheckpointStore(db).open("job")
+        # ...and a container whose parent does not hold the job's lock is refused
+        orphan = _container_proc(db, 2)
+        out, _ = orphan.communicate(timeout=30)
+        assert orphan.returncode == 1 and "container 2 of job 'job' refused" in out, out
+        assert "lock held by nobody" in out
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    s = SqliteCheckpointStore(db)
+    s.open("job")  # the kernel dropped the containers' locks with them
+    assert s.committed() == {
+        "Partition 0": {SSP("files", "in", 0): 0},
+        "Partition 1": {SSP("files", "in", 1): 1},
+    }
+    s.close()

@@ -84,23 +84,23 @@ def test_tailrace_run_names_an_unreachable_redis(tmp_path: Path) -> None:
     assert "absent.sock" in done.stderr and "unreachable" in done.stderr, done.stderr
 
 
-def test_several_containers_need_redis_checkpoints(tmp_path: Path) -> None:
+def test_several_containers_need_redis_checkpoints_unless_the_inputs_are_files(tmp_path: Path) -> None:
+    # file inputs split over containers with SQLite checkpoints (tests/jobs/test_containers.py);
+    # inputs that live in the process (memory) need Redis to be shared
     (tmp_path / "forward.py").write_text(TASK)
-    (tmp_path / "data" / "in").mkdir(parents=True)
     job = tmp_path / "job.toml"
     job.write_text(
         json.dumps({}).replace("{}", "")
         + """
 [job]
-name = "files"
+name = "mem"
 task = "forward.py:Forward"
-inputs = ["files.in"]
+inputs = ["mem.in"]
 
-[systems.files]
-type = "file"
-path = "data"
+[systems.mem]
+type = "memory"
 """
     )
     done = run_cli("run", str(job), "--containers", "2")
     assert done.returncode == 2
-    assert "checkpoints.type" in done.stderr, done.stderr
+    assert "config key '--containers'" in done.stderr and "not a file input" in done.stderr, done.stderr
