@@ -18,7 +18,8 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
     ``message[key_field]`` for a dict message when ``key_field`` is set. Appends at
     most ``want`` envelopes and stops after the first line whose ``decode`` raises
     ValueError. Returns ``(at, lines, error, start)``: where it stopped, how many lines
-    it consumed, the ValueError (or None) and the offset of the bad line.
+    it consumed, the ValueError (or None) and the offset of the bad line. ``decode`` is
+    a callable or a JsonCodec (then its ``decode``).
     """
     if at < 0 or end > len(data) or at > end:
         raise ValueError(f"file_decode_lines: range {at}:{end} outside {len(data)} bytes")
@@ -27,6 +28,7 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
     cdef Py_ssize_t lines = 0, got = 0, start, n
     cdef object raw, message, key
     cdef bint keyed = key_field is not None
+    cdef JsonCodec codec = <JsonCodec>decode if isinstance(decode, JsonCodec) else None
     while at < end and got < want:
         nl = <const char *>memchr(buf + at, 10, <size_t>(end - at))
         if nl == NULL:
@@ -39,7 +41,7 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
             n -= 1
         raw = PyBytes_FromStringAndSize(buf + start, n)
         try:
-            message = decode(raw)
+            message = codec.decode(raw) if codec is not None else decode(raw)
         except ValueError as e:
             return at, lines, e, base + start
         key = message.get(key_field) if keyed and type(message) is dict else None

@@ -37,11 +37,13 @@ cdef class FileSink:
 
     ``producer`` opens a partition's file (``_output(stream, partition)``, which
     registers it here with ``add``) and writes a full buffer (``_write_full(out)``),
-    both under its lock. ``encode`` turns a message into bytes, ``sep`` follows each.
+    both under its lock. ``encode`` turns a message into bytes (a callable, or a
+    JsonCodec), ``sep`` follows each.
     """
 
     cdef object producer
     cdef object encode
+    cdef JsonCodec codec  # encode's own object when it is the compiled JSON codec: called directly
     cdef bytes sep
     cdef Py_ssize_t limit
     cdef str what  # "JSON" or "msgpack", for errors
@@ -49,6 +51,9 @@ cdef class FileSink:
 
     def __init__(self, producer, encode, bytes sep not None, Py_ssize_t limit, str what not None):
         self.producer = producer
+        if isinstance(encode, JsonCodec):
+            self.codec = <JsonCodec>encode
+            encode = self.codec.encode
         self.encode = encode
         self.sep = sep
         self.limit = limit
@@ -72,7 +77,7 @@ cdef class FileSink:
         """Encode ``message`` and append it to ``stream``'s ``partition`` buffer."""
         cdef object line
         try:
-            line = self.encode(message)
+            line = self.codec.encode(message) if self.codec is not None else self.encode(message)
         except (TypeError, ValueError, OverflowError) as e:
             raise ValueError(
                 f"file output {stream}[{partition}]: message is not {self.what}-serialisable: {e}"

@@ -56,7 +56,7 @@ from typing import Any, BinaryIO
 from ._core import Envelope, FileOutput, FileSink, file_decode_lines
 from .errors import ConfigError, InputError
 from .interfaces import PartitionReader, Producer, System
-from .serdes import _json_decode, _json_encode  # the raw functions: errors stay the codec's own
+from .serdes import _json_codec, _json_decode, _json_encode  # the raw functions: errors stay the codec's own
 from .types import Offset, SystemStreamPartition
 
 log = logging.getLogger("tailrace.files")
@@ -217,7 +217,8 @@ class FileReader(PartitionReader):
         self._capacity = max(1, read_ahead)
         self._skip_bad = skip_bad_lines
         self._key_field = key_field
-        self._decode_line: Callable[[bytes], Any] = _decode_text if fmt == "text" else _json_decode
+        # the compiled JSON codec itself when there is one: file_decode_lines calls it directly
+        self._decode_line: Any = _decode_text if fmt == "text" else _json_codec or _json_decode
         self._skipped = 0
         self._fd = -1
         # the current chunk: _data[:_end] is whole lines (each ends with a newline),
@@ -519,7 +520,7 @@ class FileProducer(Producer):
         self._partitions = partitions
         self._fmt = fmt
         # jsonl: one encoded line and a newline; msgpack: values back to back
-        encode: Callable[[Any], bytes] = _json_encode
+        encode: Any = _json_codec or _json_encode  # the codec itself: FileSink calls it directly
         sep = b"\n"
         if fmt == "msgpack":
             packer = _msgpack().Packer(use_bin_type=True)
