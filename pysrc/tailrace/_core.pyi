@@ -95,6 +95,7 @@ def file_decode_lines(
     partition: int,
     key_field: str | None,
     out: list[Envelope],
+    held: bool = False,
 ) -> tuple[int, int, ValueError | None, int]: ...
 
 class FileOutput:
