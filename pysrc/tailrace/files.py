@@ -66,6 +66,10 @@ _EXTENSIONS = {fmt: ext for ext, fmt in FORMATS.items()}
 _PARTITION_FILE = re.compile(r"^partition-(0|[1-9][0-9]*)(\.jsonl|\.txt|\.msgpack)$")
 _CHUNK = 1 << 16  # bytes read from a file at a time
 _LOGGED_SKIPS = 10  # bad lines logged individually per partition before going quiet
+# Most messages one poll decodes, by default. Small on purpose: a poll's messages are
+# processed right after it, so a few dozen are still in the CPU's caches when the task
+# reads them (thousands were not: the end-to-end job took ~15% more CPU with 4096).
+READ_AHEAD = 64
 
 
 def _decode_text(raw: bytes) -> str:
@@ -207,7 +211,7 @@ class FileReader(PartitionReader):
         path: Path,
         fmt: str,
         *,
-        read_ahead: int = 4096,
+        read_ahead: int = READ_AHEAD,
         skip_bad_lines: bool = False,
         key_field: str | None = None,
     ) -> None:
@@ -691,7 +695,7 @@ class FileSystem(System):
         output_partitions: int | Mapping[str, int] = 1,
         skip_bad_lines: bool = False,
         key_field: str | None = None,
-        read_ahead: int = 4096,
+        read_ahead: int = READ_AHEAD,
         output_format: str = "jsonl",
     ) -> None:
         super().__init__(name)
