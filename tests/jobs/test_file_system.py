@@ -430,7 +430,7 @@ def test_held_poll_leaves_envelopes_untracked_and_poll_does_not(tmp_path: Path) 
     import gc
 
     msgs = [{"seq": i, "nested": [i]} for i in range(300)]
-    fs = make(tmp_path, [msgs])
+    fs = make(tmp_path, [msgs], read_ahead=100)
     held = fs.reader(SSP0)
     assert isinstance(held, FileReader)
     held.start(None, lambda: None)
