@@ -8,6 +8,21 @@
 # the bytes reach the file in the order they were appended.
 
 
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from libc.string cimport memcpy
+
+
+cdef inline int _append2(bytearray buf, bytes a, bytes b) except -1:
+    """``buf += a + b`` with one resize (amortised like bytearray's own growth)."""
+    cdef Py_ssize_t n = PyByteArray_GET_SIZE(buf)
+    cdef Py_ssize_t na = PyBytes_GET_SIZE(a), nb = PyBytes_GET_SIZE(b)
+    PyByteArray_Resize(buf, n + na + nb)
+    cdef char *dst = PyByteArray_AS_STRING(buf) + n
+    memcpy(dst, PyBytes_AS_STRING(a), na)
+    memcpy(dst + na, PyBytes_AS_STRING(b), nb)
+    return 0
+
+
 @cython.final
 cdef class FileOutput:
     """One open output partition file and its encoded lines not yet written.
@@ -90,7 +105,10 @@ cdef class FileSink:
             found = self.producer._output(stream, partition)
         cdef FileOutput out = <FileOutput?>found
         cdef bytearray buf = out.buf
-        buf += line
-        buf += self.sep
+        if type(line) is bytes:
+            _append2(buf, <bytes>line, self.sep)
+        else:  # another bytes-like object from a custom encoder
+            buf += line
+            buf += self.sep
         if len(buf) >= self.limit:
             self.producer._write_full(out)
