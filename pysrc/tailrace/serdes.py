@@ -181,26 +181,34 @@ def _compiled_codec() -> Any:
     c_encoder: Any = None
     # json's C parts are not typed (private names): looked up, and checked below
     make_encoder = getattr(json.encoder, "c_make_encoder", None)
-    if make_encoder is not None:
-        c_encoder = make_encoder(
-            markers,
-            enc.default,
-            json.encoder.encode_basestring,
-            None,
-            enc.key_separator,
-            enc.item_separator,
-            enc.sort_keys,
-            enc.skipkeys,
-            enc.allow_nan,
-        )
     scan_once: Any = None
     if getattr(json.scanner, "c_make_scanner", None) is not None:
         scan_once = getattr(json.decoder.JSONDecoder(), "scan_once", None)
     probe: Any = {"a": [1, 2.5, -0.0, 1e16, 1e-7, float("nan"), None, True, 'é\u2028"', {"b": []}]}
-    if c_encoder is None or "".join(c_encoder(probe, 0)) != enc.encode(probe) or markers:
-        c_encoder = markers = None
     text = enc.encode(probe)
-    if not scan_once or repr(scan_once(text, 0)) != repr((json.loads(text), len(text))):
+    try:  # the arguments JSONEncoder.iterencode passes (3.11-3.13)
+        if make_encoder is not None:
+            c_encoder = make_encoder(
+                markers,
+                enc.default,
+                json.encoder.encode_basestring,
+                None,
+                enc.key_separator,
+                enc.item_separator,
+                enc.sort_keys,
+                enc.skipkeys,
+                enc.allow_nan,
+            )
+        if c_encoder is None or "".join(c_encoder(probe, 0)) != text or markers:
+            c_encoder = None
+    except Exception:  # noqa: BLE001 - another Python's C encoder: the library's own path then
+        c_encoder = None
+    if c_encoder is None:
+        markers = None
+    try:
+        if scan_once is not None and repr(scan_once(text, 0)) != repr((json.loads(text), len(text))):
+            scan_once = None
+    except Exception:  # noqa: BLE001 - another Python's C scanner: the library's own path then
         scan_once = None
     kw: dict[str, Any] = {}
     if _orjson is not None:
