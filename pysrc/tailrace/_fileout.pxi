@@ -9,7 +9,6 @@
 
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
-from libc.string cimport memcpy
 
 
 cdef inline int _append2(bytearray buf, bytes a, bytes b) except -1:

@@ -7,6 +7,7 @@
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8String
+from libc.string cimport memcpy
 
 
 # Bytes a guard of json_std_decides starts from: e and E (a digit before them is an
@@ -52,24 +53,60 @@ cdef bint _scan_long_digits(const unsigned char *b, Py_ssize_t n) noexcept nogil
     return False
 
 
+cdef extern from *:
+    """
+    /* bytes of a 64-bit word: "v has a zero byte" is (v - ONES) & ~v & HIGHS != 0 */
+    #define TR_SCAN_ONES 0x0101010101010101ULL
+    #define TR_SCAN_HIGHS 0x8080808080808080ULL
+    #define TR_SCAN_CASE 0x2020202020202020ULL
+    #define TR_SCAN_E 0x6565656565656565ULL
+    #define TR_SCAN_DOT 0x2e2e2e2e2e2e2e2eULL
+    #define TR_SCAN_N 0x6e6e6e6e6e6e6e6eULL
+    """
+    const uint64_t TR_SCAN_ONES
+    const uint64_t TR_SCAN_HIGHS
+    const uint64_t TR_SCAN_CASE
+    const uint64_t TR_SCAN_E
+    const uint64_t TR_SCAN_DOT
+    const uint64_t TR_SCAN_N
+
+
+cdef inline uint64_t _zero_byte(uint64_t v) noexcept nogil:
+    return (v - TR_SCAN_ONES) & ~v & TR_SCAN_HIGHS
+
+
+cdef inline bint _std_at(const unsigned char *b, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
+    """Does a match of json_std_decides' pattern hold the trigger byte b[i]?"""
+    cdef unsigned char t = _STD_TRIGGER[b[i]]
+    if t == 0:
+        return False
+    if t == 1:  # e, E after a digit
+        return i > 0 and _is_digit(b[i - 1])
+    if t == 2:  # the "." of 0.0000
+        return (i > 0 and i + 4 < n and b[i - 1] == 48 and b[i + 1] == 48 and b[i + 2] == 48
+                and b[i + 3] == 48 and b[i + 4] == 48)
+    return i + 3 < n and b[i + 1] == 117 and b[i + 2] == 108 and b[i + 3] == 108  # null
+
+
 cdef bint _scan_std_decides(const unsigned char *b, Py_ssize_t n) noexcept nogil:
-    """``[0-9][eE]|0\\.0000|null`` somewhere in ``b``: each match holds an e, E, "." or n,
-    so only those bytes are looked at closely."""
-    cdef Py_ssize_t i
-    cdef unsigned char t
-    for i in range(n):
-        t = _STD_TRIGGER[b[i]]
-        if t == 0:
-            continue
-        if t == 1:  # e, E after a digit
-            if i > 0 and _is_digit(b[i - 1]):
+    """``[0-9][eE]|0\\.0000|null`` somewhere in ``b``. Each match holds an e, E, "." or n:
+    8 bytes at a time, a word with none of them is skipped (e and E are one test: E | 0x20
+    is e), and only the bytes of the other words are looked at."""
+    cdef Py_ssize_t i = 0, k, end
+    cdef uint64_t w
+    while i < n:
+        end = n
+        if i + 8 <= n:
+            memcpy(&w, b + i, 8)
+            if not (_zero_byte((w | TR_SCAN_CASE) ^ TR_SCAN_E) | _zero_byte(w ^ TR_SCAN_DOT)
+                    | _zero_byte(w ^ TR_SCAN_N)):
+                i += 8
+                continue
+            end = i + 8
+        for k in range(i, end):
+            if _std_at(b, n, k):
                 return True
-        elif t == 2:  # the "." of 0.0000
-            if (i > 0 and i + 4 < n and b[i - 1] == 48 and b[i + 1] == 48 and b[i + 2] == 48
-                    and b[i + 3] == 48 and b[i + 4] == 48):
-                return True
-        elif i + 3 < n and b[i + 1] == 117 and b[i + 2] == 108 and b[i + 3] == 108:  # null
-            return True
+        i = end
     return False
 
 
