@@ -61,18 +61,41 @@ def make_envelopes(
 def key_partition(key: Any, partitions: int) -> int: ...
 def json_long_digits(data: bytes) -> bool: ...
 def json_std_decides(data: bytes) -> bool: ...
+
+class JsonCodec:
+    def __init__(
+        self,
+        std_encode: Callable[[Any], str],
+        std_loads: Callable[[bytes | str], Any],
+        scan_once: Callable[[str, int], tuple[Any, int]] | None = None,
+        c_encoder: Callable[[Any, int], Sequence[str]] | None = None,
+        markers: dict[int, Any] | None = None,
+        or_dumps: Callable[..., bytes] | None = None,
+        or_loads: Callable[[Any], Any] | None = None,
+        or_option: int = 0,
+        or_encode_error: type[BaseException] | None = None,
+        or_decode_error: type[BaseException] | None = None,
+    ) -> None: ...
+    @property
+    def fast(self) -> tuple[bool, bool, bool]: ...
+    def encode(self, obj: Any) -> bytes: ...
+    def encode_std(self, obj: Any) -> bytes: ...
+    def decode(self, data: bytes | str) -> Any: ...
+    def decode_std(self, data: bytes | str) -> Any: ...
+
 def file_decode_lines(
     data: bytes,
     at: int,
     end: int,
     base: int,
     want: int,
-    decode: Callable[[bytes], Any],
+    decode: Callable[[bytes], Any] | JsonCodec,
     system: str,
     stream: str,
     partition: int,
     key_field: str | None,
     out: list[Envelope],
+    held: bool = False,
 ) -> tuple[int, int, ValueError | None, int]: ...
 
 class FileOutput:
@@ -83,7 +106,7 @@ class FileOutput:
 
 class FileSink:
     def __init__(
-        self, producer: Any, encode: Callable[[Any], bytes], sep: bytes, limit: int, what: str
+        self, producer: Any, encode: Callable[[Any], bytes] | JsonCodec, sep: bytes, limit: int, what: str
     ) -> None: ...
     def add(self, stream: str, partition: int, out: FileOutput) -> None: ...
     def clear(self) -> None: ...

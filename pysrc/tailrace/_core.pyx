@@ -8,7 +8,7 @@ Assembled from fragments, one concern each (uvloop style):
   _collector.pxi   Collector (send is called once per emitted message)
   _primitives.pxi  Python wrappers of the C queue, sequencer and watermark
   _loop.pxi        the C dispatch loop binding: trampolines, Callback, LoopRunner
-  _serde_scan.pxi  byte scans of tailrace.serdes' orjson fast path (once per message)
+  _serde_scan.pxi  tailrace.serdes' JSON codec and its guard scans (once per message)
   _filein.pxi      file inputs: find, decode and wrap each line of a chunk (once per message)
   _fileout.pxi     file outputs: encode and append to a partition's buffer (once per message)
 """
@@ -22,10 +22,10 @@ from tailrace cimport _capi as capi
 
 include "_status.pxi"
 include "_types.pxi"
+include "_serde_scan.pxi"
 include "_fileout.pxi"
 include "_collector.pxi"
 include "_primitives.pxi"
 include "_aio.pxi"
 include "_loop.pxi"
-include "_serde_scan.pxi"
 include "_filein.pxi"

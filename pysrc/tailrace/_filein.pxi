@@ -10,7 +10,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 
 def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssize_t base,
                       Py_ssize_t want, object decode, str system, str stream,
-                      Py_ssize_t partition, object key_field, list out not None):
+                      Py_ssize_t partition, object key_field, list out not None, bint held=False):
     """Decode the lines of ``data[at:end]`` (each ends with a newline) into ``out``.
 
     ``base`` is the file offset of ``data[0]``; an envelope's offset is the byte
@@ -18,7 +18,14 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
     ``message[key_field]`` for a dict message when ``key_field`` is set. Appends at
     most ``want`` envelopes and stops after the first line whose ``decode`` raises
     ValueError. Returns ``(at, lines, error, start)``: where it stopped, how many lines
-    it consumed, the ValueError (or None) and the offset of the bad line.
+    it consumed, the ValueError (or None) and the offset of the bad line. ``decode`` is
+    a callable or a JsonCodec (then its ``decode``).
+
+    ``held``: the envelopes are for the C engine's input rings, which settle each one
+    again when they hand it out (_take_item): they are left untracked by the cycle
+    collector meanwhile, so the thousands waiting in a ring are neither traversed nor
+    promoted by the collections their own allocation triggers. Nothing else may get
+    them (a cycle through an untracked envelope would never be collected).
     """
     if at < 0 or end > len(data) or at > end:
         raise ValueError(f"file_decode_lines: range {at}:{end} outside {len(data)} bytes")
@@ -26,7 +33,9 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
     cdef const char *nl
     cdef Py_ssize_t lines = 0, got = 0, start, n
     cdef object raw, message, key
+    cdef Envelope env
     cdef bint keyed = key_field is not None
+    cdef JsonCodec codec = <JsonCodec>decode if isinstance(decode, JsonCodec) else None
     while at < end and got < want:
         nl = <const char *>memchr(buf + at, 10, <size_t>(end - at))
         if nl == NULL:
@@ -39,10 +48,13 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
             n -= 1
         raw = PyBytes_FromStringAndSize(buf + start, n)
         try:
-            message = decode(raw)
+            message = codec.decode(raw) if codec is not None else decode(raw)
         except ValueError as e:
             return at, lines, e, base + start
         key = message.get(key_field) if keyed and type(message) is dict else None
-        out.append(new_envelope(system, stream, partition, base + start, key, message))
+        env = new_envelope(system, stream, partition, base + start, key, message)
+        if held and PyObject_GC_IsTracked(env):
+            PyObject_GC_UnTrack(env)
+        out.append(env)
         got += 1
     return at, lines, None, 0

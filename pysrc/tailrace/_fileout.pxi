@@ -8,6 +8,20 @@
 # the bytes reach the file in the order they were appended.
 
 
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+
+
+cdef inline int _append2(bytearray buf, bytes a, bytes b) except -1:
+    """``buf += a + b`` with one resize (amortised like bytearray's own growth)."""
+    cdef Py_ssize_t n = PyByteArray_GET_SIZE(buf)
+    cdef Py_ssize_t na = PyBytes_GET_SIZE(a), nb = PyBytes_GET_SIZE(b)
+    PyByteArray_Resize(buf, n + na + nb)
+    cdef char *dst = PyByteArray_AS_STRING(buf) + n
+    memcpy(dst, PyBytes_AS_STRING(a), na)
+    memcpy(dst + na, PyBytes_AS_STRING(b), nb)
+    return 0
+
+
 @cython.final
 cdef class FileOutput:
     """One open output partition file and its encoded lines not yet written.
@@ -37,11 +51,13 @@ cdef class FileSink:
 
     ``producer`` opens a partition's file (``_output(stream, partition)``, which
     registers it here with ``add``) and writes a full buffer (``_write_full(out)``),
-    both under its lock. ``encode`` turns a message into bytes, ``sep`` follows each.
+    both under its lock. ``encode`` turns a message into bytes (a callable, or a
+    JsonCodec), ``sep`` follows each.
     """
 
     cdef object producer
     cdef object encode
+    cdef JsonCodec codec  # encode's own object when it is the compiled JSON codec: called directly
     cdef bytes sep
     cdef Py_ssize_t limit
     cdef str what  # "JSON" or "msgpack", for errors
@@ -49,6 +65,9 @@ cdef class FileSink:
 
     def __init__(self, producer, encode, bytes sep not None, Py_ssize_t limit, str what not None):
         self.producer = producer
+        if isinstance(encode, JsonCodec):
+            self.codec = <JsonCodec>encode
+            encode = self.codec.encode
         self.encode = encode
         self.sep = sep
         self.limit = limit
@@ -72,7 +91,7 @@ cdef class FileSink:
         """Encode ``message`` and append it to ``stream``'s ``partition`` buffer."""
         cdef object line
         try:
-            line = self.encode(message)
+            line = self.codec.encode(message) if self.codec is not None else self.encode(message)
         except (TypeError, ValueError, OverflowError) as e:
             raise ValueError(
                 f"file output {stream}[{partition}]: message is not {self.what}-serialisable: {e}"
@@ -85,7 +104,10 @@ cdef class FileSink:
             found = self.producer._output(stream, partition)
         cdef FileOutput out = <FileOutput?>found
         cdef bytearray buf = out.buf
-        buf += line
-        buf += self.sep
+        if type(line) is bytes:
+            _append2(buf, <bytes>line, self.sep)
+        else:  # another bytes-like object from a custom encoder
+            buf += line
+            buf += self.sep
         if len(buf) >= self.limit:
             self.producer._write_full(out)

@@ -1,40 +1,252 @@
-# Byte scans for tailrace.serdes' orjson fast path: run once per encoded or decoded
-# message, so compiled (one pass over the buffer, no allocation). serdes keeps a
-# pure-Python version of each and a test checks all three agree with the regexes
-# they stand for.
+# tailrace.serdes' JSON codec, compiled: it runs once per encoded or decoded message
+# (files, stores, Redis, Kafka), so neither the codec's choice between orjson and the
+# standard library nor its guard scans cost a Python frame. serdes keeps a pure-Python
+# version of everything here (used where the compiled core is missing) and tests check
+# that both give the standard library's bytes and values, and that the scans agree
+# with the regular expressions they stand for.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8String
+from libc.string cimport memcpy
+
+
+# Bytes a guard of json_std_decides starts from: e and E (a digit before them is an
+# exponent), "." (the middle of 0.0000) and n (null). Every other byte is skipped.
+cdef unsigned char _STD_TRIGGER[256]
+
+
+cdef void _std_trigger_init() noexcept:
+    cdef int c
+    for c in range(256):
+        _STD_TRIGGER[c] = 0
+    _STD_TRIGGER[101] = 1  # e
+    _STD_TRIGGER[69] = 1  # E
+    _STD_TRIGGER[46] = 2  # .
+    _STD_TRIGGER[110] = 3  # n
+
+
+_std_trigger_init()
+
+
+cdef inline bint _is_digit(unsigned char c) noexcept nogil:
+    return <unsigned char>(c - 48) < 10
+
+
+cdef bint _scan_long_digits(const unsigned char *b, Py_ssize_t n) noexcept nogil:
+    """A run of 19 or more ASCII digits (``[0-9]{19}``), found without looking at most bytes.
+
+    A byte that is not a digit is in no run of 19, so the next run can end 19 bytes
+    later at the earliest: the scan probes every 19th byte and, at a digit, walks back
+    to the start of its run (at most 18 bytes).
+    """
+    cdef Py_ssize_t i = 18, j
+    while i < n:
+        if not _is_digit(b[i]):
+            i += 19
+            continue
+        j = i - 1
+        while j > i - 19 and _is_digit(b[j]):
+            j -= 1
+        if j == i - 19:
+            return True  # b[i - 18 .. i] are all digits
+        i = j + 19  # b[j] is no digit: a run starts after it
+    return False
+
+
+cdef extern from *:
+    """
+    /* bytes of a 64-bit word: "v has a zero byte" is (v - ONES) & ~v & HIGHS != 0 */
+    #define TR_SCAN_ONES 0x0101010101010101ULL
+    #define TR_SCAN_HIGHS 0x8080808080808080ULL
+    #define TR_SCAN_CASE 0x2020202020202020ULL
+    #define TR_SCAN_E 0x6565656565656565ULL
+    #define TR_SCAN_DOT 0x2e2e2e2e2e2e2e2eULL
+    #define TR_SCAN_N 0x6e6e6e6e6e6e6e6eULL
+    """
+    const uint64_t TR_SCAN_ONES
+    const uint64_t TR_SCAN_HIGHS
+    const uint64_t TR_SCAN_CASE
+    const uint64_t TR_SCAN_E
+    const uint64_t TR_SCAN_DOT
+    const uint64_t TR_SCAN_N
+
+
+cdef inline uint64_t _zero_byte(uint64_t v) noexcept nogil:
+    return (v - TR_SCAN_ONES) & ~v & TR_SCAN_HIGHS
+
+
+cdef inline bint _std_at(const unsigned char *b, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
+    """Does a match of json_std_decides' pattern hold the trigger byte b[i]?"""
+    cdef unsigned char t = _STD_TRIGGER[b[i]]
+    if t == 0:
+        return False
+    if t == 1:  # e, E after a digit
+        return i > 0 and _is_digit(b[i - 1])
+    if t == 2:  # the "." of 0.0000
+        return (i > 0 and i + 4 < n and b[i - 1] == 48 and b[i + 1] == 48 and b[i + 2] == 48
+                and b[i + 3] == 48 and b[i + 4] == 48)
+    return i + 3 < n and b[i + 1] == 117 and b[i + 2] == 108 and b[i + 3] == 108  # null
+
+
+cdef bint _scan_std_decides(const unsigned char *b, Py_ssize_t n) noexcept nogil:
+    """``[0-9][eE]|0\\.0000|null`` somewhere in ``b``. Each match holds an e, E, "." or n:
+    8 bytes at a time, a word with none of them is skipped (e and E are one test: E | 0x20
+    is e), and only the bytes of the other words are looked at."""
+    cdef Py_ssize_t i = 0, k, end
+    cdef uint64_t w
+    while i < n:
+        end = n
+        if i + 8 <= n:
+            memcpy(&w, b + i, 8)
+            if not (_zero_byte((w | TR_SCAN_CASE) ^ TR_SCAN_E) | _zero_byte(w ^ TR_SCAN_DOT)
+                    | _zero_byte(w ^ TR_SCAN_N)):
+                i += 8
+                continue
+            end = i + 8
+        for k in range(i, end):
+            if _std_at(b, n, k):
+                return True
+        i = end
+    return False
 
 
 def json_long_digits(bytes data not None):
     """True when ``data`` holds a run of 19 or more ASCII digits (regex ``[0-9]{19}``)."""
-    cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
-    cdef Py_ssize_t i, run = 0, n = PyBytes_GET_SIZE(data)
-    for i in range(n):
-        if 48 <= b[i] <= 57:
-            run += 1
-            if run >= 19:
-                return True
-        else:
-            run = 0
-    return False
+    return _scan_long_digits(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
 
 
 def json_std_decides(bytes data not None):
     """True when ``data`` matches ``[0-9][eE]|0\\.0000|null``: orjson output the standard
     library may write differently (an exponent, a small float, NaN or inf as null)."""
-    cdef const unsigned char *out = <const unsigned char *>PyBytes_AS_STRING(data)
-    cdef Py_ssize_t i, n = PyBytes_GET_SIZE(data)
-    cdef unsigned char c
-    for i in range(n):
-        c = out[i]
-        if 48 <= c <= 57:
-            if i + 1 < n and (out[i + 1] == 101 or out[i + 1] == 69):  # e, E
-                return True
-            if (c == 48 and i + 5 < n and out[i + 1] == 46 and out[i + 2] == 48
-                    and out[i + 3] == 48 and out[i + 4] == 48 and out[i + 5] == 48):  # 0.0000
-                return True
-        elif (c == 110 and i + 3 < n and out[i + 1] == 117 and out[i + 2] == 108
-              and out[i + 3] == 108):  # null
-            return True
-    return False
+    return _scan_std_decides(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+
+
+@cython.final
+cdef class JsonCodec:
+    """The ``json`` serde's two functions (tailrace.serdes), compiled.
+
+    The standard library decides every byte and value; orjson (when given) is a fast
+    path whose output is used only where it is the same: an encoding it refuses, or
+    whose bytes ``json_std_decides`` flags, and a decoding of bytes with a run of 19+
+    digits (orjson reads such integers as floats) or that it refuses, go to the
+    standard library. The standard library itself is called below its Python layer:
+    ``scan_once`` (json's C scanner) on a line that starts with ``{`` or ``[`` and
+    holds exactly one value, and ``c_encoder`` (json's C encoder, made once with the
+    encoder's settings and ``markers``), which is what ``json.loads`` and
+    ``JSONEncoder.encode`` end up calling. Anything else (other input, an error, the C
+    encoder in use by another thread while it runs Python code) goes through
+    ``std_loads`` / ``std_encode`` themselves, so values and error messages are theirs.
+    Thread-safe (the module keeps the GIL).
+    """
+
+    cdef object std_encode  # JSONEncoder(...).encode: str
+    cdef object std_loads  # json.loads
+    cdef object scan_once  # json's C scanner (json.decoder.JSONDecoder().scan_once), or None
+    cdef object c_encoder  # json.encoder.c_make_encoder(markers, ...) of std_encode's encoder, or None
+    cdef dict markers  # c_encoder's circular-reference markers (empty between calls)
+    cdef bint encoding  # c_encoder is running (it may call Python code: another thread waits no turn)
+    cdef object or_dumps  # orjson.dumps, or None
+    cdef object or_loads
+    cdef object or_option
+    cdef object or_encode_error
+    cdef object or_decode_error
+
+    def __init__(self, std_encode, std_loads, scan_once=None, c_encoder=None, markers=None,
+                 or_dumps=None, or_loads=None, or_option=0, or_encode_error=None, or_decode_error=None):
+        if (c_encoder is None) != (markers is None):
+            raise ValueError("JsonCodec: c_encoder and its markers dict go together")
+        self.std_encode = std_encode
+        self.std_loads = std_loads
+        self.scan_once = scan_once
+        self.c_encoder = c_encoder
+        self.markers = markers
+        self.encoding = False
+        self.or_dumps = or_dumps
+        self.or_loads = or_loads
+        self.or_option = or_option
+        self.or_encode_error = or_encode_error if or_encode_error is not None else ()
+        self.or_decode_error = or_decode_error if or_decode_error is not None else ()
+
+    @property
+    def fast(self):
+        """Which fast paths are on: ``(orjson, C scanner, C encoder)``."""
+        return (self.or_dumps is not None, self.scan_once is not None, self.c_encoder is not None)
+
+    cpdef bytes encode(self, object obj):
+        """``obj`` as compact UTF-8 JSON (the standard library's bytes). Raises its errors."""
+        cdef object out
+        if self.or_dumps is not None:
+            try:
+                out = self.or_dumps(obj, None, self.or_option)
+            except self.or_encode_error:
+                return self.encode_std(obj)
+            if type(out) is bytes and not _scan_std_decides(
+                    <const unsigned char *>PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out)):
+                return <bytes>out
+        return self.encode_std(obj)
+
+    cpdef bytes encode_std(self, object obj):
+        """``obj`` encoded by the standard library alone."""
+        cdef object chunks
+        if self.c_encoder is None or self.encoding or isinstance(obj, str):
+            return PyUnicode_AsUTF8String(self.std_encode(obj))
+        self.encoding = True
+        try:
+            chunks = self.c_encoder(obj, 0)
+        except BaseException as e:
+            # a half-done encoding can leave markers behind (the C encoder does not
+            # remove them on error): clear them, then let the encoder itself raise
+            self.markers.clear()
+            if not isinstance(e, Exception):
+                raise
+            chunks = None
+        finally:
+            self.encoding = False
+        if chunks is None:
+            return PyUnicode_AsUTF8String(self.std_encode(obj))
+        return PyUnicode_AsUTF8String("".join(chunks))
+
+    cpdef object decode(self, object data):
+        """The value of one JSON text (bytes or str), as the standard library reads it."""
+        cdef const unsigned char *b
+        cdef object raw
+        if self.or_loads is not None:
+            raw = data if type(data) is bytes else str(data).encode()
+            b = <const unsigned char *>PyBytes_AS_STRING(raw)
+            if not _scan_long_digits(b, PyBytes_GET_SIZE(raw)):
+                try:
+                    return self.or_loads(data)
+                except self.or_decode_error:
+                    pass  # NaN/Infinity tokens, or the standard library's error
+        return self.decode_std(data)
+
+    cpdef object decode_std(self, object data):
+        """``data`` decoded by the standard library alone."""
+        cdef Py_ssize_t n
+        cdef const char *b
+        cdef object text
+        if self.scan_once is not None:
+            if type(data) is bytes:
+                n = PyBytes_GET_SIZE(data)
+                b = PyBytes_AS_STRING(data)
+                # "{" or "[" first: no BOM, and json.loads would read UTF-8 (a NUL second
+                # byte would make it UTF-16) with no leading whitespace to skip
+                if n >= 2 and (b[0] == 123 or b[0] == 91) and b[1] != 0:
+                    try:
+                        text = PyUnicode_DecodeUTF8(b, n, "surrogatepass")
+                    except UnicodeDecodeError:
+                        return self.std_loads(data)
+                    return self._scan(text, data)
+            elif type(data) is str and len(<str>data) >= 1 and (
+                    (<str>data)[0] == "{" or (<str>data)[0] == "["):
+                return self._scan(data, data)
+        return self.std_loads(data)
+
+    cdef object _scan(self, str text, object data):
+        try:
+            value, end = self.scan_once(text, 0)
+        except Exception:  # StopIteration or JSONDecodeError: json.loads says which, and how
+            return self.std_loads(data)
+        if end != len(text):  # trailing whitespace, or extra data: json.loads decides
+            return self.std_loads(data)
+        return value

@@ -161,6 +161,74 @@ else:
     _json_decode = _json_decode_std
 
 
+def _compiled_codec() -> Any:
+    """The same codec compiled (tailrace._core.JsonCodec), or None where the core is missing.
+
+    Its standard-library fast paths call json's C scanner and C encoder directly (what
+    ``json.loads`` and ``JSONEncoder.encode`` call); each is checked here once against
+    the library's own answer and left out if it is missing or differs.
+    """
+    try:
+        from ._core import JsonCodec
+    except ImportError:  # pragma: no cover - the compiled core is missing
+        return None
+    import json.decoder
+    import json.encoder
+    import json.scanner
+
+    enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True)
+    markers: dict[int, Any] | None = {}
+    c_encoder: Any = None
+    # json's C parts are not typed (private names): looked up, and checked below
+    make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    scan_once: Any = None
+    if getattr(json.scanner, "c_make_scanner", None) is not None:
+        scan_once = getattr(json.decoder.JSONDecoder(), "scan_once", None)
+    probe: Any = {"a": [1, 2.5, -0.0, 1e16, 1e-7, float("nan"), None, True, 'é\u2028"', {"b": []}]}
+    text = enc.encode(probe)
+    try:  # the arguments JSONEncoder.iterencode passes (3.11-3.13)
+        if make_encoder is not None:
+            c_encoder = make_encoder(
+                markers,
+                enc.default,
+                json.encoder.encode_basestring,
+                None,
+                enc.key_separator,
+                enc.item_separator,
+                enc.sort_keys,
+                enc.skipkeys,
+                enc.allow_nan,
+            )
+        if c_encoder is None or "".join(c_encoder(probe, 0)) != text or markers:
+            c_encoder = None
+    except Exception:  # noqa: BLE001 - another Python's C encoder: the library's own path then
+        c_encoder = None
+    if c_encoder is None:
+        markers = None
+    try:
+        if scan_once is not None and repr(scan_once(text, 0)) != repr((json.loads(text), len(text))):
+            scan_once = None
+    except Exception:  # noqa: BLE001 - another Python's C scanner: the library's own path then
+        scan_once = None
+    kw: dict[str, Any] = {}
+    if _orjson is not None:
+        kw = dict(
+            or_dumps=_or_dumps,
+            or_loads=_or_loads,
+            or_option=_OR_OPTS,
+            or_encode_error=_OR_ERROR,
+            or_decode_error=_OR_DECODE_ERROR,
+        )
+    return JsonCodec(enc.encode, json.loads, scan_once, c_encoder, markers, **kw)
+
+
+_py_json_encode, _py_json_decode = _json_encode, _json_decode
+_json_codec = _compiled_codec()
+if _json_codec is not None:
+    _json_encode = _json_codec.encode
+    _json_decode = _json_codec.decode
+
+
 # -- the others -------------------------------------------------------------------------
 def _str_encode(obj: Any) -> bytes:
     if type(obj) is not str and not isinstance(obj, str):

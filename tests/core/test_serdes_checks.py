@@ -58,3 +58,25 @@ def test_std_decides_matches_the_regex(impl: Callable[[bytes], bool]) -> None:
 def test_serdes_uses_the_compiled_scans() -> None:
     assert serdes._long_digits is _core.json_long_digits
     assert serdes._std_decides is _core.json_std_decides
+
+
+@pytest.mark.parametrize("impl", [_core.json_std_decides, serdes._py_std_decides])
+def test_std_decides_finds_a_match_at_every_place_in_an_8_byte_word(impl: Callable[[bytes], bool]) -> None:
+    # the compiled scan skips 8-byte words without a trigger byte: a match may start, end
+    # or straddle anywhere
+    for pat, miss in [(b"1e", b"1f"), (b"9E", b"xE"), (b"0.0000", b"0.000x"), (b"null", b"nulx")]:
+        for before in range(17):
+            for after in range(10):
+                hit = b"a" * before + pat + b"a" * after
+                assert impl(hit) and STD.search(hit), hit
+                near = b"a" * before + miss + b"a" * after
+                assert impl(near) == (STD.search(near) is not None), near
+
+
+@pytest.mark.parametrize("impl", [_core.json_long_digits, serdes._py_long_digits])
+def test_long_digits_finds_a_run_at_every_place(impl: Callable[[bytes], bool]) -> None:
+    # the compiled scan probes every 19th byte: a run may start anywhere
+    for before in range(40):
+        for after in range(3):
+            assert impl(b"a" * before + b"7" * 19 + b"a" * after)
+            assert not impl(b"a" * before + b"7" * 18 + b"a" + b"7" * 18 + b"a" * after)

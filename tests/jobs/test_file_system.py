@@ -434,3 +434,153 @@ def test_two_processes_append_to_one_output_without_tearing_a_line(tmp_path: Pat
         m = json.loads(line)
         seen[m["w"]].append(m["i"])
     assert seen == {0: list(range(20000)), 1: list(range(20000))}
+
+
+# -- the C engine's held envelopes (FileReader._tailrace_poll_held) ---------------------
+class _Seen:
+    tracked: list[bool] = []
+    offsets: list[Any] = []
+    refs: list[Any] = []
+
+
+class _CycleMaker:
+    """Records each envelope's GC state and ties the envelope into a cycle through its
+    message (message -> envelope -> message), watched through a weak reference."""
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        import gc
+        import weakref
+
+        _Seen.tracked.append(gc.is_tracked(envelope))
+        _Seen.offsets.append(envelope.offset)
+        if isinstance(envelope.message, dict):
+            marker = _Marker()
+            envelope.message["cycle"] = envelope
+            envelope.message["marker"] = marker
+            _Seen.refs.append(weakref.ref(marker))
+
+
+class _Marker:
+    pass
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+def test_engine_hands_out_tracked_envelopes_and_collects_cycles_through_them(
+    tmp_path: Path, engine: str, fmt: str
+) -> None:
+    import gc
+
+    from tailrace import Container, StreamTask
+
+    class Task(_CycleMaker, StreamTask):
+        pass
+
+    msgs: list[Any] = [{"seq": i} for i in range(3000)] if fmt == "jsonl" else [f"l{i}" for i in range(3000)]
+    offsets = write_stream(tmp_path / "in" / "s", [msgs, msgs[:500]], fmt)
+    _Seen.tracked, _Seen.offsets, _Seen.refs = [], [], []
+    result = Container(
+        Task, inputs=["files.s"], systems=[FileSystem("files", tmp_path / "in")], engine=engine
+    ).run()
+    assert result.reason == "end_of_stream"
+    assert sorted(_Seen.offsets) == sorted(offsets[0] + offsets[1])
+    # a dict message keeps its envelope tracked (a cycle through it can form); a str one does not
+    assert _Seen.tracked == [fmt == "jsonl"] * 3500
+    del result
+    gc.collect()
+    assert len(_Seen.refs) == (3500 if fmt == "jsonl" else 0)
+    assert not [r for r in _Seen.refs if r() is not None], "cycles through envelopes were not collected"
+    _Seen.refs = []
+
+
+def test_held_poll_leaves_envelopes_untracked_and_poll_does_not(tmp_path: Path) -> None:
+    import gc
+
+    msgs = [{"seq": i, "nested": [i]} for i in range(300)]
+    fs = make(tmp_path, [msgs], read_ahead=100)
+    held = fs.reader(SSP0)
+    assert isinstance(held, FileReader)
+    held.start(None, lambda: None)
+    a = held._tailrace_poll_held(100)
+    plain = fs.reader(SSP0)
+    plain.start(None, lambda: None)
+    b = plain.poll(100)
+    assert [e.message for e in a] == [e.message for e in b] == msgs[:100]
+    assert [e.offset for e in a] == [e.offset for e in b]
+    assert not any(gc.is_tracked(e) for e in a)
+    assert all(gc.is_tracked(e) for e in b)
+    held.close()
+    plain.close()
+
+
+@needs_msgpack
+def test_msgpack_reader_has_no_held_poll(tmp_path: Path) -> None:
+    write_stream(tmp_path / "in" / "s", [[{"a": 1}]], "msgpack")
+    r = FileSystem("files", tmp_path / "in").reader(SSP0)
+    assert getattr(r, "_tailrace_poll_held", None) is None  # the engine calls its own poll
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_c_engine_reports_or_skips_bad_lines_with_file_and_line(tmp_path: Path, skip: bool) -> None:
+    from tailrace import Container, StreamTask
+    from tailrace.errors import TailraceError
+
+    class Task(_CycleMaker, StreamTask):
+        pass
+
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    lines = [json.dumps({"seq": i}) for i in range(6000)]
+    lines[4321] = '{"seq": oops}'
+    (d / "partition-0.jsonl").write_text("\n".join(lines) + "\n")
+    _Seen.tracked, _Seen.offsets, _Seen.refs = [], [], []
+    c = Container(
+        Task,
+        inputs=["files.s"],
+        systems=[FileSystem("files", tmp_path / "in", skip_bad_lines=skip)],
+        engine="c",
+    )
+    if not skip:
+        with pytest.raises(TailraceError, match=r"partition-0.jsonl:4322: line is not valid JSON"):
+            c.run()
+        bad_at = sum(len(x) + 1 for x in lines[:4321])
+        assert len(_Seen.offsets) <= 4321 and all(o < bad_at for o in _Seen.offsets)  # none after it
+        return
+    result = c.run()
+    assert result.reason == "end_of_stream"
+    assert len(_Seen.offsets) == 5999
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_shutdown_with_envelopes_still_buffered_then_restart_by_offset(tmp_path: Path, engine: str) -> None:
+    # rules 1, 9, 19: a stop leaves polled envelopes in the input rings (held, untracked,
+    # on the C engine); they are dropped, and the restart reads on after the committed
+    # offset: every line exactly once across both runs
+    import gc
+
+    from tailrace import Container, MemoryCheckpointStore, Scope, StreamTask
+
+    seen: list[tuple[int, int]] = []
+
+    class StopEarly(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            seen.append((envelope.partition, envelope.message["seq"]))
+            if len(seen) == 777:
+                coordinator.commit(Scope.ALL_TASKS_IN_CONTAINER)
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    msgs = [[{"seq": i, "p": p} for i in range(3000)] for p in range(2)]
+    write_stream(tmp_path / "in" / "s", msgs)
+    store = MemoryCheckpointStore()
+
+    def run() -> Any:
+        fs = FileSystem("files", tmp_path / "in", read_ahead=500)
+        return Container(StopEarly, inputs=["files.s"], systems=[fs], checkpoints=store, engine=engine).run()
+
+    first = run()
+    assert first.reason == "shutdown", (first.reason, len(seen))
+    assert 777 <= len(seen) < 6000
+    gc.collect()
+    second = run()
+    assert second.reason == "end_of_stream"
+    assert sorted(seen) == sorted((p, i) for p in range(2) for i in range(3000))
