@@ -84,6 +84,7 @@ log = logging.getLogger("tailrace.engine.reference")
 _POOL_EXIT_GRACE_S = 0.05  # idle pool threads exit at once; only a stuck one takes longer
 
 _COMMIT = COMMIT_CURRENT | COMMIT_ALL
+_RUN_MAX = 64  # messages of one task in a row (ReferenceEngine._run), as the C loop's TR_RUN_MAX
 
 
 class _Callback:
@@ -180,7 +181,7 @@ class _Timers:
     def __init__(self, wake: Callable[[], None], clock: Clock) -> None:
         self._lock = threading.Lock()
         self._timers = TimerHeap()
-        self._wake = wake
+        self._wake = wake  # also ends a run in progress (ReferenceEngine._run)
         self._clock = clock
 
     def now(self) -> float:
@@ -228,7 +229,10 @@ class _Task:
         self.window = hook(plan.task, "window") if cfg.window_ms > 0 else None
         self.eos_hook = hook(plan.task, "end_of_stream")
         self.coordinator = Coordinator()  # reused by sync process on one thread
-        self.timers = _Timers(engine._wakeup, engine._clock)
+        self.timers = _Timers(engine._timer_set, engine._clock)
+        # a sync task without key ordering: runs of messages on the loop thread when the
+        # engine has no pool and no stuck-call watch (ReferenceEngine._run)
+        self.inline = plan.kind == "sync" and cfg.ordering != "key"
         # sequencing (rules 2, 12, 15)
         self.next_seq = 0
         self.next_release = 0
@@ -285,6 +289,10 @@ class ReferenceEngine:
         self._events: deque[tuple[str, _Callback, BaseException | None]] = deque()
         self._signalled = False  # reader wakeup / timer change since the last wait
         self._stop_flag = False
+        # set by stop() and by a timer scheduled: a run in progress ends after its
+        # current message, so the loop acts on it first (ReferenceEngine._run)
+        self._poke = False
+        self._runs = False  # runs on the loop thread (no pool, no watch): set by run()
         self._ran = False
         self._watch: StuckCallWatch | None = None  # sync calls on the loop thread (rules 3, 16)
         now = self._clock.monotonic()
@@ -304,11 +312,16 @@ class ReferenceEngine:
         self._timeout = (
             self.config.callback_timeout_ms / 1000 if self.config.callback_timeout_ms > 0 else None
         )
+        # the clock's monotonic() for runs: time.monotonic itself on real time (no method layer)
+        self._monotonic: Callable[[], float] = (
+            time.monotonic if type(self._clock).monotonic is Clock.monotonic else self._clock.monotonic
+        )
 
     # -- public ---------------------------------------------------------------
     def stop(self) -> None:
         """Request a graceful stop (rule 19); wakes a blocked loop. Any thread, signal handlers."""
         self._stop_flag = True
+        self._poke = True  # after the flag: a run that sees the poke sees the flag
         with self._cv:
             self._cv.notify()
 
@@ -327,6 +340,7 @@ class ReferenceEngine:
         ms = self.config.callback_timeout_ms
         if ms > 0 and not self.config.thread_pool_size:
             self._watch = StuckCallWatch(ms, threading.get_ident())
+        self._runs = self._watch is None and not self.config.thread_pool_size
         try:
             self._start()
             if self._failure is None:
@@ -350,6 +364,11 @@ class ReferenceEngine:
         with self._cv:
             self._signalled = True
             self._cv.notify()
+
+    def _timer_set(self) -> None:
+        """``context.schedule`` (any thread): a run in progress ends, the loop re-reads the timers."""
+        self._poke = True
+        self._wakeup()
 
     def _resolve(self, cb: _Callback, exc: BaseException | None) -> None:
         """complete()/fail() from any thread: exactly one resolution wins (rule 17)."""
@@ -788,6 +807,20 @@ class ReferenceEngine:
                     break
                 if self._blocked(t, now):
                     continue
+                if t.inline and self._runs and not t.outstanding:
+                    limit = min(_RUN_MAX, budget - sent - round_sent)
+                    if limit <= 0:
+                        halt = True
+                        break
+                    k, requests = self._run(t, due, limit)
+                    round_sent += k
+                    if requests or self._failure is not None:
+                        halt = True  # the loop acts on requests and failures first (rules 14-16)
+                        break
+                    d = self._barrier_due(t, now)  # a timer process() set
+                    if now < d < due:
+                        due = d
+                    continue
                 chosen = self._choose_keyed(t) if t.keyed else self._choose(t)
                 if chosen is None:
                     continue  # every buffered key is busy (rule 31)
@@ -810,6 +843,80 @@ class ReferenceEngine:
                 break  # control work before normal work: the loop runs the commit first
         self._metrics.envelopes_chosen += sent
         return sent > 0
+
+    def _run(self, t: _Task, due: float, limit: int) -> tuple[int, int]:
+        """A run: up to ``limit`` buffered messages of an inline sync task, one after the
+        other on the loop thread; returns (messages invoked, requests of the last one).
+
+        The same steps as ``_invoke`` + ``_run_sync`` + ``_apply_events`` + ``_release``
+        for each message, without the callback objects: with nothing outstanding when
+        it starts, each message completes (process returns) and is released before the
+        next is invoked (rules 1-3, 12), so a message's sequence number is released as
+        soon as it is taken. Partitions round robin as ``_choose`` (rule 5). The run
+        ends before the next message once a barrier is due (``due``, monotonic), a stop
+        is asked or a timer is set (``_poke``: rules 8, 19, 23), and right after a
+        message that failed (rules 16, 18) or made a coordinator request (rules 14, 15).
+        The task's counters are brought up to date when it ends (metrics read during a
+        run lag behind it, as the C loop's do).
+        """
+        self._poke = False
+        if self._stop_flag:  # after clearing the poke: stop() sets the flag first
+            return 0, 0
+        process = t.process
+        collector = t.collector
+        coordinator = t.coordinator
+        monotonic = self._monotonic
+        parts = t.parts
+        k = len(parts)
+        rr = t.part_rr
+        invoked = completed = ignored = 0
+        requests = 0
+        try:
+            while invoked < limit:
+                if self._poke or monotonic() >= due:
+                    break
+                if k == 1:
+                    part = parts[0]
+                    if not part.buffer:
+                        break
+                else:
+                    for _ in range(k):
+                        part = parts[rr]
+                        rr = rr + 1 if rr + 1 < k else 0
+                        if part.buffer:
+                            break
+                    else:
+                        break
+                env = part.buffer.popleft()
+                invoked += 1
+                try:
+                    process(env, collector, coordinator)
+                except Exception as e:  # noqa: BLE001 - user code; as _run_sync
+                    if not self.config.ignores(e):
+                        coordinator.take()  # a failed message's requests never take effect
+                        t.failed += 1
+                        self._fail(TaskError(t.name, part.ssp, env.offset, e))
+                        break
+                    ignored += 1
+                    log.debug("task %r ignored %r at %s offset %r", t.name, e, part.ssp, env.offset)
+                completed += 1
+                part.low_watermark = env.offset  # released (rules 12, 13)
+                part.released_n += 1
+                if coordinator._requests:
+                    requests = coordinator.take()
+                    break
+        finally:
+            t.part_rr = rr
+            t.next_seq += invoked
+            t.processed += invoked
+            t.next_release += completed
+            t.completed += completed
+            t.ignored += ignored
+        if requests:
+            self._apply_requests(t, requests)  # as _release does for a released message
+            if requests & _COMMIT:
+                t.release_stopped = True  # nothing is held behind it (rule 15)
+        return invoked, requests
 
     def _choose(self, t: _Task) -> tuple[_Partition, Envelope]:
         parts = t.parts
