@@ -694,6 +694,13 @@ class ReferenceEngine:
             due = min(due, now + (timer - self._clock.time()))
         return due
 
+    def _next_barrier(self, now: float) -> float:
+        """The earliest window, commit or user timer of a live task still to fall due after
+        ``now`` (monotonic seconds; inf: none). One due already holds back its own task
+        (``_blocked``), not the others, as in the C loop."""
+        upcoming = (self._barrier_due(t, now) for t in self._tasks if not t.done)
+        return min((d for d in upcoming if d > now), default=math.inf)
+
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
         offsets = {p.ssp: p.low_watermark for p in t.parts if p.low_watermark is not None}
@@ -785,8 +792,8 @@ class ReferenceEngine:
         # once it is due, no message starts before the loop has run it (rules 8, 9, 23),
         # so the clock is read per message. (One due already is _blocked's business:
         # it holds back its own task, not the others, as in the C loop.)
-        upcoming = (self._barrier_due(t, now) for t in tasks if not t.done)
-        due = min((d for d in upcoming if d > now), default=math.inf)
+        self._poke = False  # before reading the timers: one set from now on pokes (see _run)
+        due = self._next_barrier(now)
         halt = False
         while sent < budget and self._failure is None and not halt:
             round_sent = 0
@@ -802,6 +809,9 @@ class ReferenceEngine:
                 elif t.outstanding >= mc:
                     continue
                 now = self._clock.monotonic()
+                if self._poke:  # a timer was set (by a run's process, or any thread), or stop()
+                    self._poke = False
+                    due = self._next_barrier(now)
                 if now >= due or self._stop_flag:
                     halt = True  # rules 8, 19: the loop acts on it before any more messages
                     break
@@ -817,9 +827,6 @@ class ReferenceEngine:
                     if requests or self._failure is not None:
                         halt = True  # the loop acts on requests and failures first (rules 14-16)
                         break
-                    d = self._barrier_due(t, now)  # a timer process() set
-                    if now < d < due:
-                        due = d
                     continue
                 chosen = self._choose_keyed(t) if t.keyed else self._choose(t)
                 if chosen is None:
@@ -854,14 +861,12 @@ class ReferenceEngine:
         next is invoked (rules 1-3, 12), so a message's sequence number is released as
         soon as it is taken. Partitions round robin as ``_choose`` (rule 5). The run
         ends before the next message once a barrier is due (``due``, monotonic), a stop
-        is asked or a timer is set (``_poke``: rules 8, 19, 23), and right after a
+        is asked or a timer is set (``_poke``, which ``_dispatch`` clears before it reads
+        the timers into ``due``: rules 8, 19, 23), and right after a
         message that failed (rules 16, 18) or made a coordinator request (rules 14, 15).
         The task's counters are brought up to date when it ends (metrics read during a
         run lag behind it, as the C loop's do).
         """
-        self._poke = False
-        if self._stop_flag:  # after clearing the poke: stop() sets the flag first
-            return 0, 0
         process = t.process
         collector = t.collector
         coordinator = t.coordinator
