@@ -84,7 +84,11 @@ log = logging.getLogger("tailrace.engine.reference")
 _POOL_EXIT_GRACE_S = 0.05  # idle pool threads exit at once; only a stuck one takes longer
 
 _COMMIT = COMMIT_CURRENT | COMMIT_ALL
-_RUN_MAX = 64  # messages of one task in a row (ReferenceEngine._run), as the C loop's TR_RUN_MAX
+# messages of one task in a row (ReferenceEngine._run); the C loop's TR_RUN_MAX is 64, but
+# here each run costs a few microseconds of Python around it, and 256 halves what the loop
+# adds per message without holding other tasks back for long (a barrier or stop is seen
+# before every message either way)
+_RUN_MAX = 256
 
 
 class _Callback:
@@ -780,7 +784,7 @@ class ReferenceEngine:
         return finished
 
     # -- 7. dispatch ----------------------------------------------------------
-    def _dispatch(self, budget: int = 256) -> bool:
+    def _dispatch(self, budget: int = 1024) -> bool:
         """Hand buffered envelopes to tasks below their concurrency limit, round robin
         over tasks and, within a task, over its partitions (rules 1-5)."""
         mc = self.config.max_concurrency
@@ -862,11 +866,59 @@ class ReferenceEngine:
         soon as it is taken. Partitions round robin as ``_choose`` (rule 5). The run
         ends before the next message once a barrier is due (``due``, monotonic), a stop
         is asked or a timer is set (``_poke``, which ``_dispatch`` clears before it reads
-        the timers into ``due``: rules 8, 19, 23), and right after a
-        message that failed (rules 16, 18) or made a coordinator request (rules 14, 15).
-        The task's counters are brought up to date when it ends (metrics read during a
-        run lag behind it, as the C loop's do).
+        the timers into ``due``: rules 8, 19, 23), and right after a message that failed
+        (rules 16, 18) or made a coordinator request (rules 14, 15). The task's counters
+        and watermarks are brought up to date when it ends (metrics read during a run
+        lag behind it, as the C loop's do).
         """
+        if len(t.parts) == 1:
+            invoked, completed, requests = self._run_partition(t, t.parts[0], due, limit)
+        else:
+            invoked, completed, requests = self._run_partitions(t, due, limit)
+        t.next_seq += invoked
+        t.processed += invoked
+        t.next_release += completed
+        t.completed += completed
+        if requests:
+            self._apply_requests(t, requests)  # as _release does for a released message
+            if requests & _COMMIT:
+                t.release_stopped = True  # nothing is held behind it (rule 15)
+        return invoked, requests
+
+    def _run_partition(self, t: _Task, part: _Partition, due: float, limit: int) -> tuple[int, int, int]:
+        """``_run`` of a task with one partition: (invoked, completed, requests)."""
+        process = t.process
+        collector = t.collector
+        coordinator = t.coordinator
+        monotonic = self._monotonic
+        popleft = part.buffer.popleft
+        n = min(limit, len(part.buffer))
+        invoked = completed = requests = 0
+        last: Envelope | None = None  # the last message completed
+        try:
+            while invoked < n:
+                if self._poke or monotonic() >= due:
+                    break
+                env = popleft()
+                invoked += 1
+                try:
+                    process(env, collector, coordinator)
+                except Exception as e:  # noqa: BLE001 - user code
+                    if not self._run_error(t, part, env, e):
+                        break
+                completed += 1
+                last = env
+                if coordinator._requests:
+                    requests = coordinator.take()
+                    break
+        finally:
+            if last is not None:
+                part.low_watermark = last.offset  # released (rules 12, 13)
+                part.released_n += completed
+        return invoked, completed, requests
+
+    def _run_partitions(self, t: _Task, due: float, limit: int) -> tuple[int, int, int]:
+        """``_run`` of a task with several partitions, round robin: (invoked, completed, requests)."""
         process = t.process
         collector = t.collector
         coordinator = t.coordinator
@@ -874,36 +926,25 @@ class ReferenceEngine:
         parts = t.parts
         k = len(parts)
         rr = t.part_rr
-        invoked = completed = ignored = 0
-        requests = 0
+        invoked = completed = requests = 0
         try:
             while invoked < limit:
                 if self._poke or monotonic() >= due:
                     break
-                if k == 1:
-                    part = parts[0]
-                    if not part.buffer:
+                for _ in range(k):
+                    part = parts[rr]
+                    rr = rr + 1 if rr + 1 < k else 0
+                    if part.buffer:
                         break
                 else:
-                    for _ in range(k):
-                        part = parts[rr]
-                        rr = rr + 1 if rr + 1 < k else 0
-                        if part.buffer:
-                            break
-                    else:
-                        break
+                    break  # every buffer is empty
                 env = part.buffer.popleft()
                 invoked += 1
                 try:
                     process(env, collector, coordinator)
-                except Exception as e:  # noqa: BLE001 - user code; as _run_sync
-                    if not self.config.ignores(e):
-                        coordinator.take()  # a failed message's requests never take effect
-                        t.failed += 1
-                        self._fail(TaskError(t.name, part.ssp, env.offset, e))
+                except Exception as e:  # noqa: BLE001 - user code
+                    if not self._run_error(t, part, env, e):
                         break
-                    ignored += 1
-                    log.debug("task %r ignored %r at %s offset %r", t.name, e, part.ssp, env.offset)
                 completed += 1
                 part.low_watermark = env.offset  # released (rules 12, 13)
                 part.released_n += 1
@@ -912,16 +953,20 @@ class ReferenceEngine:
                     break
         finally:
             t.part_rr = rr
-            t.next_seq += invoked
-            t.processed += invoked
-            t.next_release += completed
-            t.completed += completed
-            t.ignored += ignored
-        if requests:
-            self._apply_requests(t, requests)  # as _release does for a released message
-            if requests & _COMMIT:
-                t.release_stopped = True  # nothing is held behind it (rule 15)
-        return invoked, requests
+        return invoked, completed, requests
+
+    def _run_error(self, t: _Task, part: _Partition, env: Envelope, e: Exception) -> bool:
+        """An exception from process in a run, as ``_run_sync`` + ``_apply_events`` see it:
+        True when ignored (the message counts as completed, its requests too), else the
+        container stops with it (rule 16) and the message's requests are void."""
+        if self.config.ignores(e):
+            t.ignored += 1
+            log.debug("task %r ignored %r at %s offset %r", t.name, e, part.ssp, env.offset)
+            return True
+        t.coordinator.take()
+        t.failed += 1
+        self._fail(TaskError(t.name, part.ssp, env.offset, e))
+        return False
 
     def _choose(self, t: _Task) -> tuple[_Partition, Envelope]:
         parts = t.parts
