@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tailrace import MemoryCheckpointStore, Scope, StreamTask, SystemStreamPartition, TaskError
+from tailrace import MemoryCheckpointStore, MemorySystem, Scope, StreamTask, SystemStreamPartition, TaskError
 
 from .helpers import bounded, history_of, run_job, ssp
 
@@ -176,3 +176,39 @@ def test_shutdown_vote_in_a_run_stops_before_the_next_message(engine: str) -> No
     assert result.committed == {ssp(0): 17}
     m = result.tasks["Partition 0"]
     assert (m.processed, m.completed, m.outstanding) == (18, 18, 0)
+
+
+def test_run_over_two_partitions_keeps_each_watermark(engine: str) -> None:
+    # rules 5, 12, 13, 16, 18: a task with two partitions is served round robin inside a
+    # run; a failure in one names it and stops there, the other keeps its own watermark
+    seen: list[tuple[str, int]] = []
+    events: list[Any] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            seen.append((envelope.stream, envelope.offset))
+            if (envelope.stream, envelope.offset) == ("b", 3):
+                coordinator.commit()
+            if (envelope.stream, envelope.offset) == ("b", 7):
+                raise Boom(7)
+
+    system = MemorySystem().add_stream("a", [list(range(20))])
+    system.add_stream("b", [list(range(20))])
+    store = RecordingStore(events)
+    with pytest.raises(TaskError) as info:
+        run_job(engine, Task, system, inputs=["mem.a", "mem.b"], store=store)
+    assert (info.value.ssp, info.value.offset) == (ssp(0, "b"), 7)
+    assert seen[-1] == ("b", 7)
+    for stream in ("a", "b"):  # each partition in offset order
+        offsets = [o for s, o in seen if s == stream]
+        assert offsets == list(range(len(offsets)))
+    # round robin: neither partition ran far ahead of the other (rule 5)
+    assert abs(sum(s == "a" for s, _ in seen) - sum(s == "b" for s, _ in seen)) <= 1
+    # the requested commit covers exactly the messages before it (rule 15)
+    at = seen.index(("b", 3))
+    a_before = max(o for s, o in seen[:at] if s == "a")
+    commits = [e[1] for e in events]
+    assert commits[0] == {ssp(0, "a"): a_before, ssp(0, "b"): 3}
+    # the final commit: every message of a seen, b up to the one before the failure (rule 18)
+    a_last = max(o for s, o in seen if s == "a")
+    assert commits[-1] == {ssp(0, "a"): a_last, ssp(0, "b"): 6}

@@ -51,6 +51,14 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
 - A failure stops the loop as soon as it is seen (outstanding callbacks of other
   tasks are not awaited); the engine then commits each task's low watermark,
   which never passes the failed message (rule 18), closes the tasks and raises.
+- Runs (the C loop's RUN op): a sync task without key ordering, in an engine
+  with no pool and no callback timeout, and with nothing outstanding, gets up to
+  ``_RUN_MAX`` buffered messages in a row from one Python loop (``_run``), each
+  completed and released before the next starts, with no callback object, lock
+  or event per message. A run ends before a message once a barrier is due, a
+  stop is asked or a timer is set, and right after a message that failed or made
+  a coordinator request; the loop then goes on as after any dispatch. The task's
+  counters move when the run ends (as the C loop's).
 - ``window``, timers, ``end_of_stream`` and commits run on the loop thread; only
   sync ``process`` goes to the pool. At max concurrency 1 a task is pinned to
   one pool thread (partition-to-thread affinity); above 1 its messages are
