@@ -96,9 +96,10 @@ def test_timer_coming_due_during_a_run_ends_it(engine: str) -> None:
     assert len(started_late) <= 1, f"{started_late} started after the timer was due"
 
 
-def test_commit_request_in_a_run_commits_exactly_its_prefix(engine: str) -> None:
-    # rules 14, 15, 9: the commit covers messages up to the requesting one and runs
-    # before the next message starts
+@pytest.mark.parametrize("async_commit", [False, True])
+def test_commit_request_in_a_run_commits_exactly_its_prefix(engine: str, async_commit: bool) -> None:
+    # rules 14, 15, 9, 10: the commit covers messages up to the requesting one and runs
+    # before the next message starts (with task.async.commit too: nothing is outstanding)
     events: list[Any] = []
 
     class Task(StreamTask):
@@ -108,7 +109,9 @@ def test_commit_request_in_a_run_commits_exactly_its_prefix(engine: str) -> None
                 coordinator.commit()
 
     store = RecordingStore(events)
-    result, _ = run_job(engine, Task, bounded([list(range(100))]), store=store)
+    result, _ = run_job(
+        engine, Task, bounded([list(range(100))]), store=store, task_async_commit=async_commit
+    )
     assert events == [
         *range(21),
         ("commit", {ssp(0): 20}),

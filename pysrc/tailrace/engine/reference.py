@@ -834,7 +834,7 @@ class ReferenceEngine:
                     break
                 if self._blocked(t, now):
                     continue
-                if t.inline and self._runs and not t.outstanding:
+                if t.inline and self._runs and not t.outstanding and not t.release_stopped:
                     limit = min(_RUN_MAX, budget - sent - round_sent)
                     if limit <= 0:
                         halt = True
