@@ -237,12 +237,12 @@ class Runner:
             )
         self.jobs: dict[str, Path] = {}
         for engine in engines:
-            if engine in ("c", "python", "c-base", "c2"):
+            if engine in ("c", "python", "c-base", "python-base", "c2"):
                 d = root / f"job-{lib}-{engine}"
                 d.mkdir()
                 (d / "data").symlink_to(root / "data")
                 (d / "task.py").write_text(TASK)
-                kind = "c" if engine in ("c-base", "c2") else engine
+                kind = "c" if engine == "c2" else engine.removesuffix("-base")
                 (d / "job.toml").write_text(JOB.format(engine=kind, out_partitions=OUT_PARTITIONS))
                 self.jobs[engine] = d
         (root / "loop.py").write_text(LOOP)
@@ -268,7 +268,7 @@ class Runner:
             d = self.jobs[contender]
             shutil.rmtree(d / "output", ignore_errors=True)
             shutil.rmtree(d / "state", ignore_errors=True)
-            python = self.base_python if contender == "c-base" and self.base_python else sys.executable
+            python = self.base_python if contender.endswith("-base") and self.base_python else sys.executable
             argv = [python, "-m", "tailrace", "run", str(d)]
             if contender == "c2":
                 argv += ["--containers", "2"]  # CPU: wait4 counts the containers (reaped by the parent)
@@ -306,7 +306,8 @@ def main() -> None:
     ap.add_argument(
         "--baseline",
         metavar="PYTHON",
-        help="add contender c-base: the C engine run by another interpreter (an older build's venv)",
+        help="add contenders c-base / python-base: each engine asked for, run by another interpreter "
+        "(an older build's venv)",
     )
     ap.add_argument("--bytewax", action="store_true", help="add bytewax's file connectors (if installed)")
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
@@ -322,7 +323,7 @@ def main() -> None:
         except ImportError:
             raise SystemExit("--libs orjson needs orjson: pip install 'tailrace[fast]'") from None
     if args.baseline:
-        engines.append("c-base")
+        engines += [f"{e}-base" for e in engines if e in ("c", "python")]
     contenders = ["loop", *engines]
     if args.bytewax:
         try:

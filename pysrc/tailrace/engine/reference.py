@@ -51,6 +51,14 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
 - A failure stops the loop as soon as it is seen (outstanding callbacks of other
   tasks are not awaited); the engine then commits each task's low watermark,
   which never passes the failed message (rule 18), closes the tasks and raises.
+- Runs (the C loop's RUN op): a sync task without key ordering, in an engine
+  with no pool and no callback timeout, and with nothing outstanding, gets up to
+  ``_RUN_MAX`` buffered messages in a row from one Python loop (``_run``), each
+  completed and released before the next starts, with no callback object, lock
+  or event per message. A run ends before a message once a barrier is due, a
+  stop is asked or a timer is set, and right after a message that failed or made
+  a coordinator request; the loop then goes on as after any dispatch. The task's
+  counters move when the run ends (as the C loop's).
 - ``window``, timers, ``end_of_stream`` and commits run on the loop thread; only
   sync ``process`` goes to the pool. At max concurrency 1 a task is pinned to
   one pool thread (partition-to-thread affinity); above 1 its messages are
@@ -84,6 +92,15 @@ log = logging.getLogger("tailrace.engine.reference")
 _POOL_EXIT_GRACE_S = 0.05  # idle pool threads exit at once; only a stuck one takes longer
 
 _COMMIT = COMMIT_CURRENT | COMMIT_ALL
+# messages of one task in a row (ReferenceEngine._run); the C loop's TR_RUN_MAX is 64, but
+# here each run costs a few microseconds of Python around it, and 256 halves what the loop
+# adds per message without holding other tasks back for long (a barrier or stop is seen
+# before every message either way)
+_RUN_MAX = 256
+# a partition of a task served by runs is refilled to this many messages, not to the whole
+# input buffer: decoded messages then wait briefly enough to be processed while still in the
+# CPU cache (on bench/e2e.py's file job, 4 tasks, buffers of 1024 cost ~20% more CPU than 256)
+_RUN_FILL = 256
 
 
 class _Callback:
@@ -180,7 +197,7 @@ class _Timers:
     def __init__(self, wake: Callable[[], None], clock: Clock) -> None:
         self._lock = threading.Lock()
         self._timers = TimerHeap()
-        self._wake = wake
+        self._wake = wake  # also ends a run in progress (ReferenceEngine._run)
         self._clock = clock
 
     def now(self) -> float:
@@ -228,7 +245,10 @@ class _Task:
         self.window = hook(plan.task, "window") if cfg.window_ms > 0 else None
         self.eos_hook = hook(plan.task, "end_of_stream")
         self.coordinator = Coordinator()  # reused by sync process on one thread
-        self.timers = _Timers(engine._wakeup, engine._clock)
+        self.timers = _Timers(engine._timer_set, engine._clock)
+        # a sync task without key ordering: runs of messages on the loop thread when the
+        # engine has no pool and no stuck-call watch (ReferenceEngine._run)
+        self.inline = plan.kind == "sync" and cfg.ordering != "key"
         # sequencing (rules 2, 12, 15)
         self.next_seq = 0
         self.next_release = 0
@@ -285,6 +305,10 @@ class ReferenceEngine:
         self._events: deque[tuple[str, _Callback, BaseException | None]] = deque()
         self._signalled = False  # reader wakeup / timer change since the last wait
         self._stop_flag = False
+        # set by stop() and by a timer scheduled: a run in progress ends after its
+        # current message, so the loop acts on it first (ReferenceEngine._run)
+        self._poke = False
+        self._runs = False  # runs on the loop thread (no pool, no watch): set by run()
         self._ran = False
         self._watch: StuckCallWatch | None = None  # sync calls on the loop thread (rules 3, 16)
         now = self._clock.monotonic()
@@ -304,11 +328,16 @@ class ReferenceEngine:
         self._timeout = (
             self.config.callback_timeout_ms / 1000 if self.config.callback_timeout_ms > 0 else None
         )
+        # the clock's monotonic() for runs: time.monotonic itself on real time (no method layer)
+        self._monotonic: Callable[[], float] = (
+            time.monotonic if type(self._clock).monotonic is Clock.monotonic else self._clock.monotonic
+        )
 
     # -- public ---------------------------------------------------------------
     def stop(self) -> None:
         """Request a graceful stop (rule 19); wakes a blocked loop. Any thread, signal handlers."""
         self._stop_flag = True
+        self._poke = True  # after the flag: a run that sees the poke sees the flag
         with self._cv:
             self._cv.notify()
 
@@ -327,6 +356,7 @@ class ReferenceEngine:
         ms = self.config.callback_timeout_ms
         if ms > 0 and not self.config.thread_pool_size:
             self._watch = StuckCallWatch(ms, threading.get_ident())
+        self._runs = self._watch is None and not self.config.thread_pool_size
         try:
             self._start()
             if self._failure is None:
@@ -350,6 +380,11 @@ class ReferenceEngine:
         with self._cv:
             self._signalled = True
             self._cv.notify()
+
+    def _timer_set(self) -> None:
+        """``context.schedule`` (any thread): a run in progress ends, the loop re-reads the timers."""
+        self._poke = True
+        self._wakeup()
 
     def _resolve(self, cb: _Callback, exc: BaseException | None) -> None:
         """complete()/fail() from any thread: exactly one resolution wins (rule 17)."""
@@ -595,18 +630,19 @@ class ReferenceEngine:
 
     # -- 4. input -------------------------------------------------------------
     def _poll_inputs(self) -> bool:
-        """Refill partition buffers up to task.input.buffer.size (rule 6)."""
+        """Refill partition buffers up to task.input.buffer.size (rule 6); those of a task
+        served by runs up to ``_RUN_FILL`` (no more than that size)."""
         cap = self.config.input_buffer_size
-        low = cap // 2
         got = False
         for t in self._tasks:
             if t.done:
                 continue
+            fill = min(cap, _RUN_FILL) if t.inline and self._runs else cap
             for p in t.parts:
                 held = len(p.order) if t.keyed else len(p.buffer)  # rule 31: from the watermark
-                if p.at_end or held > low:
+                if p.at_end or held > fill // 2:
                     continue
-                batch = p.reader.poll(cap - held)
+                batch = p.reader.poll(fill - held)
                 if batch:
                     p.buffer.extend(batch)
                     if t.keyed:
@@ -674,6 +710,13 @@ class ReferenceEngine:
         if timer is not None:
             due = min(due, now + (timer - self._clock.time()))
         return due
+
+    def _next_barrier(self, now: float) -> float:
+        """The earliest window, commit or user timer of a live task still to fall due after
+        ``now`` (monotonic seconds; inf: none). One due already holds back its own task
+        (``_blocked``), not the others, as in the C loop."""
+        upcoming = (self._barrier_due(t, now) for t in self._tasks if not t.done)
+        return min((d for d in upcoming if d > now), default=math.inf)
 
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
@@ -754,7 +797,7 @@ class ReferenceEngine:
         return finished
 
     # -- 7. dispatch ----------------------------------------------------------
-    def _dispatch(self, budget: int = 256) -> bool:
+    def _dispatch(self, budget: int = 1024) -> bool:
         """Hand buffered envelopes to tasks below their concurrency limit, round robin
         over tasks and, within a task, over its partitions (rules 1-5)."""
         mc = self.config.max_concurrency
@@ -766,8 +809,8 @@ class ReferenceEngine:
         # once it is due, no message starts before the loop has run it (rules 8, 9, 23),
         # so the clock is read per message. (One due already is _blocked's business:
         # it holds back its own task, not the others, as in the C loop.)
-        upcoming = (self._barrier_due(t, now) for t in tasks if not t.done)
-        due = min((d for d in upcoming if d > now), default=math.inf)
+        self._poke = False  # before reading the timers: one set from now on pokes (see _run)
+        due = self._next_barrier(now)
         halt = False
         while sent < budget and self._failure is None and not halt:
             round_sent = 0
@@ -783,10 +826,24 @@ class ReferenceEngine:
                 elif t.outstanding >= mc:
                     continue
                 now = self._clock.monotonic()
+                if self._poke:  # a timer was set (by a run's process, or any thread), or stop()
+                    self._poke = False
+                    due = self._next_barrier(now)
                 if now >= due or self._stop_flag:
                     halt = True  # rules 8, 19: the loop acts on it before any more messages
                     break
                 if self._blocked(t, now):
+                    continue
+                if t.inline and self._runs and not t.outstanding and not t.release_stopped:
+                    limit = min(_RUN_MAX, budget - sent - round_sent)
+                    if limit <= 0:
+                        halt = True
+                        break
+                    k, requests = self._run(t, due, limit)
+                    round_sent += k
+                    if requests or self._failure is not None:
+                        halt = True  # the loop acts on requests and failures first (rules 14-16)
+                        break
                     continue
                 chosen = self._choose_keyed(t) if t.keyed else self._choose(t)
                 if chosen is None:
@@ -810,6 +867,119 @@ class ReferenceEngine:
                 break  # control work before normal work: the loop runs the commit first
         self._metrics.envelopes_chosen += sent
         return sent > 0
+
+    def _run(self, t: _Task, due: float, limit: int) -> tuple[int, int]:
+        """A run: up to ``limit`` buffered messages of an inline sync task, one after the
+        other on the loop thread; returns (messages invoked, requests of the last one).
+
+        The same steps as ``_invoke`` + ``_run_sync`` + ``_apply_events`` + ``_release``
+        for each message, without the callback objects: with nothing outstanding when
+        it starts, each message completes (process returns) and is released before the
+        next is invoked (rules 1-3, 12), so a message's sequence number is released as
+        soon as it is taken. Partitions round robin as ``_choose`` (rule 5). The run
+        ends before the next message once a barrier is due (``due``, monotonic), a stop
+        is asked or a timer is set (``_poke``, which ``_dispatch`` clears before it reads
+        the timers into ``due``: rules 8, 19, 23), and right after a message that failed
+        (rules 16, 18) or made a coordinator request (rules 14, 15). The task's counters
+        and watermarks are brought up to date when it ends (metrics read during a run
+        lag behind it, as the C loop's do).
+        """
+        if len(t.parts) == 1:
+            invoked, completed, requests = self._run_partition(t, t.parts[0], due, limit)
+        else:
+            invoked, completed, requests = self._run_partitions(t, due, limit)
+        t.next_seq += invoked
+        t.processed += invoked
+        t.next_release += completed
+        t.completed += completed
+        if requests:
+            self._apply_requests(t, requests)  # as _release does for a released message
+            if requests & _COMMIT:
+                t.release_stopped = True  # nothing is held behind it (rule 15)
+        return invoked, requests
+
+    def _run_partition(self, t: _Task, part: _Partition, due: float, limit: int) -> tuple[int, int, int]:
+        """``_run`` of a task with one partition: (invoked, completed, requests)."""
+        process = t.process
+        collector = t.collector
+        coordinator = t.coordinator
+        monotonic = self._monotonic
+        popleft = part.buffer.popleft
+        n = min(limit, len(part.buffer))
+        invoked = completed = requests = 0
+        last: Envelope | None = None  # the last message completed
+        try:
+            while invoked < n:
+                if self._poke or monotonic() >= due:
+                    break
+                env = popleft()
+                invoked += 1
+                try:
+                    process(env, collector, coordinator)
+                except Exception as e:  # noqa: BLE001 - user code
+                    if not self._run_error(t, part, env, e):
+                        break
+                completed += 1
+                last = env
+                if coordinator._requests:
+                    requests = coordinator.take()
+                    break
+        finally:
+            if last is not None:
+                part.low_watermark = last.offset  # released (rules 12, 13)
+                part.released_n += completed
+        return invoked, completed, requests
+
+    def _run_partitions(self, t: _Task, due: float, limit: int) -> tuple[int, int, int]:
+        """``_run`` of a task with several partitions, round robin: (invoked, completed, requests)."""
+        process = t.process
+        collector = t.collector
+        coordinator = t.coordinator
+        monotonic = self._monotonic
+        parts = t.parts
+        k = len(parts)
+        rr = t.part_rr
+        invoked = completed = requests = 0
+        try:
+            while invoked < limit:
+                if self._poke or monotonic() >= due:
+                    break
+                for _ in range(k):
+                    part = parts[rr]
+                    rr = rr + 1 if rr + 1 < k else 0
+                    if part.buffer:
+                        break
+                else:
+                    break  # every buffer is empty
+                env = part.buffer.popleft()
+                invoked += 1
+                try:
+                    process(env, collector, coordinator)
+                except Exception as e:  # noqa: BLE001 - user code
+                    if not self._run_error(t, part, env, e):
+                        break
+                completed += 1
+                part.low_watermark = env.offset  # released (rules 12, 13)
+                part.released_n += 1
+                if coordinator._requests:
+                    requests = coordinator.take()
+                    break
+        finally:
+            t.part_rr = rr
+        return invoked, completed, requests
+
+    def _run_error(self, t: _Task, part: _Partition, env: Envelope, e: Exception) -> bool:
+        """An exception from process in a run, as ``_run_sync`` + ``_apply_events`` see it:
+        True when ignored (the message counts as completed, its requests too), else the
+        container stops with it (rule 16) and the message's requests are void."""
+        if self.config.ignores(e):
+            t.ignored += 1
+            log.debug("task %r ignored %r at %s offset %r", t.name, e, part.ssp, env.offset)
+            return True
+        t.coordinator.take()
+        t.failed += 1
+        self._fail(TaskError(t.name, part.ssp, env.offset, e))
+        return False
 
     def _choose(self, t: _Task) -> tuple[_Partition, Envelope]:
         parts = t.parts
