@@ -181,3 +181,24 @@ def kafka_cluster(tmp_path: Path) -> Iterator[Callable[[Mapping[str, int]], Clus
             p.wait()
     if admin_topics and real:
         ck.admin.AdminClient({"bootstrap.servers": real}).delete_topics(admin_topics)
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A real redis-server (the shared checkpoint store of several Kafka members),
+    started as the Redis tests start theirs (tests/redis/redis_support.py)."""
+    import importlib.util
+    import sys
+
+    if shutil.which("redis-server") is None or importlib.util.find_spec("redis") is None:
+        pytest.skip("needs redis-server and redis-py (pip install 'tailrace[redis]')")
+    sys.path.insert(0, str(ROOT / "tests" / "redis"))
+    try:
+        from redis_support import RedisServer
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "redis"))
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server.url
+    finally:
+        server.kill()
