@@ -236,3 +236,27 @@ def test_a_paused_member_loses_its_partitions_and_cannot_commit_them(
     for p in range(4):  # the job's offsets: every partition at its last message, by whoever owns it now
         shown = rf"kafka\.{cluster.topics['in']}\[{p}\] +{n // 4 - 1}\n"
         assert re.search(shown, text_b), text_b[-3000:]
+
+
+def test_tailrace_run_kafka_job_with_sqlite_checkpoints(kafka_cluster: Any, tmp_path: Path) -> None:
+    # one member on one machine, SQLite checkpoints, a bounded input: the run ends at the
+    # end of the topic, prints the committed offsets, and a second run resumes after them
+    cluster = kafka_cluster({"in": 2, "out": 1})
+    cluster.produce("in", _items(100, 2))
+    job = write_job(tmp_path, cluster, 'type = "sqlite"\npath = "state/ckpt.db"')
+    job.write_text(job.read_text().replace('type = "kafka"', 'type = "kafka"\nbounded = true'))
+
+    def run() -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "tailrace", "run", str(job), "--no-progress"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+
+    first = run()
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "left (end_of_stream)" in first.stdout and "100 messages processed" in first.stdout, first.stdout
+    for p in range(2):
+        assert re.search(rf"kafka\.{cluster.topics['in']}\[{p}\] +49\n", first.stdout), first.stdout
+    cluster.produce("in", _items(10, 2, start=100))
+    second = run()
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "10 messages processed" in second.stdout, second.stdout
+    assert sorted(_outputs(cluster)) == list(range(110))
