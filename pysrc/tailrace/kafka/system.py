@@ -530,6 +530,12 @@ class _KafkaProducer(Producer):
                 self._producer.poll(0.05)
                 if self._failed is not None:
                     raise self._failed from None
+            except _kafka().KafkaException as e:  # refused at once: too large, unknown partition, ...
+                raise KafkaDeliveryError(
+                    f"producing to {stream}[{partition}] failed: {e.args[0] if e.args else e}",
+                    topic=stream,
+                    partition=partition,
+                ) from e
         self._sends += 1
         if self._sends % self.POLL_EVERY == 0:
             self._producer.poll(0)
