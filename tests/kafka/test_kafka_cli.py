@@ -174,6 +174,15 @@ def test_tailrace_run_with_two_local_kafka_containers(
     assert text.count("committed offsets:") == 1, text[-3000:]
     for p in range(4):
         assert re.search(rf"\n    kafka\.{cluster.topics['in']}\[{p}\] +{n // 4 - 1}\n", text), text[-3000:]
+    shown = subprocess.run(
+        [sys.executable, "-m", "tailrace", "checkpoints", "show", str(job)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    for p in range(4):  # the Kafka offset, not the "0-N" id Redis keeps it as
+        assert re.search(rf"kafka\.{cluster.topics['in']}\[{p}\] +{n // 4 - 1}\n", shown.stdout), shown.stdout
 
 
 def test_run_kafka_job_with_several_containers_needs_a_shared_store(
