@@ -269,3 +269,77 @@ def test_tailrace_run_kafka_job_with_sqlite_checkpoints(kafka_cluster: Any, tmp_
     assert second.returncode == 0, second.stderr[-3000:]
     assert "10 messages processed" in second.stdout, second.stdout
     assert sorted(_outputs(cluster)) == list(range(110))
+
+
+def test_kill_9_of_a_member_with_redis_checkpoints_loses_nothing(
+    kafka_cluster: Any, redis_url: str, tmp_path: Path
+) -> None:
+    # rule 20 with Redis checkpoints: member a is killed (kill -9) while the topic is being
+    # written; the group gives its partitions to b once a's session expires, and b takes
+    # each one's Redis lease once a's has expired, then resumes after the
+    # last commit: nothing lost, duplicates bounded by what a did after its last commit
+    cluster = kafka_cluster({"in": 4, "out": 1})
+    job = write_job(tmp_path, cluster, f'type = "redis"\nurl = "{redis_url}"\nlease_ms = 6000', 2000)
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    feed = _Feed(cluster)
+    feed.start()
+    a = _start(job, log_a)
+    b = _start(job, log_b)
+    try:
+        # both members run their share, then a dies without a word
+        assert _wait(
+            lambda: "running kafka." in log_a.read_text() and "running kafka." in log_b.read_text(), 60
+        ), log_a.read_text()[-2000:] + log_b.read_text()[-2000:]
+        before = len(_outputs(cluster))
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        every = ", ".join(f"kafka.{cluster.topics['in']}[{p}]" for p in range(4))
+        assert _wait(lambda: f"running {every}" in log_b.read_text(), 60), log_b.read_text()[-3000:]
+        feed.stop.set()
+        feed.join(30)
+        assert feed.error is None, feed.error
+        n = feed.produced
+        assert _wait(lambda: set(_outputs(cluster)) >= set(range(n)), 90), log_b.read_text()[-3000:]
+    finally:
+        feed.stop.set()
+        for p in (a, b):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        assert b.wait(60) == 0, log_b.read_text()[-3000:]
+        a.wait(60)
+    got = _outputs(cluster)
+    assert set(got) == set(range(n))
+    assert len(got) - n <= before, (len(got), n, before)
+
+
+def test_a_member_waits_for_the_leases_a_dead_member_left(
+    kafka_cluster: Any, redis_url: str, tmp_path: Path
+) -> None:
+    # rule 28: the Redis leases of a member that died (no release) still hold when the
+    # group assigns its partitions to a new member: the new member runs nothing until they
+    # expire, then takes them with a newer token and processes everything
+    import redis
+
+    cluster = kafka_cluster({"in": 2, "out": 1})
+    cluster.produce("in", _items(100, 2))
+    job = write_job(tmp_path, cluster, f'type = "redis"\nurl = "{redis_url}"\nlease_ms = 2000')
+    job.write_text(job.read_text().replace('type = "kafka"', 'type = "kafka"\nbounded = true'))
+    from tailrace.redis._io import Keys
+
+    keys = Keys("tr")
+    with redis.Redis.from_url(redis_url) as r:  # the dead member's leases: 5 s left
+        for p in range(2):
+            assert r.set(keys.lease(cluster.topics["in"], p, "kafka-cli"), "dead|7", px=5000, nx=True)
+    log = tmp_path / "run.log"
+    proc = _start(job, log)
+    assert proc.wait(90) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "waiting for the Redis lease" in text, text[-3000:]
+    # nothing ran before the dead member's leases expired and this member took them
+    assert (
+        text.index("waiting for the Redis lease")
+        < text.index("acquired kafka.")
+        < text.index("running kafka.")
+    )
+    assert "left (end_of_stream)" in text and "100 messages processed" in text, text[-3000:]
+    assert sorted(_outputs(cluster)) == list(range(100))
