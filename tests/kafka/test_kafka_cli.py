@@ -271,47 +271,6 @@ def test_tailrace_run_kafka_job_with_sqlite_checkpoints(kafka_cluster: Any, tmp_
     assert sorted(_outputs(cluster)) == list(range(110))
 
 
-def test_kill_9_of_a_member_with_redis_checkpoints_loses_nothing(
-    kafka_cluster: Any, redis_url: str, tmp_path: Path
-) -> None:
-    # rule 20 with Redis checkpoints: member a is killed (kill -9) while the topic is being
-    # written; the group gives its partitions to b once a's session expires, and b takes
-    # each one's Redis lease once a's has expired, then resumes after the
-    # last commit: nothing lost, duplicates bounded by what a did after its last commit
-    cluster = kafka_cluster({"in": 4, "out": 1})
-    job = write_job(tmp_path, cluster, f'type = "redis"\nurl = "{redis_url}"\nlease_ms = 6000', 2000)
-    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
-    feed = _Feed(cluster)
-    feed.start()
-    a = _start(job, log_a)
-    b = _start(job, log_b)
-    try:
-        # both members run their share, then a dies without a word
-        assert _wait(
-            lambda: "running kafka." in log_a.read_text() and "running kafka." in log_b.read_text(), 60
-        ), log_a.read_text()[-2000:] + log_b.read_text()[-2000:]
-        before = len(_outputs(cluster))
-        a.send_signal(signal.SIGKILL)
-        a.wait()
-        every = ", ".join(f"kafka.{cluster.topics['in']}[{p}]" for p in range(4))
-        assert _wait(lambda: f"running {every}" in log_b.read_text(), 60), log_b.read_text()[-3000:]
-        feed.stop.set()
-        feed.join(30)
-        assert feed.error is None, feed.error
-        n = feed.produced
-        assert _wait(lambda: set(_outputs(cluster)) >= set(range(n)), 90), log_b.read_text()[-3000:]
-    finally:
-        feed.stop.set()
-        for p in (a, b):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        assert b.wait(60) == 0, log_b.read_text()[-3000:]
-        a.wait(60)
-    got = _outputs(cluster)
-    assert set(got) == set(range(n))
-    assert len(got) - n <= before, (len(got), n, before)
-
-
 def test_a_member_waits_for_the_leases_a_dead_member_left(
     kafka_cluster: Any, redis_url: str, tmp_path: Path
 ) -> None:
