@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -62,7 +63,10 @@ def start_mokapi(partitions: int, workdir: Path) -> tuple[subprocess.Popen[bytes
         "--log-level=error",
         str(spec),
     ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir)
+    # its own process group: the npm launcher runs the Go binary as a child (see stop_mokapi)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir, start_new_session=True
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -70,8 +74,21 @@ def start_mokapi(partitions: int, workdir: Path) -> tuple[subprocess.Popen[bytes
                 return proc, f"127.0.0.1:{port}"
         except OSError:
             time.sleep(0.1)
-    proc.kill()
+    stop_mokapi(proc)
     raise SystemExit("mokapi did not start")
+
+
+def stop_mokapi(proc: subprocess.Popen[bytes]) -> None:
+    """Stop Mokapi's process group: a signal to the launcher alone leaves the Go binary running."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
@@ -188,8 +205,7 @@ def main() -> None:
             )
         finally:
             if proc is not None:
-                proc.terminate()
-                proc.wait(10)
+                stop_mokapi(proc)
     sys.exit(0)
 
 

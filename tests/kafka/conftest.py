@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -111,6 +112,20 @@ class Cluster:
             c.close()
 
 
+def stop_mokapi(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a Mokapi started in its own process group: its npm launcher and the Go binary."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,19 +181,18 @@ def kafka_cluster(tmp_path: Path) -> Iterator[Callable[[Mapping[str, int]], Clus
             str(spec),
         ]
         with open(log, "wb") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+            # its own process group: the npm launcher runs the Go binary as a child, which a
+            # signal to the launcher alone leaves running (and holding an inotify instance)
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True
+            )
         procs.append(proc)
         _wait_port(port, proc, log)
         return Cluster(f"127.0.0.1:{port}", {t: t for t in topics}, False)
 
     yield make
     for p in procs:
-        p.terminate()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop_mokapi(p)
     if admin_topics and real:
         ck.admin.AdminClient({"bootstrap.servers": real}).delete_topics(admin_topics)
 
