@@ -107,3 +107,24 @@ def test_a_consumed_batch_is_split_by_partition_in_order() -> None:
         ("u", 0): [0],
     }
     assert errors == [eof]
+
+
+def test_a_reader_gets_nothing_fetched_before_its_position_is_applied() -> None:
+    # rules 6, 13: a container restarted over a partition registers a new reader at the
+    # committed offset + 1 (274) while the fetch thread may already hold a batch fetched from
+    # the partition's previous position (475..): delivered, it would leave a gap (274..474
+    # skipped, then refused as "before the position" once re-read): nothing is lost
+    from tailrace.kafka.system import _KafkaReader
+
+    system = KafkaSystem("kafka", "127.0.0.1:1")
+    fetcher = system.fetcher
+    r = _KafkaReader(system, SSP, fetcher)
+    r._next = 274
+    fetcher.position(r, 274)  # what start() does; the fetch thread has not applied it yet
+    fetcher.deliver({("t", 3): [_msg(o, b"k", b"1") for o in range(475, 480)]})
+    assert r.poll(100) == []
+    with fetcher.cond:  # what the fetch thread does once the consumer is repositioned
+        fetcher._pending.clear()
+        fetcher._unpositioned.discard(("t", 3))
+    fetcher.deliver({("t", 3): [_msg(o, b"k", b"1") for o in range(274, 280)]})
+    assert [e.offset for e in r.poll(100)] == list(range(274, 280))

@@ -122,7 +122,9 @@ class _Fetcher:
         self._commits: list[_Commit] = []  # group commits the fetch thread runs next
         self._paused: set[tuple[str, int]] = set()
         self._assigned: set[tuple[str, int]] = set()  # partitions in the consumer's assignment
-        self._unpositioned: set[tuple[str, int]] = set()  # group-assigned, no reader yet: paused
+        self._unpositioned: set[tuple[str, int]] = (
+            set()
+        )  # no position applied yet (group-assigned, or a reader waiting): paused, fed nothing
         self._thread: threading.Thread | None = None
         self._stop = False
         self.error: BaseException | None = None
@@ -149,6 +151,7 @@ class _Fetcher:
         with self.cond:
             key = (reader.ssp.stream, reader.ssp.partition)
             self.readers[key] = reader
+            self._unpositioned.add(key)  # fed nothing until the fetch thread applies the position
             self._pending.append(_Positioning(key[0], key[1], offset))
             self.cond.notify_all()
 
@@ -278,6 +281,22 @@ class _Fetcher:
         if resume:
             self.consumer.resume(resume)
 
+    def deliver(self, by_key: Mapping[tuple[str, int], list[Any]]) -> None:
+        """Hand each partition's messages of a consumed batch to its reader (fetch thread).
+
+        A partition without a reader (revoked), or whose reader's position is not applied
+        yet, keeps nothing: it is read again from that position. Decided under the lock
+        that ``position`` takes, so a reader registered meanwhile gets nothing of a batch
+        fetched from the partition's previous position (which would leave a gap)."""
+        with self.cond:
+            targets = [
+                (r, ms)
+                for k, ms in by_key.items()
+                if (r := self.readers.get(k)) is not None and k not in self._unpositioned
+            ]
+        for reader, ms in targets:
+            reader.deliver(ms)
+
     def _run(self) -> None:
         system = self.system
         ck = _kafka()
@@ -311,13 +330,7 @@ class _Fetcher:
                     # librdkafka recovers from the rest itself (a group rebalance in
                     # progress, a broker gone for a while): reported, never fatal here
                     log.warning("%s: %s", system.name, err)
-                with self.cond:
-                    targets = [(self.readers.get(k), k, ms) for k, ms in by_key.items()]
-                for reader, key, ms in targets:
-                    # a partition without a reader (revoked, or not yet positioned) keeps nothing:
-                    # it is repositioned from its committed offset before it is read again
-                    if reader is not None and key not in self._unpositioned:
-                        reader.deliver(ms)
+                self.deliver(by_key)
         except BaseException as e:  # noqa: BLE001 - handed to every reader's poll()
             log.error("reading from Kafka (%s) failed: %r", system.name, e)
             with self.cond:
