@@ -97,6 +97,19 @@ def file_decode_lines(
     out: list[Envelope],
     held: bool = False,
 ) -> tuple[int, int, ValueError | None, int]: ...
+def kafka_envelopes(
+    messages: list[Any],
+    next_offset: int,
+    key_kind: int,
+    decode_key: Callable[[bytes], Any],
+    value_kind: int,
+    decode_value: Callable[[bytes], Any],
+    system: str,
+    stream: str,
+    partition: int,
+    out: list[Envelope],
+) -> tuple[int, ValueError | TypeError | None, int]: ...
+def kafka_split(messages: list[Any]) -> tuple[dict[tuple[str, int], list[Any]], list[Any]]: ...
 
 class FileOutput:
     fd: int

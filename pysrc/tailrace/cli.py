@@ -380,6 +380,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
     args.spec = spec  # for describe_task_error
     _check_state_dir(spec)
+    if _is_kafka(spec):
+        return _run_kafka(args, spec)
     if _is_distributed(spec):
         return _run_distributed(args, spec)
     if args.container_index is not None:
@@ -533,6 +535,68 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     return 0
 
 
+def _kafka_systems(spec: JobSpec) -> set[str]:
+    """The names of the job's ``kafka`` systems (by their tables' type)."""
+    systems = spec.tree.get("systems") or {}
+    return {name for name, t in systems.items() if isinstance(t, dict) and t.get("type") == "kafka"}
+
+
+def _is_kafka(spec: JobSpec) -> bool:
+    """True when an input of the job is on a ``kafka`` system."""
+    return bool(_kafka_systems(spec) & {name.partition(".")[0] for name in spec.inputs})
+
+
+def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
+    """Kafka inputs: run as a member of the job's consumer group (group id = the job's
+    name; see tailrace.kafka.membership), or start ``--containers`` member processes.
+    Several members of one job need one checkpoint store they all reach (Redis)."""
+    from .kafka.membership import KafkaMember, KafkaMemberSpec
+
+    count = _container_count(args, spec)
+    if count != 1:
+        if not _is_distributed(spec):
+            raise ConfigError(
+                "several containers of one Kafka job need checkpoints they all reach "
+                '([checkpoints] type = "redis"; a SQLite store admits one container per job)',
+                key="checkpoints.type",
+                source=str(spec.source),
+            )
+        return _run_local_containers(args, spec, count)
+    member = KafkaMember(
+        KafkaMemberSpec(
+            spec.load_task(),
+            inputs=list(spec.inputs),
+            systems=list(spec.systems.values()),
+            checkpoints=spec.checkpoint_store(),
+            config=spec.config,
+            engine=spec.engine,
+            default_output_system=spec.default_output,
+        )
+    )
+    view = _MemberView(member)
+    if args.metrics_port is not None:
+        _serve_prometheus(view, args.metrics_port, args.metrics_host, spec.name)
+    log.info(
+        "running job %r (%s engine) from %s as a member of Kafka group %r; checkpoints: %s",
+        spec.name,
+        spec.engine,
+        spec.source,
+        member.system.group_id or spec.name,
+        _store_text(spec),
+    )
+    started = time.monotonic()
+    result = _run_watched(args, spec, view, member.run, member.stop)
+    print(
+        f"member of job {spec.name!r} left ({result.reason}) after {time.monotonic() - started:.2f} s: "
+        f"{result.processed:,} messages processed in {result.runs} container runs; partitions "
+        f"assigned {result.assigned}, handed over {result.revoked}, lost {result.lost}, "
+        f"commits refused {result.fenced}",
+        flush=True,
+    )
+    _print_committed(spec, sys.stdout)
+    return 0
+
+
 def _member_argv(args: argparse.Namespace) -> list[str]:
     argv = [sys.executable, "-m", "tailrace", "--log-level", args.log_level, "run", args.job, "--no-progress"]
     if args.engine:
@@ -641,7 +705,7 @@ class _ContainerProcesses:
 
 
 class _MemberView:
-    """The metrics of a Redis member's current container (none between rebalances)."""
+    """The metrics of a member's current container, Redis or Kafka (none between rebalances)."""
 
     def __init__(self, member: Any) -> None:
         self.member = member
@@ -888,7 +952,12 @@ def _committed(spec: JobSpec) -> dict[str, dict[SystemStreamPartition, Offset]]:
 
         url, cluster, prefix = _redis_store_args(spec)
         per_task: dict[str, dict[SystemStreamPartition, Offset]] = {}
+        kafka = _kafka_systems(spec)
         for ssp, off in committed_offsets(url, cluster, prefix, spec.name, _redis_inputs(spec)).items():
+            if ssp.system in kafka:  # a Kafka offset N is kept in Redis as the id "0-N"
+                from .kafka.checkpoint import _offset_of_id
+
+                off = _offset_of_id(ssp, off)
             per_task.setdefault(f"Partition {ssp.partition}", {})[ssp] = off
         return per_task
     store = spec.checkpoint_store()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -111,6 +112,20 @@ class Cluster:
             c.close()
 
 
+def stop_mokapi(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a Mokapi started in its own process group: its npm launcher and the Go binary."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,18 +181,38 @@ def kafka_cluster(tmp_path: Path) -> Iterator[Callable[[Mapping[str, int]], Clus
             str(spec),
         ]
         with open(log, "wb") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+            # its own process group: the npm launcher runs the Go binary as a child, which a
+            # signal to the launcher alone leaves running (and holding an inotify instance)
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True
+            )
         procs.append(proc)
         _wait_port(port, proc, log)
         return Cluster(f"127.0.0.1:{port}", {t: t for t in topics}, False)
 
     yield make
     for p in procs:
-        p.terminate()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop_mokapi(p)
     if admin_topics and real:
         ck.admin.AdminClient({"bootstrap.servers": real}).delete_topics(admin_topics)
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A real redis-server (the shared checkpoint store of several Kafka members),
+    started as the Redis tests start theirs (tests/redis/redis_support.py)."""
+    import importlib.util
+    import sys
+
+    if shutil.which("redis-server") is None or importlib.util.find_spec("redis") is None:
+        pytest.skip("needs redis-server and redis-py (pip install 'tailrace[redis]')")
+    sys.path.insert(0, str(ROOT / "tests" / "redis"))
+    try:
+        from redis_support import RedisServer
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "redis"))
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server.url
+    finally:
+        server.kill()

@@ -16,12 +16,18 @@ Each write
 What this fences, exactly: a member that was told it lost a partition (revoke
 or lost callback) cannot commit it (step 1), and a member expelled from the
 group (session timeout, a paused process) is refused by the coordinator at its
-next commit (step 2). What it does not close: a member paused *between* steps 2
-and 3 for longer than the session timeout can still write the store once after
-the new owner started. With Redis as the store, that window is closed by the
-store's own partition leases (``tailrace.redis``) when the container holds
-them; with SQLite there is one container per job (the store's lock refuses a
-second one), so nobody else can own the partition and there is nothing to fence.
+next commit (step 2). A member paused *between* steps 2 and 3 for longer than
+the session timeout could still write a store that has no fencing of its own
+once after the new owner started; with Redis as the store that window is closed
+by the store's partition leases: a member holds the Redis lease of every
+partition it runs (``tailrace.kafka.membership``), a new owner acquires it only
+once the old one released it or it expired, and the store's write script
+refuses a stale lease. With SQLite there is one container per job (the store's
+lock refuses a second one), so nobody else can own the partition.
+
+``redis_ids``: the store keeps Redis stream entry ids (``RedisCheckpointStore``),
+so a Kafka offset ``n`` is stored as the id ``"0-n"`` (which orders like ``n``
+in the store's never-backwards check) and read back as ``n``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
-from ..errors import FencedError
+from ..errors import CheckpointError, FencedError
 from ..interfaces import CheckpointStore, StateChanges
 from ..types import Offset, SystemStreamPartition
 from .system import KafkaSystem, _kafka
@@ -55,11 +61,13 @@ class KafkaCheckpointStore(CheckpointStore):
         *,
         owned: Callable[[], set[SystemStreamPartition]] | None = None,
         shared: bool = False,
+        redis_ids: bool = False,
     ) -> None:
         self.store = store
         self.systems = dict(systems)
         self.owned = owned
         self.shared = shared
+        self.redis_ids = redis_ids
         self.group_commit_failures = 0
 
     def open(self, job_name: str) -> None:
@@ -67,7 +75,10 @@ class KafkaCheckpointStore(CheckpointStore):
             self.store.open(job_name)
 
     def load(self, task_name: str) -> dict[SystemStreamPartition, Offset]:
-        return self.store.load(task_name)
+        loaded = self.store.load(task_name)
+        if not self.redis_ids:
+            return loaded
+        return {s: (_offset_of_id(s, o) if s.system in self.systems else o) for s, o in loaded.items()}
 
     def write(
         self,
@@ -87,6 +98,8 @@ class KafkaCheckpointStore(CheckpointStore):
             mine = {s: o for s, o in offsets.items() if s.system == system.name}
             if mine:
                 self._commit_group(system, mine)
+        if self.redis_ids:
+            offsets = {s: (f"0-{int(o)}" if s.system in self.systems else o) for s, o in offsets.items()}
         if state is None:
             self.store.write(task_name, offsets)
         else:
@@ -121,6 +134,15 @@ class KafkaCheckpointStore(CheckpointStore):
     def close(self) -> None:
         if not self.shared:
             self.store.close()
+
+
+def _offset_of_id(ssp: SystemStreamPartition, value: Offset) -> int:
+    """The Kafka offset kept as the Redis entry id ``"0-n"`` (see ``redis_ids``)."""
+    text = value if isinstance(value, str) else str(value)
+    head, sep, tail = text.partition("-")
+    if sep and head == "0" and tail.isdigit():
+        return int(tail)
+    raise CheckpointError(f"checkpoint {value!r} of {ssp} is not a Kafka offset stored as '0-OFFSET'")
 
 
 __all__ = ["KafkaCheckpointStore"]

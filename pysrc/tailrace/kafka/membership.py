@@ -22,6 +22,14 @@ container gracefully whenever the assignment changes:
 - **loss** (session timeout, fenced static member): the partitions are dropped
   at once; commits for them are refused (see ``tailrace.kafka.checkpoint``).
 
+With a Redis checkpoint store (several machines), the member also holds the
+store's lease of every partition it runs (``tailrace.redis.checkpoint.Leases``,
+renewed every ``lease_ms / 3``): it acquires them before a container starts
+(waiting for a previous owner that neither released nor let them expire), and
+releases them once a revoked partition's last commit is written. Every store
+write checks the lease, so a member that lost a partition, by the group's word
+or by its lease expiring, can never write offsets or state for it again (rule 28).
+
 Rebalance callbacks block the consumer's poll while the container drains, so
 ``max.poll.interval.ms`` must exceed ``task.shutdown.ms`` (checked at start).
 Guarantee: at least once (rule 20); duplicates are bounded by what a container
@@ -31,14 +39,17 @@ processed after its last commit (a crash, kill -9 or lost membership).
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import parse_config
+from ..config import Config, parse_config
 from ..container import Container
 from ..errors import ConfigError, TailraceError, fenced_cause
 from ..interfaces import CheckpointStore, System
@@ -65,7 +76,7 @@ class KafkaMemberSpec:
     inputs: Sequence[str]
     systems: Sequence[System]
     checkpoints: CheckpointStore | None = None
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] | Config = field(default_factory=dict)
     engine: str = "c"
     default_output_system: str | None = None
 
@@ -125,6 +136,21 @@ class KafkaMember:
                 key="consumer.max.poll.interval.ms",
             )
         self.store = spec.checkpoints if spec.checkpoints is not None else MemoryCheckpointStore()
+        self._redis = _redis_store(self.store)  # the job's Redis store: its client, keys and leases
+        self._leases: Any = None
+        if self._redis is not None:
+            from ..redis.checkpoint import Leases
+
+            self.member_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            self._leases = Leases(
+                self._redis.client,
+                self._redis.keys,
+                self.job,
+                self.member_id,
+                int(self._redis.lease_ms),
+                retry_s=float(self._redis.retry_s),
+            )
+        self._heartbeat_stop = threading.Event()
         self.result = KafkaMemberResult()
         self._cond = threading.Condition()
         self._owned: set[SystemStreamPartition] = set()  # assigned and not revoked/lost
@@ -188,6 +214,7 @@ class KafkaMember:
                 self._revoking -= ssps
                 self.result.revoked += len(ssps)
                 self._cond.notify_all()
+            self._release(ssps)  # committed (or refused from now on): the new owner may take them
             self.system.fetcher.group_revoked(partitions)
         except BaseException as e:  # noqa: BLE001 - handed to run()
             self._fail(e)
@@ -203,9 +230,62 @@ class KafkaMember:
                 if self._running & ssps:
                     self._stop_container()
                 self._cond.notify_all()
+            self._release(ssps)
             self.system.fetcher.group_revoked(partitions)
         except BaseException as e:  # noqa: BLE001 - handed to run()
             self._fail(e)
+
+    # -- Redis leases (a Redis checkpoint store only) -------------------------------------
+    def _release(self, ssps: set[SystemStreamPartition]) -> None:
+        if self._leases is not None:
+            for ssp in sorted(ssps):
+                self._leases.release(ssp)
+
+    def _heartbeat(self) -> None:
+        """Renew the leases every ``lease_ms / 3``; one lost (expired: this process was
+        paused, or Redis unreachable) stops the container, whose commits the store now
+        refuses, and the member takes the lease again before it runs the partition."""
+        assert self._leases is not None
+        while not self._heartbeat_stop.wait(self._leases.ttl_ms / 3000):
+            try:
+                lost = self._leases.renew()
+            except Exception as e:  # noqa: BLE001 - retried at the next beat (the lease may still hold)
+                log.warning("member of %r: renewing leases failed: %r", self.job, e)
+                continue
+            if lost:
+                with self._cond:
+                    self._changed = True
+                    if self._running & lost:
+                        self._stop_container()
+                    self._cond.notify_all()
+
+    def _acquire(self, owned: list[SystemStreamPartition]) -> bool:
+        """Hold the lease of every partition in ``owned`` (and none other); False when the
+        member must re-plan first (stopping, or the assignment changed meanwhile)."""
+        leases = self._leases
+        if leases is None:
+            return True
+        wanted = set(owned)
+        self._release(set(leases.held()) - wanted)
+        waiting_logged = False
+        while True:
+            missing = [s for s in owned if s not in leases.held()]
+            missing = [s for s in missing if not leases.acquire(s)]
+            if not missing:
+                return True
+            if not waiting_logged:
+                log.info(
+                    "member of %r: waiting for the Redis lease of %s (held by a previous owner; it "
+                    "expires within %d ms)",
+                    self.job,
+                    ", ".join(map(str, missing)),
+                    leases.ttl_ms,
+                )
+                waiting_logged = True
+            with self._cond:
+                if self._stopping or self._changed or self._error is not None:
+                    return False
+                self._cond.wait(0.1)
 
     def _fail(self, e: BaseException) -> None:
         log.error("member of %r: rebalance callback failed: %r", self.job, e)
@@ -229,7 +309,12 @@ class KafkaMember:
             self._on_revoke,
             self._on_lost,
         )
-        self.store.open(self.job)
+        heartbeat: threading.Thread | None = None
+        if self._leases is None:
+            self.store.open(self.job)
+        else:
+            heartbeat = threading.Thread(target=self._heartbeat, name="tailrace-kafka-leases", daemon=True)
+            heartbeat.start()
         try:
             system.fetcher.ensure_started()
             log.info("member joining group %r for %s", system.group_id, self.spec.inputs)
@@ -252,6 +337,11 @@ class KafkaMember:
             try:
                 system.shutdown()  # leaves the group (a final revoke finds no container running)
             finally:
+                self._heartbeat_stop.set()
+                if heartbeat is not None:
+                    heartbeat.join()
+                if self._leases is not None:
+                    self._leases.release_all()
                 self.store.close()
                 log.info("member of %r left: %s", self.job, self.result)
         if self._error is not None:
@@ -263,10 +353,31 @@ class KafkaMember:
         hand-over is in progress (a revoke callback still needs the old container's commit)."""
         return self._stopping or (self._changed and bool(self._owned) and not self._revoking)
 
-    def _run_container(self, owned: list[SystemStreamPartition]) -> None:
-        store = KafkaCheckpointStore(
-            self.store, {self.system.name: self.system}, owned=self.owned, shared=True
+    def _checkpoints(self, owned: list[SystemStreamPartition]) -> KafkaCheckpointStore:
+        """The store of one container: the job's store (opened by the member), or with
+        Redis a store that writes with this member's leases of ``owned``."""
+        kafka = {self.system.name: self.system}
+        r = self._redis
+        if r is None:
+            return KafkaCheckpointStore(self.store, kafka, owned=self.owned, shared=True)
+        from ..redis.checkpoint import RedisCheckpointStore
+
+        held = self._leases.held()
+        inner = RedisCheckpointStore(
+            r.url,
+            cluster=r.cluster,
+            prefix=r.keys.prefix,
+            client=r.client,
+            leases={s: held[s] for s in owned if s in held},
+            lease_ms=r.lease_ms,
+            retry_s=r.retry_s,
         )
+        return KafkaCheckpointStore(inner, kafka, owned=self.owned, redis_ids=True)
+
+    def _run_container(self, owned: list[SystemStreamPartition]) -> None:
+        if not self._acquire(owned):
+            return  # re-plan first
+        store = self._checkpoints(owned)
         container = Container(
             self.spec.task,
             inputs=owned,
@@ -291,6 +402,8 @@ class KafkaMember:
                 raise
             self.result.fenced += 1
             log.warning("member of %r: %s; re-planning", self.job, e)
+            with self._cond:
+                self._changed = True  # run what it still owns again (taking its leases anew)
             return
         finally:
             with self._cond:
@@ -312,6 +425,15 @@ class KafkaMember:
         self._stop_container()
         with self._cond:  # an RLock: a signal handler on a thread inside _cond may take it again
             self._cond.notify_all()
+
+
+def _redis_store(store: CheckpointStore) -> Any:
+    """``store`` when it is a RedisCheckpointStore (without importing Redis otherwise)."""
+    if not type(store).__module__.startswith("tailrace.redis"):
+        return None
+    from ..redis.checkpoint import RedisCheckpointStore
+
+    return store if isinstance(store, RedisCheckpointStore) else None
 
 
 def run_kafka_member(spec: KafkaMemberSpec, *, handle_signals: bool = True) -> KafkaMemberResult:

@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from .._core import Envelope
+from .._core import Envelope, kafka_envelopes, kafka_split
 from ..errors import ConfigError, InputError, TailraceError
 from ..interfaces import PartitionReader, Producer, System
 from ..serdes import Serde, SerdeError, serde
@@ -64,6 +64,12 @@ def _kafka() -> Any:
             "the kafka system needs confluent-kafka: pip install 'tailrace[kafka]'", key="type"
         ) from e
     return confluent_kafka
+
+
+# How the compiled envelope builder decodes a key or value (_kafkain.pxi): the bytes as
+# they are, UTF-8 text, or a call of the serde's decode
+_CALL = 2
+_DECODE_KINDS = {"bytes": 0, "str": 1}
 
 
 class KafkaRecord(NamedTuple):
@@ -116,7 +122,9 @@ class _Fetcher:
         self._commits: list[_Commit] = []  # group commits the fetch thread runs next
         self._paused: set[tuple[str, int]] = set()
         self._assigned: set[tuple[str, int]] = set()  # partitions in the consumer's assignment
-        self._unpositioned: set[tuple[str, int]] = set()  # group-assigned, no reader yet: paused
+        self._unpositioned: set[tuple[str, int]] = (
+            set()
+        )  # no position applied yet (group-assigned, or a reader waiting): paused, fed nothing
         self._thread: threading.Thread | None = None
         self._stop = False
         self.error: BaseException | None = None
@@ -143,6 +151,7 @@ class _Fetcher:
         with self.cond:
             key = (reader.ssp.stream, reader.ssp.partition)
             self.readers[key] = reader
+            self._unpositioned.add(key)  # fed nothing until the fetch thread applies the position
             self._pending.append(_Positioning(key[0], key[1], offset))
             self.cond.notify_all()
 
@@ -272,6 +281,22 @@ class _Fetcher:
         if resume:
             self.consumer.resume(resume)
 
+    def deliver(self, by_key: Mapping[tuple[str, int], list[Any]]) -> None:
+        """Hand each partition's messages of a consumed batch to its reader (fetch thread).
+
+        A partition without a reader (revoked), or whose reader's position is not applied
+        yet, keeps nothing: it is read again from that position. Decided under the lock
+        that ``position`` takes, so a reader registered meanwhile gets nothing of a batch
+        fetched from the partition's previous position (which would leave a gap)."""
+        with self.cond:
+            targets = [
+                (r, ms)
+                for k, ms in by_key.items()
+                if (r := self.readers.get(k)) is not None and k not in self._unpositioned
+            ]
+        for reader, ms in targets:
+            reader.deliver(ms)
+
     def _run(self) -> None:
         system = self.system
         ck = _kafka()
@@ -295,29 +320,17 @@ class _Fetcher:
                 messages = self.consumer.consume(system.batch, timeout)
                 if not messages:
                     continue
-                by_key: dict[tuple[str, int], list[Any]] = {}
-                for m in messages:
+                by_key, errors = kafka_split(messages)  # compiled (_kafkain.pxi)
+                for m in errors:
                     err = m.error()
-                    if err is not None:
-                        if err.code() == eof:
-                            continue
-                        if err.fatal():
-                            raise ck.KafkaException(err)
-                        # librdkafka recovers from the rest itself (a group rebalance in
-                        # progress, a broker gone for a while): reported, never fatal here
-                        log.warning("%s: %s", system.name, err)
+                    if err.code() == eof:
                         continue
-                    lst = by_key.get((m.topic(), m.partition()))
-                    if lst is None:
-                        lst = by_key[(m.topic(), m.partition())] = []
-                    lst.append(m)
-                with self.cond:
-                    targets = [(self.readers.get(k), k, ms) for k, ms in by_key.items()]
-                for reader, key, ms in targets:
-                    # a partition without a reader (revoked, or not yet positioned) keeps nothing:
-                    # it is repositioned from its committed offset before it is read again
-                    if reader is not None and key not in self._unpositioned:
-                        reader.deliver(ms)
+                    if err.fatal():
+                        raise ck.KafkaException(err)
+                    # librdkafka recovers from the rest itself (a group rebalance in
+                    # progress, a broker gone for a while): reported, never fatal here
+                    log.warning("%s: %s", system.name, err)
+                self.deliver(by_key)
         except BaseException as e:  # noqa: BLE001 - handed to every reader's poll()
             log.error("reading from Kafka (%s) failed: %r", system.name, e)
             with self.cond:
@@ -349,10 +362,10 @@ class _KafkaReader(PartitionReader):
         self._next = 0  # offset the next delivered message must have at least
         self._error: InputError | None = None
         self._wakeup: Callable[[], None] = lambda: None
-        kd = system.key_serde.decode
-        vd = system.value_serde.decode
-        self._decode_key: Callable[[bytes], Any] = kd
-        self._decode_value: Callable[[bytes], Any] = vd
+        self._decode_key: Callable[[bytes], Any] = system.key_serde.decode
+        self._decode_value: Callable[[bytes], Any] = system.value_serde.decode
+        self._key_kind = _DECODE_KINDS.get(system.key_serde.name, _CALL)
+        self._value_kind = _DECODE_KINDS.get(system.value_serde.name, _CALL)
 
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
         ck = _kafka()
@@ -389,28 +402,45 @@ class _KafkaReader(PartitionReader):
         headers = self._system.headers
         dk = self._decode_key
         dv = self._decode_value
-        for m in messages:
-            off = m.offset()
-            if off < self._next:
-                continue  # fetched before a reposition (librdkafka filters these too)
-            try:
-                k = m.key()
-                v = m.value()
-                key = None if k is None else dk(k)
-                value = None if v is None else dv(v)
-            except (SerdeError, ValueError, TypeError) as e:
-                error = InputError(
-                    f"offset {off} cannot be decoded (key serde {self._system.key_serde.name!r}, "
-                    f"value serde {self._system.value_serde.name!r}): {e}",
-                    source=f"{s.system}.{s.stream}[{s.partition}]",
-                )
-                error.__cause__ = e
-                break
-            if headers:
+        bad: BaseException | None = None
+        bad_offset = 0
+        if not headers:  # compiled: decode and build every envelope of the batch (_kafkain.pxi)
+            self._next, bad, bad_offset = kafka_envelopes(
+                messages,
+                self._next,
+                self._key_kind,
+                dk,
+                self._value_kind,
+                dv,
+                s.system,
+                s.stream,
+                s.partition,
+                out,
+            )
+        else:
+            for m in messages:
+                off = m.offset()
+                if off < self._next:
+                    continue  # fetched before a reposition (librdkafka filters these too)
+                try:
+                    k = m.key()
+                    v = m.value()
+                    key = None if k is None else dk(k)
+                    value = None if v is None else dv(v)
+                except (SerdeError, ValueError, TypeError) as e:
+                    bad, bad_offset = e, off
+                    break
                 ts_type, ts = m.timestamp()
                 value = KafkaRecord(value, list(m.headers() or ()), ts if ts_type else None)
-            out.append(Envelope(s.system, s.stream, s.partition, off, key, value))
-            self._next = off + 1
+                out.append(Envelope(s.system, s.stream, s.partition, off, key, value))
+                self._next = off + 1
+        if bad is not None:
+            error = InputError(
+                f"offset {bad_offset} cannot be decoded (key serde {self._system.key_serde.name!r}, "
+                f"value serde {self._system.value_serde.name!r}): {bad}",
+                source=f"{s.system}.{s.stream}[{s.partition}]",
+            )
+            error.__cause__ = bad
         with self._cond:
             if out:
                 self._chunks.append(out)
@@ -530,6 +560,12 @@ class _KafkaProducer(Producer):
                 self._producer.poll(0.05)
                 if self._failed is not None:
                     raise self._failed from None
+            except _kafka().KafkaException as e:  # refused at once: too large, unknown partition, ...
+                raise KafkaDeliveryError(
+                    f"producing to {stream}[{partition}] failed: {e.args[0] if e.args else e}",
+                    topic=stream,
+                    partition=partition,
+                ) from e
         self._sends += 1
         if self._sends % self.POLL_EVERY == 0:
             self._producer.poll(0)
