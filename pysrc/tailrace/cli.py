@@ -252,6 +252,25 @@ class _StopSignals:
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, self._handle)
 
+    def install_parent_death(self, signum: int) -> None:
+        """``signum`` means "the parent process died" (a container's PR_SET_PDEATHSIG): a
+        graceful stop, however often it comes. The kernel sends it each time a thread of the
+        parent that was the container's parent ends, and a killed parent's threads end one by
+        one, so one death can bring it several times; as SIGTERM, the second would force."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signum, self._parent_died)
+
+    def _parent_died(self, signum: int, frame: FrameType | None) -> None:
+        if self.finished or self.received:
+            return  # already stopping (or over): the parent's death changes nothing
+        self.received += 1
+        try:
+            os.write(2, b"\ntailrace: the parent process died: stopping gracefully\n")
+        except OSError:  # stderr was a pipe to the parent: gone with it
+            pass
+        if self._stop is not None:
+            self._stop()
+
     def attach(self, stop: Callable[[], None], force: Callable[[], None] | None = None) -> None:
         """From now on a signal calls ``stop`` (a second one ``force``, then exits); calls
         ``stop`` now when a signal already came."""
@@ -1166,17 +1185,22 @@ def _container_inputs(spec: JobSpec, index: int, count: int) -> list[SystemStrea
     return out
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel for a SIGTERM (a graceful stop) when the parent dies (Linux only)."""
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel for a SIGHUP when the parent dies (Linux only): a graceful stop
+    (see _StopSignals.install_parent_death). A parent gone before the request is seen
+    by its pid changing."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
+    _SIGNALS.install_parent_death(signal.SIGHUP)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc.prctl(1, int(signal.SIGHUP), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         log.debug("prctl(PR_SET_PDEATHSIG) unavailable", exc_info=True)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGHUP)
 
 
 def _run_file_container(args: argparse.Namespace, spec: JobSpec) -> int:
@@ -1184,7 +1208,7 @@ def _run_file_container(args: argparse.Namespace, spec: JobSpec) -> int:
     the parent): the tasks I mod N, the store opened as container I; no summary (the
     parent prints it), the result as JSON on ``--result-fd``."""
     parent = os.getppid()
-    _die_with_parent()
+    _die_with_parent(parent)
     count = _container_count(args, spec)
     index = args.container_index
     if not 0 <= index < count:

@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -324,7 +325,9 @@ def test_kill_9_of_the_parent_stops_its_containers_gracefully(tmp_path: Path) ->
     assert run(ref).returncode == 0
     proc = _start_slow(job, "--containers", "2")
     kids = _children(proc.pid)
-    proc.kill()  # the kernel sends each container a SIGTERM (PR_SET_PDEATHSIG): a graceful stop
+    # the kernel sends each container a SIGHUP (PR_SET_PDEATHSIG) each time a thread of the parent
+    # ends (the parent has 5): the first stops it gracefully, the others change nothing
+    proc.kill()
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 60
     while any(Path(f"/proc/{pid}").exists() and _state(pid) != "Z" for pid in kids.values()):
@@ -334,6 +337,30 @@ def test_kill_9_of_the_parent_stops_its_containers_gracefully(tmp_path: Path) ->
     assert r.returncode == 0, r.stderr
     assert " 0 messages processed" not in r.stdout  # they stopped early, not at the end of input
     assert outputs(job) == outputs(ref)  # they committed what they wrote: nothing repeated
+
+
+PARENT_DEATH = """
+import os, signal, sys
+from tailrace import cli
+
+stops = []
+cli._SIGNALS.install()
+cli._SIGNALS.attach(lambda: stops.append(1))
+cli._die_with_parent(os.getppid())
+for _ in range(5):  # a killed parent's threads end one by one: one death, several signals
+    os.kill(os.getpid(), signal.SIGHUP)
+print(len(stops), cli._SIGNALS.received, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # a real second stop request still forces
+print("not reached", flush=True)
+"""
+
+
+def test_the_parent_death_signal_stops_gracefully_however_often_it_comes() -> None:
+    r = subprocess.run([sys.executable, "-c", PARENT_DEATH], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "1 1\n", r.stderr  # one graceful stop, not a forced one
+    assert r.stderr.count("the parent process died: stopping gracefully") == 1, r.stderr
+    assert "SIGTERM again: forced stop" in r.stderr
+    assert r.returncode == 128 + signal.SIGTERM
 
 
 def _state(pid: int) -> str:
