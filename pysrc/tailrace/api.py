@@ -10,9 +10,9 @@ per message) and are re-exported from here; everything else is plain Python.
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +22,8 @@ from .errors import ConfigError
 from .types import Scope, SystemStreamPartition
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .config import Config
     from .metrics import TaskMetrics
     from .stores import KeyValueStore, TaskStores
@@ -206,6 +208,15 @@ class AsyncStreamTask:
             """Once, when the container stops."""
 
 
+def _is_coroutine_function(fn: object) -> bool:
+    """``asyncio.iscoroutinefunction`` without importing asyncio (a sync job never needs
+    it): asyncio's own marker can only be on ``fn`` once asyncio is imported."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    aio = sys.modules.get("asyncio")
+    return aio is not None and bool(aio.iscoroutinefunction(fn))
+
+
 def task_kind(task: object) -> str:
     """``"sync"``, ``"async"`` (callback style) or ``"asyncio"`` (``async def process``).
 
@@ -214,7 +225,7 @@ def task_kind(task: object) -> str:
     cls = type(task)
     if isinstance(task, AsyncStreamTask):
         proc = getattr(cls, "process", None)
-        if proc is not None and asyncio.iscoroutinefunction(proc):
+        if proc is not None and _is_coroutine_function(proc):
             return "asyncio"
         if getattr(cls, "process_async", None) is AsyncStreamTask.process_async:
             raise TypeError(f"{cls.__qualname__} must define process_async() or async def process()")
@@ -227,14 +238,14 @@ def task_kind(task: object) -> str:
     if hasattr(task, "process_async"):
         return "async"
     if proc is not None:
-        return "asyncio" if asyncio.iscoroutinefunction(proc) else "sync"
+        return "asyncio" if _is_coroutine_function(proc) else "sync"
     raise TypeError(f"{cls.__qualname__} is not a task: define process() or process_async()")
 
 
 def _defines_entry_point(cls: type) -> bool:
     if issubclass(cls, AsyncStreamTask):
         proc = getattr(cls, "process", None)
-        return (proc is not None and asyncio.iscoroutinefunction(proc)) or getattr(
+        return (proc is not None and _is_coroutine_function(proc)) or getattr(
             cls, "process_async", None
         ) is not AsyncStreamTask.process_async
     proc = getattr(cls, "process", None)

@@ -13,9 +13,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .aio import AsyncioRunner, AsyncioTask
 from .api import TaskContext, TimerService, check_task_class, task_kind
 from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
@@ -26,6 +25,9 @@ from .memory import MemoryCheckpointStore
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
 from .stores import TaskStores
 from .types import Offset, SystemStreamPartition, parse_system_stream
+
+if TYPE_CHECKING:
+    from .aio import AsyncioRunner
 
 log = logging.getLogger("tailrace")
 
@@ -259,6 +261,8 @@ class Container:
                 if kind == "asyncio":
                     # async def process: run on the container's asyncio loop behind
                     # the callback interface every engine already runs
+                    from .aio import AsyncioRunner, AsyncioTask  # asyncio: only when a task needs it
+
                     runner = runner or AsyncioRunner()
                     instance = AsyncioTask(instance, runner, self.config)
                     kind = "async"
