@@ -99,3 +99,37 @@ def test_a_failing_run_is_reported_and_sets_the_exit_status(tmp_path: Path) -> N
     assert "boom at 500" in proc.stdout
     # the other workload still ran and is in the table
     assert any(line.startswith("sync_noop_1task") and "python" in line for line in proc.stdout.splitlines())
+
+
+def test_end_to_end_bench_runs_every_contender_and_checks_their_outputs(tmp_path: Path) -> None:
+    """bench/e2e.py on a small input: the loop, both engines and two containers each produce
+    the same records (the bench itself refuses a difference) and the JSON holds their samples."""
+    out = tmp_path / "e2e.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "e2e.py"),
+            "--messages",
+            "3000",
+            "--users",
+            "40",
+            "--pairs",
+            "1",
+            "--libs",
+            "std",
+            "--engines",
+            "c,python,c2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["messages"] == 3000
+    assert set(doc["medians"]) == {"std/loop", "std/c", "std/python", "std/c2"}
+    for row in doc["medians"].values():
+        assert len(row["samples"]) == 1 and row["wall_s"] > 0 and row["cpu_s"] > 0
