@@ -251,3 +251,36 @@ def test_kill_9_member_then_resume_loses_nothing(kafka_cluster: Any, tmp_path: A
     assert set(got) == set(range(n))
     # duplicates are bounded by what the first member processed after its last commit
     assert len(got) - n <= before, (len(got), before)
+
+
+class Sampling(tailrace.StreamTask):
+    """Takes its time, and samples how much its system's fetch thread has buffered."""
+
+    system: KafkaSystem
+    seen: list[tuple[int, int]] = []
+    most = 0
+    paused_seen = False
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        fetcher = self.system._fetcher
+        with fetcher.cond:
+            buffered = max((r._count for r in fetcher.readers.values()), default=0)
+            Sampling.paused_seen = Sampling.paused_seen or bool(fetcher._paused)
+        Sampling.most = max(Sampling.most, buffered)
+        Sampling.seen.append((envelope.partition, envelope.offset))
+        time.sleep(0.0003)
+
+
+def test_a_slow_task_bounds_what_is_read_ahead(kafka_cluster: Any) -> None:
+    # rule 6: input is bounded. A partition reads past its buffer only up to four times it
+    # (plus the batch in flight), then it is paused at the broker; nothing lost, in order.
+    cluster = kafka_cluster({"in": 2})
+    cluster.produce("in", _items(4000, 2))
+    system = _system(cluster, bounded=True, batch=50, buffer=100)
+    Sampling.system, Sampling.seen, Sampling.most, Sampling.paused_seen = system, [], 0, False
+    result = tailrace.Container(Sampling, inputs=[f"kafka.{cluster.topics['in']}"], systems=[system]).run()
+    assert result.processed == 4000
+    assert Sampling.most <= 4 * 100 + 50, Sampling.most
+    assert Sampling.paused_seen  # the fetch thread had to pause a partition
+    for p in range(2):
+        assert [off for part, off in Sampling.seen if part == p] == list(range(2000))

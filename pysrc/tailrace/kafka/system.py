@@ -9,9 +9,19 @@ exporters) see the job's progress.
 
 Reading: one consumer and one fetch thread per system. The thread calls
 ``consume(batch)`` and distributes the messages into bounded per-partition
-buffers; a partition whose buffer cannot take another batch is paused at the
-broker (``Consumer.pause``) and resumed once the engine drained it (rule 6:
-nothing is dropped, the broker keeps it). A reader's ``start(after)`` positions
+buffers (rule 6: nothing is dropped, the broker keeps what is not read). A full
+buffer (no room for another batch) is not paused at once: librdkafka purges a
+paused partition's prefetched messages and fetches them again on resume, so a
+pause at every burst costs a broker round trip. While every partition that can be
+read is full, the thread waits for the engine to drain one (``poll`` wakes it; it
+still consumes once a second, so the group sees it poll); what a consumed batch
+brings for a full partition is buffered beyond its ``buffer``. A partition past
+twice its buffer holds reading back while every other one still has a batch for
+the engine (a starving one reads on); one that reaches four times its buffer is
+paused at the broker (``Consumer.pause``) until the engine drained it below
+``buffer`` again: memory stays bounded, at some 4 x ``buffer`` per partition. A
+bounded reader's end (the high watermark) is queried on a thread of its own, so
+reading starts at once. A reader's ``start(after)`` positions
 its partition at ``after + 1`` (or at ``auto.offset.reset`` when it never
 committed) on the fetch thread, between two ``consume`` calls, so no message
 fetched for an older position is ever buffered.
@@ -109,10 +119,14 @@ class _Fetcher:
     """The system's consumer and the thread that reads it (see the module docstring).
 
     Thread contract: the consumer is called from the fetch thread only (``consume``,
-    ``pause``/``resume``, ``incremental_assign``, ``seek``), except ``commit`` and
-    ``committed`` (librdkafka serves those on its own threads and they are safe from
-    any thread). Readers and the fetch thread share ``cond``.
+    ``pause``/``resume``, ``incremental_assign``, ``seek``), except ``commit``,
+    ``committed`` and ``get_watermark_offsets`` (librdkafka serves those on its own
+    threads and they are safe from any thread). Readers and the fetch thread share
+    ``cond``. A reader's state (``_next``, its buffer) changes on the fetch thread,
+    or under ``cond`` on the loop thread.
     """
+
+    KEEP_POLLING_S = 1.0  # while every readable partition is full: consume at least this often
 
     def __init__(self, system: KafkaSystem) -> None:
         self.system = system
@@ -125,6 +139,7 @@ class _Fetcher:
         self._unpositioned: set[tuple[str, int]] = (
             set()
         )  # no position applied yet (group-assigned, or a reader waiting): paused, fed nothing
+        self._ends: list[tuple[_KafkaReader, int, int]] = []  # (reader, low, high) to apply
         self._thread: threading.Thread | None = None
         self._stop = False
         self.error: BaseException | None = None
@@ -238,6 +253,7 @@ class _Fetcher:
         ck = _kafka()
         with self.cond:
             todo, self._pending = self._pending, []
+        ends: list[tuple[_KafkaReader, Any]] = []
         for p in todo:
             key = (p.topic, p.partition)
             with self.cond:
@@ -251,35 +267,86 @@ class _Fetcher:
             self.consumer.incremental_assign([tp])
             self.consumer.resume([ck.TopicPartition(p.topic, p.partition)])  # paused while unpositioned
             if self.system.bounded and reader is not None:
-                low, high = self.consumer.get_watermark_offsets(
-                    ck.TopicPartition(p.topic, p.partition), timeout=self.system.metadata_timeout_s
-                )
-                with self.cond:
-                    reader._next = max(reader._next, low)  # (offsets before low were deleted)
-                reader.deliver([], ended_at=high)
+                ends.append((reader, ck.TopicPartition(p.topic, p.partition)))
             with self.cond:
                 self._assigned.add(key)
                 self._unpositioned.discard(key)
                 self._paused.discard(key)
+        if ends:  # broker round trips: off this thread (which reads on meanwhile), all at once
+            threading.Thread(
+                target=self._query_ends, args=(ends,), name="tailrace-kafka-ends", daemon=True
+            ).start()
 
-    def _flow_control(self) -> None:
+    def _query_ends(self, ends: list[tuple[_KafkaReader, Any]]) -> None:
+        """Bounded readers' ends, by the system's admin client (a consumer's calls wait for
+        each other): handed to the fetch thread to apply."""
+        try:
+            marks = self.system.watermarks([tp for _, tp in ends])
+        except BaseException as e:  # noqa: BLE001 - the readers report it
+            with self.cond:
+                if self.error is None:
+                    self.error = e
+            for reader, _ in ends:
+                reader.wake()
+            return
+        with self.cond:
+            for reader, tp in ends:
+                low, high = marks[tp.topic, tp.partition]
+                self._ends.append((reader, low, high))
+            self.cond.notify_all()
+
+    def _apply_ends(self) -> None:
+        with self.cond:
+            todo, self._ends = self._ends, []
+            todo = [t for t in todo if self.readers.get((t[0].ssp.stream, t[0].ssp.partition)) is t[0]]
+        for reader, low, high in todo:
+            reader._next = max(reader._next, low)  # (offsets before low were deleted)
+            reader.deliver([], ended_at=high)
+
+    def _flow_control(self, consume_due: bool) -> bool:
+        """Pause and resume partitions (see the module docstring); True when this round
+        should not consume: every readable partition is full, or one is past twice its
+        buffer while every other still has a batch to work on (a pause would purge what
+        librdkafka prefetched for it; a starving partition reads on, and the full one is
+        paused at four times its buffer). ``consume_due`` (the group must see a poll):
+        pause what is past twice its buffer and consume."""
         ck = _kafka()
         pause: list[Any] = []
         resume: list[Any] = []
+        over: list[tuple[str, int]] = []
+        readable = 0
+        room = starving = False
         with self.cond:
             for key in self._assigned:
                 reader = self.readers.get(key)
-                full = key in self._unpositioned or reader is None or not reader.has_room()
-                if full and key not in self._paused:
+                if key in self._paused:
+                    if key not in self._unpositioned and reader is not None and reader.has_room():
+                        self._paused.discard(key)
+                        resume.append(ck.TopicPartition(*key))
+                        readable += 1
+                        room = True
+                        starving = starving or reader.starving()
+                    continue
+                if key in self._unpositioned or reader is None or reader.at_limit():
                     self._paused.add(key)
                     pause.append(ck.TopicPartition(*key))
-                elif not full and key in self._paused:
-                    self._paused.discard(key)
-                    resume.append(ck.TopicPartition(*key))
+                    continue
+                if reader.over_limit():
+                    over.append(key)
+                    continue
+                readable += 1
+                room = room or reader.has_room()
+                starving = starving or reader.starving()
+            if over and consume_due:
+                for key in over:
+                    self._paused.add(key)
+                    pause.append(ck.TopicPartition(*key))
+                over = []
         if pause:
             self.consumer.pause(pause)
         if resume:
             self.consumer.resume(resume)
+        return not consume_due and ((bool(over) and not starving) or (readable > 0 and not room))
 
     def deliver(self, by_key: Mapping[tuple[str, int], list[Any]]) -> None:
         """Hand each partition's messages of a consumed batch to its reader (fetch thread).
@@ -302,6 +369,7 @@ class _Fetcher:
         ck = _kafka()
         eof = ck.KafkaError._PARTITION_EOF
         timeout = system.poll_ms / 1000
+        consumed_at = time.monotonic()
         try:
             while True:
                 with self.cond:
@@ -311,12 +379,20 @@ class _Fetcher:
                     self.serve_commits()
                 if self._pending:
                     self._apply_positions()
-                self._flow_control()
+                if self._ends:
+                    self._apply_ends()
+                hold = self._flow_control(time.monotonic() - consumed_at >= self.KEEP_POLLING_S)
                 if not self._assigned and self.subscription is None:
                     with self.cond:
                         if not self._pending and not self._stop:
                             self.cond.wait(timeout)
                     continue
+                if hold:
+                    with self.cond:  # a reader's poll wakes this (room again, or starving)
+                        if not (self._stop or self._pending or self._commits or self._ends):
+                            self.cond.wait(timeout)
+                    continue
+                consumed_at = time.monotonic()
                 messages = self.consumer.consume(system.batch, timeout)
                 if not messages:
                     continue
@@ -384,6 +460,19 @@ class _KafkaReader(PartitionReader):
     def has_room(self) -> bool:
         """Room for another whole batch (lock held)."""
         return self._error is None and self._capacity - self._count >= self._batch
+
+    def over_limit(self) -> bool:
+        """No room for another whole batch within twice the buffer (lock held)."""
+        return 2 * self._capacity - self._count < self._batch
+
+    def at_limit(self) -> bool:
+        """No room for another whole batch within four times the buffer, or failed: pause
+        whatever the other partitions need (lock held)."""
+        return self._error is not None or 4 * self._capacity - self._count < self._batch
+
+    def starving(self) -> bool:
+        """Less than a batch left for the engine (lock held)."""
+        return self._count < self._batch
 
     def drop_buffer(self) -> None:
         """Forget what is buffered (lock held): the partition is being repositioned or revoked."""
@@ -484,9 +573,12 @@ class _KafkaReader(PartitionReader):
                         head = end
                 self._head = head
             had_room = self._capacity - self._count >= self._batch
+            was_starving = self._count < self._batch
             self._count -= len(out)
-        if not had_room:
-            pass  # the fetch thread resumes the partition on its next round (every poll_ms at most)
+            if (not had_room and self._capacity - self._count >= self._batch) or (
+                not was_starving and self._count < self._batch
+            ):
+                self._cond.notify_all()  # a fetch thread holding back may read on
         return out
 
     def at_end(self) -> bool:
@@ -594,7 +686,8 @@ class KafkaSystem(System):
     reader started (its high watermark then: batch jobs, tests, benchmarks). ``group_id``: the consumer
     group (default: the job name when run by a member, else ``tailrace``).
     ``batch``: messages per ``consume`` call; ``buffer``: messages read ahead per
-    partition; ``poll_ms``: longest ``consume`` wait.
+    partition (a burst may take up to four times it before the partition is paused,
+    see the module docstring); ``poll_ms``: longest ``consume`` wait.
 
     The keyword arguments are also the options of a job file's ``[systems.NAME]``
     table with ``type = "kafka"``.
@@ -644,6 +737,7 @@ class KafkaSystem(System):
         self._fetcher = _Fetcher(self)
         self._partitions: dict[str, int] = {}
         self._admin: Any = None
+        self._admin_lock = threading.Lock()
 
     # -- client settings -----------------------------------------------------------
     def consumer_config(self) -> dict[str, Any]:
@@ -679,17 +773,34 @@ class KafkaSystem(System):
         return cfg
 
     # -- metadata ------------------------------------------------------------------
+    def _admin_client(self) -> Any:
+        with self._admin_lock:
+            if self._admin is None:
+                base = {k: v for k, v in self.producer_config().items() if k not in _PRODUCER_ONLY}
+                self._admin = _kafka().admin.AdminClient(base)
+            return self._admin
+
+    def watermarks(self, tps: Sequence[Any]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(topic, partition) -> (low, high) watermark offsets of ``tps``, in two requests."""
+        ck = _kafka()
+        admin = self._admin_client()
+        timeout = self.metadata_timeout_s
+        specs = {"low": ck.admin.OffsetSpec.earliest(), "high": ck.admin.OffsetSpec.latest()}
+        found: dict[str, dict[tuple[str, int], int]] = {}
+        for which, spec in specs.items():
+            plain = [ck.TopicPartition(tp.topic, tp.partition) for tp in tps]
+            futures = admin.list_offsets({tp: spec for tp in plain}, request_timeout=timeout)
+            found[which] = {(t.topic, t.partition): f.result(timeout + 5).offset for t, f in futures.items()}
+        return {key: (found["low"][key], found["high"][key]) for key in found["high"]}
+
     def topic_partitions(self, topic: str) -> int:
         """Partition count of ``topic`` from the cluster's metadata (InputError when unknown)."""
         n = self._partitions.get(topic)
         if n is not None:
             return n
         ck = _kafka()
-        if self._admin is None:
-            base = {k: v for k, v in self.producer_config().items() if k not in _PRODUCER_ONLY}
-            self._admin = ck.admin.AdminClient(base)
         try:
-            md = self._admin.list_topics(topic, timeout=self.metadata_timeout_s)
+            md = self._admin_client().list_topics(topic, timeout=self.metadata_timeout_s)
         except ck.KafkaException as e:
             raise InputError(
                 f"no metadata from Kafka at {self.bootstrap_servers} within {self.metadata_timeout_s} s: {e}",
