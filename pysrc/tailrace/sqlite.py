@@ -122,6 +122,11 @@ _STALL_AFTER_ENV = "TAILRACE_TEST_SQLITE_STALL_AFTER"
 _STALL_MARKER_ENV = "TAILRACE_TEST_SQLITE_STALL_MARKER"
 
 
+def _holder(fd: int) -> str:
+    """What a lock file holds (the pid its holder wrote), as text; "" when empty."""
+    return os.pread(fd, 64, 0).decode(errors="replace").strip()
+
+
 def lock_path(db: Path, job_name: str) -> Path:
     """The lock file guarding ``job_name`` in store ``db``."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)[:64]
@@ -371,7 +376,7 @@ class SqliteCheckpointStore(CheckpointStore):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            holder = _holder(fd) or "unknown"
             os.close(fd)
             raise CheckpointError(
                 f"checkpoint store {self.path} is in use by another container for job {job_name!r} "
@@ -402,7 +407,7 @@ class SqliteCheckpointStore(CheckpointStore):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                holder = _holder(fd) or "unknown"
                 raise CheckpointError(
                     f"checkpoint store {self.path} is in use by {what} of another run (pid {holder}, "
                     f"lock file {lp}); stop it first"
@@ -413,7 +418,7 @@ class SqliteCheckpointStore(CheckpointStore):
                     fcntl.flock(job_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                     holder_pid = None  # nobody holds the job's lock
                 except BlockingIOError:
-                    text = os.pread(job_fd, 64, 0).decode(errors="replace").strip()
+                    text = _holder(job_fd)
                     holder_pid = int(text) if text.isdigit() else None
             finally:
                 os.close(job_fd)  # drops our shared lock, if we got it
@@ -452,7 +457,7 @@ class SqliteCheckpointStore(CheckpointStore):
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                holder = _holder(fd) or "unknown"
                 raise CheckpointError(
                     f"checkpoint store {self.path} is in use by a container of an earlier run of job "
                     f"{job_name!r} (pid {holder}, lock file {lp}); wait until it stops"
