@@ -160,9 +160,9 @@ void trl_drain_completions(tr_loop *L) {
                 T->timer_gen++;
                 if (when != INT64_MAX && !T->done)
                     trl_heap_push(L, when, t, H_USER, T->timer_gen);
+                /* not due (any more): trl_fire_timers holds it when it is */
                 if (when > L->now)
-                    trl_pool_unhold(
-                        L, T); /* not due (any more): trl_fire_timers holds it when it is */
+                    trl_pool_unhold(L, T);
             }
         }
     }

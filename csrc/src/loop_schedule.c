@@ -389,6 +389,13 @@ static void start_final(tr_loop *L) {
 }
 
 /* Fill the batch: the one place that decides what runs next. */
+/* Loop thread: runs end before `when` (the earliest timer); run_check_from is
+ * when the coarse clock may already be past it. */
+static inline void set_run_until(tr_loop *L, int64_t when) {
+    L->run_until = when;
+    L->run_check_from = when > INT64_MIN + L->coarse_lag ? when - L->coarse_lag : INT64_MIN;
+}
+
 static void build_batch(tr_loop *L) {
     if (L->phase == PH_FINISHED)
         return;
@@ -414,11 +421,9 @@ static void build_batch(tr_loop *L) {
     trl_fire_timers(L);
     if (L->phase == PH_FINISHED)
         return;
-    L->run_until = L->nheap ? L->heap[0].when : INT64_MAX;
-    if (new_timer < L->run_until)
-        L->run_until = new_timer; /* set after the drain above read its CQ_TIMER item */
-    L->run_check_from =
-        L->run_until > INT64_MIN + L->coarse_lag ? L->run_until - L->coarse_lag : INT64_MIN;
+    int64_t until = L->nheap ? L->heap[0].when : INT64_MAX;
+    /* new_timer: set after the drain above read its CQ_TIMER item */
+    set_run_until(L, new_timer < until ? new_timer : until);
     /* acquire: pairs with tr_loop_stop's release store */
     if (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_ACQUIRE))
         begin_drain(L, TR_STOP_EXTERNAL);
@@ -702,10 +707,8 @@ int tr_loop_run_yield(tr_loop *L) {
         return 1;
     /* a timer set since the build (by the message just run, usually) */
     int64_t set = atomic_load_explicit(&L->timer_min_new, TR_RELAXED); /* see loop.timer_min_new */
-    if (TR_UNLIKELY(set < L->run_until)) {
-        L->run_until = set;
-        L->run_check_from = set > INT64_MIN + L->coarse_lag ? set - L->coarse_lag : INT64_MIN;
-    }
+    if (TR_UNLIKELY(set < L->run_until))
+        set_run_until(L, set);
     /* one coarse read per message; the exact clock only in the last tick or two
      * before the earliest timer */
     if (TR_LIKELY(trl_coarse_now(L) < L->run_check_from))

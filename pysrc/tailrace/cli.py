@@ -264,12 +264,7 @@ class _StopSignals:
         if self.finished or self.received:
             return  # already stopping (or over): the parent's death changes nothing
         self.received += 1
-        try:
-            os.write(2, b"\ntailrace: the parent process died: stopping gracefully\n")
-        except OSError:  # stderr was a pipe to the parent: gone with it
-            pass
-        if self._stop is not None:
-            self._stop()
+        self._graceful("tailrace: the parent process died: stopping gracefully")
 
     def attach(self, stop: Callable[[], None], force: Callable[[], None] | None = None) -> None:
         """From now on a signal calls ``stop`` (a second one ``force``, then exits); calls
@@ -293,6 +288,10 @@ class _StopSignals:
             f"tailrace: {name}: stopping gracefully (finishing in-flight work, writing a checkpoint); "
             "Ctrl-C again to force"
         )
+        self._graceful(notice)
+
+    def _graceful(self, notice: str) -> None:
+        """The first stop request: say so, then stop gracefully."""
         if self.live:
             self.notices.append(notice)
         else:
