@@ -14,7 +14,8 @@ buffer (no room for another batch) is not paused at once: librdkafka purges a
 paused partition's prefetched messages and fetches them again on resume, so a
 pause at every burst costs a broker round trip. While every partition that can be
 read is full, the thread waits for the engine to drain one (``poll`` wakes it; it
-still consumes once a second, so the group sees it poll); what a consumed batch
+still consumes once a second; a group member never waits: ``consume`` serves its
+rebalances, so it pauses past twice the buffer instead); what a consumed batch
 brings for a full partition is buffered beyond its ``buffer``. A partition past
 twice its buffer holds reading back while every other one still has a batch for
 the engine (a starving one reads on); one that reaches four times its buffer is
@@ -381,7 +382,10 @@ class _Fetcher:
                     self._apply_positions()
                 if self._ends:
                     self._apply_ends()
-                hold = self._flow_control(time.monotonic() - consumed_at >= self.KEEP_POLLING_S)
+                # a group member consumes every round: consume serves the group's rebalance
+                # callbacks, and a member that held back would slow every rebalance down
+                due = self.subscription is not None or time.monotonic() - consumed_at >= self.KEEP_POLLING_S
+                hold = self._flow_control(due)
                 if not self._assigned and self.subscription is None:
                     with self.cond:
                         if not self._pending and not self._stop:
