@@ -10,6 +10,9 @@ written), 128+N after a forced stop by a second signal N.
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
+import gc
 import json
 import logging
 import os
@@ -23,10 +26,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Protocol, TextIO
+from typing import Any, BinaryIO, Protocol, TextIO
 
 from .config import describe_keys
-from .container import ENGINES, Container
+from .container import ENGINES, Container, load_engine
 from .errors import ConfigError, SetupError, TailraceError, TaskError
 from .jobfile import JOB_FILE, JobSpec, load_job, parse_override
 from .metrics import RunResult, TaskMetrics
@@ -119,9 +122,6 @@ def _parser() -> argparse.ArgumentParser:
         help="start N container processes sharing the job's tasks (default: the config key "
         "job.container.count, else 1); file jobs: task N runs in container N mod count",
     )
-    # a container process of `--containers N` (started by the parent, never by hand)
-    run.add_argument("--container-index", type=int, default=None, help=argparse.SUPPRESS)
-    run.add_argument("--result-fd", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument(
         "--metrics-port",
         type=int,
@@ -193,8 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    return _handled(args, lambda: int(args.fn(args)))
+
+
+def _handled(args: argparse.Namespace, work: Callable[[], int]) -> int:
+    """``work()``'s exit status, or the status and one clear line for the error it raised
+    (a command, or a container of ``--containers N``)."""
     try:
-        return int(args.fn(args))
+        return work()
     except ConfigError as e:
         log.debug("config error", exc_info=True)
         print(f"tailrace: config error: {e}", file=sys.stderr)
@@ -246,6 +252,10 @@ class _StopSignals:
         self.live = False  # a live display shows self.notices
         self._stop: Callable[[], None] | None = None
         self._force: Callable[[], None] | None = None
+
+    def reset(self) -> None:
+        """As if no signal had come yet (a container forked by its parent starts afresh)."""
+        self.__init__()  # type: ignore[misc]
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -402,8 +412,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_kafka(args, spec)
     if _is_distributed(spec):
         return _run_distributed(args, spec)
-    if args.container_index is not None:
-        return _run_file_container(args, spec)
     count = _container_count(args, spec)
     if count != 1:
         return _run_file_containers(args, spec, count)
@@ -661,18 +669,60 @@ def _log_metrics_ports(args: argparse.Namespace, count: int) -> None:
         )
 
 
+class _Forked:
+    """A container forked from this process (``_ContainerProcesses.fork``): the part of
+    ``subprocess.Popen`` that ``_ContainerProcesses`` uses. Reaping and signalling take
+    one lock, so a signal never goes to a pid already reaped (and perhaps reused)."""
+
+    def __init__(self, pid: int, stdout: BinaryIO, stderr: BinaryIO) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def _reap(self, flags: int) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, flags)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            try:  # wait for the end without reaping, outside the lock (a signal may come meanwhile)
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:
+                pass  # reaped by another thread meanwhile
+        code = self._reap(0)
+        assert code is not None
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        with self._lock:
+            if self.returncode is None:
+                os.kill(self.pid, signum)
+
+
 class _ContainerProcesses:
-    """The container processes of ``--containers N`` (a ``tailrace run`` each). Every line
-    they print is prefixed ``[container i]`` and written whole, so containers never
-    interleave mid-line. Each runs in its own process group: a terminal's Ctrl-C reaches
-    the parent only, which forwards it once (a container that got it twice, from the
-    terminal and from the parent, would force-stop)."""
+    """The container processes of ``--containers N``: forks of this process (a file job)
+    or ``tailrace run`` processes (a Redis or Kafka job). Every line they print is
+    prefixed ``[container i]`` and written whole, so containers never interleave
+    mid-line. Each runs in its own process group: a terminal's Ctrl-C reaches the parent
+    only, which forwards it once (a container that got it twice, from the terminal and
+    from the parent, would force-stop)."""
 
     def __init__(self, count: int) -> None:
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: dict[int, subprocess.Popen[bytes] | _Forked] = {}
         self._width = len(str(count - 1))
         self._write_lock = threading.Lock()
         self._pumps: list[threading.Thread] = []
+        self._unpumped: list[int] = []
+        self._parent_fds: list[int] = []  # what a later fork must close: the pipes of the earlier ones
 
     def start(
         self, i: int, argv: list[str], env: dict[str, str], pass_fds: Sequence[int] = ()
@@ -686,11 +736,59 @@ class _ContainerProcesses:
             pass_fds=tuple(pass_fds),
         )
         self.procs[i] = proc
-        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-            t = threading.Thread(target=self._pump, args=(i, stream, out), daemon=True)
-            t.start()
-            self._pumps.append(t)
+        self._unpumped.append(i)
+        self.start_pumps()
         return proc
+
+    def fork(self, i: int, body: Callable[[], int], parent_fds: Sequence[int] = ()) -> _Forked:
+        """Fork container ``i``, which runs ``body()`` and exits with its status; it closes
+        ``parent_fds`` (this process's ends of its pipes) and those of the earlier forks.
+        Call before this process starts any thread; then ``start_pumps``."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # or the child would write what is buffered a second time
+        pid = os.fork()
+        if pid == 0:  # the container: never returns into the parent's frames
+            code = 70  # EX_SOFTWARE: body() itself failed
+            try:
+                _SIGNALS.reset()
+                os.setpgid(0, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                for fd in (out_r, err_r, out_w, err_w, *self._parent_fds, *parent_fds):
+                    os.close(fd)
+                code = body()
+            except BaseException:  # noqa: BLE001 - the child's last word
+                traceback.print_exc()
+            finally:
+                try:
+                    atexit._run_exitfuncs()  # as a process of its own would at exit (logging's flush)
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        try:
+            os.setpgid(pid, pid)  # from both sides: whichever runs first (a shell does the same)
+        except OSError:
+            pass  # it already did, or already exited
+        os.close(out_w)
+        os.close(err_w)
+        self._parent_fds += [out_r, err_r, *parent_fds]
+        proc = _Forked(pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+        self.procs[i] = proc
+        self._unpumped.append(i)
+        return proc
+
+    def start_pumps(self) -> None:
+        """Copy the output of the containers started since the last call, line by line."""
+        for i in self._unpumped:
+            proc = self.procs[i]
+            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                t = threading.Thread(target=self._pump, args=(i, stream, out), daemon=True)
+                t.start()
+                self._pumps.append(t)
+        self._unpumped.clear()
 
     def _pump(self, i: int, stream: Any, out: TextIO) -> None:
         for raw in iter(stream.readline, b""):
@@ -703,7 +801,7 @@ class _ContainerProcesses:
         """An event set each time a container ends (its ``returncode`` is set first)."""
         ended = threading.Event()
 
-        def waiter(p: subprocess.Popen[bytes]) -> None:
+        def waiter(p: subprocess.Popen[bytes] | _Forked) -> None:
             p.wait()
             ended.set()
 
@@ -1106,13 +1204,15 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 # -- containers of a file job (--containers N / job.container.count) ------------------
-# The parent holds the job's lock (it opens the checkpoint store as one run of the job
-# would) and starts one `tailrace run` per container; container i runs the tasks whose
+# The parent loads the job (its task module too), forks one container per group of
+# tasks, then takes the job's lock (it opens the checkpoint store as one run of the job
+# would) and gives each container the word on a pipe. Container i runs the tasks whose
 # partition number is i mod N (Samza's round-robin grouping of tasks onto containers) as
 # an ordinary Container whose store is opened as container i (SqliteCheckpointStore.
 # as_container: it refuses to run under any process but the parent holding the lock).
-# Each container reports its result on a pipe (--result-fd); the parent prints the
-# summary once. A container that fails stops the others gracefully.
+# A fork starts no interpreter and imports nothing again: a container costs no more CPU
+# than the work it does. Each container reports its result on a pipe; the parent prints
+# the summary once. A container that fails stops the others gracefully.
 
 
 def _container_count(args: argparse.Namespace, spec: JobSpec) -> int:
@@ -1190,55 +1290,72 @@ def _die_with_parent(parent: int) -> None:
     by its pid changing."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-
     _SIGNALS.install_parent_death(signal.SIGHUP)
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGHUP), 0, 0, 0)  # PR_SET_PDEATHSIG
+        _libc().prctl(1, int(signal.SIGHUP), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         log.debug("prctl(PR_SET_PDEATHSIG) unavailable", exc_info=True)
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGHUP)
 
 
-def _run_file_container(args: argparse.Namespace, spec: JobSpec) -> int:
-    """One container process of ``--containers N`` (``--container-index I``, started by
-    the parent): the tasks I mod N, the store opened as container I; no summary (the
-    parent prints it), the result as JSON on ``--result-fd``."""
-    parent = os.getppid()
+@functools.cache
+def _libc() -> Any:
+    """The C library through ctypes (loaded once, by the parent before it forks)."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _run_file_container(
+    args: argparse.Namespace, spec: JobSpec, index: int, count: int, parent: int, result_fd: int
+) -> int:
+    """Container ``index`` of ``count`` (a fork of the parent, process ``parent``): the
+    tasks ``index`` mod ``count``, the store opened as that container; no summary (the
+    parent prints it), the result as JSON on ``result_fd``."""
     _die_with_parent(parent)
-    count = _container_count(args, spec)
-    index = args.container_index
-    if not 0 <= index < count:
-        raise ConfigError(f"{index} is not a container of {count}", key="--container-index")
-    _file_task_partitions(args, spec)
     store = spec.checkpoint_store()
     as_container = getattr(store, "as_container", None)
     if as_container is not None:
         as_container(index, parent)
     inputs = _container_inputs(spec, index, count)
-    if not inputs:
-        raise ConfigError(f"container {index} of {count} has no task", key=_count_key(args))
     container = spec.container(inputs=inputs, checkpoints=store)
     if args.metrics_port is not None:
         _serve_prometheus(container, args.metrics_port, args.metrics_host, spec.name)
     started = time.monotonic()
     result: RunResult = _run_watched(args, spec, container, container.run, container.stop)
     seconds = time.monotonic() - started
-    if args.result_fd is not None:
-        report = {
-            "processed": result.processed,
-            "reason": result.reason,
-            "seconds": seconds,
-            "skipped": {str(ssp): n for ssp, n in container.skipped().items() if n},
-            "failed": sum(t.failed for t in result.tasks.values()),
-            "ignored": sum(t.ignored for t in result.tasks.values()),
-            "cpu_s": sum(os.times()[:2]),
-        }
-        with os.fdopen(args.result_fd, "w") as f:
-            json.dump(report, f)
+    report = {
+        "processed": result.processed,
+        "reason": result.reason,
+        "seconds": seconds,
+        "skipped": {str(ssp): n for ssp, n in container.skipped().items() if n},
+        "failed": sum(t.failed for t in result.tasks.values()),
+        "ignored": sum(t.ignored for t in result.tasks.values()),
+        "cpu_s": sum(os.times()[:2]),
+    }
+    with os.fdopen(result_fd, "w") as f:
+        json.dump(report, f)
     return 0
+
+
+def _container_main(
+    args: argparse.Namespace, spec: JobSpec, index: int, count: int, parent: int, go: int, result_fd: int
+) -> int:
+    """The life of a forked container: wait for the parent's word (one byte on ``go``,
+    written once it holds the job's lock; end of file: it could not start the job and
+    says why itself), then run as ``_run_file_container`` with the parent's options."""
+    word = os.read(go, 1)
+    os.close(go)
+    if word != b"1":
+        os.close(result_fd)
+        return 0
+    own = argparse.Namespace(**vars(args))
+    # progress lines on a pipe (never a live view), unless --no-progress
+    own.progress = None if args.progress is not False else False
+    if args.metrics_port is not None:
+        own.metrics_port = args.metrics_port + index
+    return _handled(own, lambda: _run_file_container(own, spec, index, count, parent, result_fd))
 
 
 def _stopped(code: int) -> bool:
@@ -1267,76 +1384,107 @@ def _run_file_containers(args: argparse.Namespace, spec: JobSpec, count: int) ->
             len(numbers),
             ", ".join(str(i) for i in range(count) if not groups[i]),
         )
-    lock = spec.checkpoint_store()
-    lock.open(spec.name)  # the job's lock, held until every container ended: no other run overlaps
+    # what every container needs, loaded once here: each is a fork of this process
+    spec.load_task()
     try:
-        log.info(
-            "running job %r (%s engine) from %s in %d containers; checkpoints: %s",
-            spec.name,
-            spec.engine,
-            spec.source,
-            len(started_ids),
-            _store_text(spec),
-        )
-        for i in started_ids:
-            log.info("container %d: tasks %s", i, ", ".join(f"Partition {p}" for p in groups[i]))
-        _log_resume(spec)
-        return _watch_file_containers(args, spec, count, started_ids, groups, lock)
+        load_engine(spec.engine)
+    except ImportError:
+        pass  # each container says so (spec.container)
+    if sys.platform.startswith("linux"):
+        try:
+            _libc()
+        except OSError:
+            pass  # each container logs it (_die_with_parent)
+    parent = os.getpid()
+    children = _ContainerProcesses(count)
+    results: dict[int, int] = {}  # container -> read end of its result pipe
+    words: dict[int, int] = {}  # container -> write end of its go pipe, until the word is sent
+    try:
+        # fork before this process opens the store or starts a thread: a child inherits
+        # neither an SQLite connection (SQLite forbids using one across fork) nor a lock.
+        # What is loaded now stays out of the collector's reach in the containers: a
+        # collection there would touch (and so copy) every page of it, and scan it each time
+        gc.freeze()
+        try:
+            for i in started_ids:
+                go_r, go_w = os.pipe()
+                res_r, res_w = os.pipe()
+                try:
+                    body = functools.partial(_container_main, args, spec, i, count, parent, go_r, res_w)
+                    children.fork(i, body, parent_fds=(go_w, res_r))
+                finally:
+                    os.close(go_r)
+                    os.close(res_w)
+                words[i], results[i] = go_w, res_r
+        finally:
+            gc.unfreeze()  # here, as before (the containers keep it frozen)
+        lock = spec.checkpoint_store()
+        lock.open(spec.name)  # the job's lock, held until every container ended: no other run overlaps
+        try:
+            log.info(
+                "running job %r (%s engine) from %s in %d containers; checkpoints: %s",
+                spec.name,
+                spec.engine,
+                spec.source,
+                len(started_ids),
+                _store_text(spec),
+            )
+            for i in started_ids:
+                tasks = ", ".join(f"Partition {p}" for p in groups[i])
+                log.info("container %d: tasks %s (pid %d)", i, tasks, children.procs[i].pid)
+            _log_resume(spec)
+            while words:
+                i, w = words.popitem()
+                os.write(w, b"1")
+                os.close(w)
+            return _watch_file_containers(args, spec, count, children, results, groups, lock)
+        finally:
+            lock.close()
     finally:
-        lock.close()
+        for w in words.values():  # never got the word (the job could not start): they end at once
+            os.close(w)
+        for i in words:
+            children.procs[i].wait()
+        for r in results.values():
+            try:
+                os.close(r)
+            except OSError:
+                pass
 
 
 def _watch_file_containers(
     args: argparse.Namespace,
     spec: JobSpec,
     count: int,
-    ids: list[int],
+    children: _ContainerProcesses,
+    results: dict[int, int],
     groups: dict[int, list[int]],
     lock: Any,
 ) -> int:
     started = time.monotonic()
-    argv = [*_member_argv(args), "--containers", str(count)]
-    if args.progress is not False:  # progress lines per container (a pipe: never a live view)
-        argv[argv.index("--no-progress")] = f"--progress-interval={args.progress_interval}"
-    children = _ContainerProcesses(count)
-    results: dict[int, int] = {}  # container -> read end of its result pipe
-    try:
-        for i in ids:
-            r, w = os.pipe()
-            results[i] = r
-            try:
-                extra = ["--container-index", str(i), "--result-fd", str(w), *_metrics_argv(args, i)]
-                children.start(i, argv + extra, {}, pass_fds=(w,))
-            finally:
-                os.close(w)
-        _log_metrics_ports(args, count)
-        _SIGNALS.attach(children.terminate, force=children.terminate)
-        failure: tuple[int, int] | None = None
-        ended = children.watch()
-        while True:
-            ended.wait()
-            ended.clear()
-            codes = {i: p.returncode for i, p in children.procs.items()}
-            if failure is None:
-                failure = next(((i, c) for i, c in codes.items() if c and not _stopped(c)), None)
-                if failure is not None:
-                    log.error(
-                        "container %d (tasks %s) failed (%s): stopping the other containers gracefully",
-                        failure[0],
-                        ", ".join(f"Partition {p}" for p in groups[failure[0]]),
-                        _exit_text(failure[1]),
-                    )
-                    children.terminate()
-            if all(c is not None for c in codes.values()):
-                break
-        children.join_pumps()
-        reports = {i: _read_report(r) for i, r in results.items()}
-    finally:
-        for r in results.values():
-            try:
-                os.close(r)
-            except OSError:
-                pass
+    children.start_pumps()
+    _log_metrics_ports(args, count)
+    _SIGNALS.attach(children.terminate, force=children.terminate)
+    failure: tuple[int, int] | None = None
+    ended = children.watch()
+    while True:
+        ended.wait()
+        ended.clear()
+        codes = {i: p.returncode for i, p in children.procs.items()}
+        if failure is None:
+            failure = next(((i, c) for i, c in codes.items() if c and not _stopped(c)), None)
+            if failure is not None:
+                log.error(
+                    "container %d (tasks %s) failed (%s): stopping the other containers gracefully",
+                    failure[0],
+                    ", ".join(f"Partition {p}" for p in groups[failure[0]]),
+                    _exit_text(failure[1]),
+                )
+                children.terminate()
+        if all(c is not None for c in codes.values()):
+            break
+    children.join_pumps()
+    reports = {i: _read_report(r) for i, r in results.items()}
     exits = {i: p.wait() for i, p in children.procs.items()}
     if failure is not None:
         others = [f"container {i}: {_exit_text(c)}" for i, c in exits.items() if i != failure[0]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -200,20 +201,56 @@ def test_a_job_with_memory_inputs_cannot_be_split(tmp_path: Path) -> None:
     assert r.returncode == 2 and "config key '--containers'" in r.stderr
 
 
-def _children(pid: int) -> dict[int, int]:
-    """container index -> pid of the container processes of parent ``pid`` (from /proc)."""
+IMPORT_ONCE = """
+import os
+with open(os.path.join(os.path.dirname(__file__), "imports.log"), "a") as f:
+    f.write(f"{os.getpid()}\\n")
+"""
+
+
+def test_the_containers_are_forks_of_the_parent_which_imports_the_task_once(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    (job / "task.py").write_text(IMPORT_ONCE + TASK)
+    parent = subprocess.Popen(
+        tailrace_cmd("run", str(job), "--no-progress", "--containers", "2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = parent.communicate(timeout=120)
+    assert parent.returncode == 0, err
+    # the module ran once, in the parent, before it forked the containers
+    assert (job / "imports.log").read_text().split() == [str(parent.pid)], err
+    pids = {int(p) for p in re.findall(r"container \d: tasks .* \(pid (\d+)\)", err)}
+    assert len(pids) == 2 and parent.pid not in pids, err
+    assert "by 2 containers" in out
+
+
+def test_a_task_that_cannot_load_is_reported_once_by_the_parent(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    (job / "task.py").write_text(TASK.replace("class Sums", "class Other"))
+    r = run(job, "--containers", "2")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("defines no 'Sums'") == 1, r.stderr
+    assert "[container" not in r.stderr
+    assert not (job / "output").exists()
+
+
+def _children(pid: int, job: Path) -> dict[int, int]:
+    """container index -> pid of the container processes of parent ``pid``: the pid each
+    container's lock file records, when it is a child of ``pid`` (from /proc)."""
     found: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for lock in (job / "state").glob("*.container-*.lock"):
+        index = int(lock.name.rsplit("-", 1)[1].removesuffix(".lock"))
+        text = lock.read_text().strip()
+        if not text.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{text}/stat").read_text()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"--container-index" in argv:
-            found[int(argv[argv.index(b"--container-index") + 1])] = int(entry)
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found[index] = int(text)
     return found
 
 
@@ -227,7 +264,7 @@ def _start_slow(job: Path, *args: str) -> subprocess.Popen[str]:
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # running: both containers started and committed output
-        kids = _children(proc.pid)
+        kids = _children(proc.pid, job)
         out = job / "output" / "out"
         written = sum(f.stat().st_size for f in out.glob("*.jsonl")) if out.is_dir() else 0
         if len(kids) == 2 and written > 2000 and (job / "state").is_dir():
@@ -242,7 +279,7 @@ def test_kill_9_of_one_container_stops_the_others_and_a_rerun_loses_nothing(tmp_
     job = make_job(tmp_path, messages=6000)
     proc = _start_slow(job, "--containers", "2")
     time.sleep(0.5)
-    os.kill(_children(proc.pid)[1], signal.SIGKILL)
+    os.kill(_children(proc.pid, job)[1], signal.SIGKILL)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     failed = "container 1 of job 'sums' (tasks Partition 1, Partition 3) failed (killed by SIGKILL)"
@@ -278,11 +315,8 @@ def test_a_second_run_is_refused_while_containers_run_and_sigterm_stops_all_grac
             assert r.returncode == 1, r.stderr
             assert "is in use by another container for job 'sums'" in r.stderr
             assert f"pid {proc.pid}" in r.stderr
-        # a container started by hand (not by the parent holding the job's lock) is refused
-        r = run(job, "--containers", "2", "--container-index", "1")
-        assert r.returncode == 1 and "is in use by container 1 of job 'sums'" in r.stderr, r.stderr
-        r = run(job, "--containers", "3", "--container-index", "2")
-        assert r.returncode == 1 and "container 2 of job 'sums' refused" in r.stderr, r.stderr
+            # its containers, forked before it found the job's lock taken, ended without a word
+            assert "[container" not in r.stderr and "[container" not in r.stdout
         reset = run_cli(["checkpoints", "reset", str(job), "--yes"])
         assert reset.returncode == 1 and "in use" in reset.stderr
     finally:
@@ -324,7 +358,7 @@ def test_kill_9_of_the_parent_stops_its_containers_gracefully(tmp_path: Path) ->
     ref = make_job(tmp_path / "ref", messages=6000)
     assert run(ref).returncode == 0
     proc = _start_slow(job, "--containers", "2")
-    kids = _children(proc.pid)
+    kids = _children(proc.pid, job)
     # the kernel sends each container a SIGHUP (PR_SET_PDEATHSIG) each time a thread of the parent
     # ends (the parent has 5): the first stops it gracefully, the others change nothing
     proc.kill()
