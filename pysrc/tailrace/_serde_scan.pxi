@@ -62,6 +62,14 @@ cdef extern from *:
     #define TR_SCAN_E 0x6565656565656565ULL
     #define TR_SCAN_DOT 0x2e2e2e2e2e2e2e2eULL
     #define TR_SCAN_N 0x6e6e6e6e6e6e6e6eULL
+    /* the byte (0..7) of the lowest flagged high bit: memcpy put byte 0 of the text lowest */
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && defined(__GNUC__)
+    #define TR_SCAN_LE 1
+    #define tr_scan_lowest_byte(m) ((Py_ssize_t)(__builtin_ctzll(m) >> 3))
+    #else
+    #define TR_SCAN_LE 0
+    #define tr_scan_lowest_byte(m) ((Py_ssize_t)0)
+    #endif
     """
     const uint64_t TR_SCAN_ONES
     const uint64_t TR_SCAN_HIGHS
@@ -69,6 +77,8 @@ cdef extern from *:
     const uint64_t TR_SCAN_E
     const uint64_t TR_SCAN_DOT
     const uint64_t TR_SCAN_N
+    const bint TR_SCAN_LE
+    Py_ssize_t tr_scan_lowest_byte(uint64_t m) nogil
 
 
 cdef inline uint64_t _zero_byte(uint64_t v) noexcept nogil:
@@ -91,22 +101,29 @@ cdef inline bint _std_at(const unsigned char *b, Py_ssize_t n, Py_ssize_t i) noe
 cdef bint _scan_std_decides(const unsigned char *b, Py_ssize_t n) noexcept nogil:
     """``[0-9][eE]|0\\.0000|null`` somewhere in ``b``. Each match holds an e, E, "." or n:
     8 bytes at a time, a word with none of them is skipped (e and E are one test: E | 0x20
-    is e), and only the bytes of the other words are looked at."""
-    cdef Py_ssize_t i = 0, k, end
-    cdef uint64_t w
-    while i < n:
-        end = n
-        if i + 8 <= n:
-            memcpy(&w, b + i, 8)
-            if not (_zero_byte((w | TR_SCAN_CASE) ^ TR_SCAN_E) | _zero_byte(w ^ TR_SCAN_DOT)
-                    | _zero_byte(w ^ TR_SCAN_N)):
-                i += 8
-                continue
-            end = i + 8
-        for k in range(i, end):
-            if _std_at(b, n, k):
-                return True
-        i = end
+    is e), and in the other words only the flagged bytes are looked at (on a little-endian
+    machine; elsewhere every byte of the word). A flag can be false (a borrow out of a
+    lower flagged byte), never missing: ``_std_at`` decides each."""
+    cdef Py_ssize_t i = 0, k
+    cdef uint64_t w, flags
+    while i + 8 <= n:
+        memcpy(&w, b + i, 8)
+        flags = (_zero_byte((w | TR_SCAN_CASE) ^ TR_SCAN_E) | _zero_byte(w ^ TR_SCAN_DOT)
+                 | _zero_byte(w ^ TR_SCAN_N))
+        if flags:
+            if TR_SCAN_LE:
+                while flags:
+                    if _std_at(b, n, i + tr_scan_lowest_byte(flags)):
+                        return True
+                    flags &= flags - 1
+            else:
+                for k in range(i, i + 8):
+                    if _std_at(b, n, k):
+                        return True
+        i += 8
+    for k in range(i, n):
+        if _std_at(b, n, k):
+            return True
     return False
 
 

@@ -14,7 +14,7 @@ from tailrace import _core, serdes
 
 LONG = re.compile(rb"[0-9]{19}")
 STD = re.compile(rb"[0-9][eE]|0\.0000|null")
-ALPHABET = b'0123456789eE.-+nul "{}:,x\xc3\xa9'
+ALPHABET = b'0123456789eE.-+nul "{}:,xod/\x00\x01\xc3\xa9'
 
 
 def _cases() -> list[bytes]:
