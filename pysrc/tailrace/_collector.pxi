@@ -33,6 +33,7 @@ cdef class _Route:
     cdef object producer
     cdef object send  # producer.send, bound once
     cdef FileSink sink  # the producer's compiled send (files), or None
+    cdef list parts  # sink.parts_of(stream) when sink is set
     cdef dict placed  # str key -> its partition (key_partition is a pure function), bounded
     cdef str stream
     cdef Py_ssize_t partitions
@@ -78,6 +79,7 @@ cdef class Collector:
         sink = getattr(producer, "_tailrace_sink", None)
         r.sink = sink if isinstance(sink, FileSink) else None
         r.stream = ss.stream
+        r.parts = r.sink.parts_of(r.stream) if r.sink is not None else None
         r.placed = {}
         r.partitions = producer.partitions(ss.stream)
         self._routes[stream] = r
@@ -111,7 +113,7 @@ cdef class Collector:
                 raise ValueError(
                     f"collector.send: {stream!r} has no partition {partition} (it has {r.partitions})")
         if r.sink is not None:
-            r.sink.send(r.stream, p, key, message)
+            r.sink.send_to(r.parts, r.stream, p, key, message)
         else:
             r.send(r.stream, p, key, message)
         self.sent += 1

@@ -11,38 +11,64 @@
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 
 
-cdef inline int _append2(bytearray buf, bytes a, bytes b) except -1:
-    """``buf += a + b`` with one resize (amortised like bytearray's own growth)."""
-    cdef Py_ssize_t n = PyByteArray_GET_SIZE(buf)
-    cdef Py_ssize_t na = PyBytes_GET_SIZE(a), nb = PyBytes_GET_SIZE(b)
-    PyByteArray_Resize(buf, n + na + nb)
-    cdef char *dst = PyByteArray_AS_STRING(buf) + n
-    memcpy(dst, PyBytes_AS_STRING(a), na)
-    memcpy(dst + na, PyBytes_AS_STRING(b), nb)
-    return 0
-
-
 @cython.final
 cdef class FileOutput:
-    """One open output partition file and its encoded lines not yet written.
+    """One open output partition file and its encoded records not yet written.
 
-    The lines are copied into one bytearray rather than kept as bytes objects: an
-    encoder's bytes (orjson's especially) can hold far more memory than their length.
+    The records are copied into one buffer rather than kept as bytes objects (an
+    encoder's bytes, orjson's especially, can hold far more memory than their length).
+    A buffer keeps its size: only ``used`` bytes of it hold records, and it grows by
+    doubling, so filling it copies each record once (a bytearray grown record by
+    record from empty would be copied over about eight times per write). Two buffers
+    take turns: ``take`` hands the full one to the writer and fills the other, which
+    the writer hands back (``give_back``) once written.
     """
 
     cdef public int fd
-    cdef public bytearray buf
+    cdef bytearray _buf  # capacity; its first `used` bytes are the records
+    cdef bytearray _spare  # the buffer last written, for the next take (or None)
+    cdef readonly Py_ssize_t used
 
     def __init__(self, int fd):
         self.fd = fd
-        self.buf = bytearray()
+        self._buf = bytearray()
+        self._spare = None
+        self.used = 0
 
-    cpdef bytearray take(self):
-        """The buffered bytes, leaving an empty buffer (one step: no sender sees neither)."""
-        cdef bytearray fresh = bytearray()
-        cdef bytearray data = self.buf
-        self.buf = fresh
-        return data
+    cdef int append2(self, const char *a, Py_ssize_t na, const char *b, Py_ssize_t nb,
+                     Py_ssize_t size) except -1:
+        """Append ``a`` then ``b`` (no Python code runs: one step under the GIL) to a buffer
+        of at least ``size`` bytes (made that size at once: one allocation, which for the
+        default 256 KiB is an mmap of its own, away from the heap of small objects)."""
+        cdef Py_ssize_t need = self.used + na + nb
+        cdef Py_ssize_t cap = PyByteArray_GET_SIZE(self._buf)
+        if need > cap:
+            cap = cap * 2 if cap * 2 > need else need
+            if cap < size:
+                cap = size
+            PyByteArray_Resize(self._buf, cap)
+        cdef char *dst = PyByteArray_AS_STRING(self._buf) + self.used
+        memcpy(dst, a, na)
+        memcpy(dst + na, b, nb)
+        self.used = need
+        return 0
+
+    cpdef tuple take(self):
+        """``(buffer, length)``: the buffered records (its first ``length`` bytes), leaving
+        an empty buffer (one step: no sender sees neither); None when there are none.
+        The caller owns the buffer until it hands it back with ``give_back``."""
+        if self.used == 0:
+            return None
+        cdef bytearray data = self._buf
+        cdef Py_ssize_t n = self.used
+        self._buf = self._spare if self._spare is not None else bytearray()
+        self._spare = None
+        self.used = 0
+        return data, n
+
+    def give_back(self, bytearray data not None):
+        """A buffer from ``take``, written: filled again after the current one."""
+        self._spare = data
 
 
 @cython.final
@@ -74,21 +100,34 @@ cdef class FileSink:
         self.what = what
         self.streams = {}
 
-    def add(self, str stream not None, Py_ssize_t partition, FileOutput out not None):
-        """Register the open file of ``stream``'s ``partition`` (called by the producer, under its lock)."""
+    cdef list parts_of(self, str stream):
+        """``stream``'s files by partition (None: not open yet), the list ``add`` fills in
+        (a collector's route keeps it, saving a lookup per message)."""
         cdef list parts = self.streams.get(stream)
         if parts is None:
             parts = self.streams[stream] = []
+        return parts
+
+    def add(self, str stream not None, Py_ssize_t partition, FileOutput out not None):
+        """Register the open file of ``stream``'s ``partition`` (called by the producer, under its lock)."""
+        cdef list parts = self.parts_of(stream)
         while len(parts) <= partition:
             parts.append(None)
         parts[partition] = out
 
     def clear(self):
         """Forget every file (the producer is closing): later sends go to the producer, which refuses."""
+        cdef list parts
+        for parts in self.streams.values():
+            del parts[:]  # the routes that keep these lists find no file either
         self.streams = {}
 
     cpdef send(self, str stream, Py_ssize_t partition, object key, object message):
         """Encode ``message`` and append it to ``stream``'s ``partition`` buffer."""
+        self.send_to(self.parts_of(stream), stream, partition, key, message)
+
+    cdef send_to(self, list parts, str stream, Py_ssize_t partition, object key, object message):
+        """``send`` with ``parts_of(stream)`` already found."""
         cdef object line
         try:
             line = self.codec.encode(message) if self.codec is not None else self.encode(message)
@@ -96,18 +135,17 @@ cdef class FileSink:
             raise ValueError(
                 f"file output {stream}[{partition}]: message is not {self.what}-serialisable: {e}"
             ) from None
-        cdef list parts = self.streams.get(stream)
         cdef object found = None
-        if parts is not None and 0 <= partition < len(parts):
+        if 0 <= partition < len(parts):
             found = parts[partition]
         if found is None:
             found = self.producer._output(stream, partition)
         cdef FileOutput out = <FileOutput?>found
-        cdef bytearray buf = out.buf
-        if type(line) is bytes:
-            _append2(buf, <bytes>line, self.sep)
-        else:  # another bytes-like object from a custom encoder
-            buf += line
-            buf += self.sep
-        if len(buf) >= self.limit:
+        if type(line) is not bytes:  # another bytes-like object from a custom encoder
+            line = bytes(line)
+        # a buffer is written once it holds `limit` bytes: it never needs more than that
+        # and one record (so it is made with room for a quarter more)
+        out.append2(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line),
+                    PyBytes_AS_STRING(self.sep), PyBytes_GET_SIZE(self.sep), self.limit + self.limit // 4)
+        if out.used >= self.limit:
             self.producer._write_full(out)

@@ -9,6 +9,11 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8String
 from libc.string cimport memcpy
 
+cdef extern from "Python.h":
+    # the codec calls orjson once per message: straight through vectorcall, no argument tuple
+    object PyObject_CallOneArg(object callable, object arg)
+    object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, PyObject *kwnames)
+
 
 # Bytes a guard of json_std_decides starts from: e and E (a digit before them is an
 # exponent), "." (the middle of 0.0000) and n (null). Every other byte is skipped.
@@ -192,9 +197,13 @@ cdef class JsonCodec:
     cpdef bytes encode(self, object obj):
         """``obj`` as compact UTF-8 JSON (the standard library's bytes). Raises its errors."""
         cdef object out
+        cdef PyObject *args[3]
         if self.or_dumps is not None:
+            args[0] = <PyObject *>obj
+            args[1] = <PyObject *>None
+            args[2] = <PyObject *>self.or_option
             try:
-                out = self.or_dumps(obj, None, self.or_option)
+                out = PyObject_Vectorcall(self.or_dumps, args, 3, NULL)  # or_dumps(obj, None, option)
             except self.or_encode_error:
                 return self.encode_std(obj)
             if type(out) is bytes and not _scan_std_decides(
@@ -232,7 +241,7 @@ cdef class JsonCodec:
             b = <const unsigned char *>PyBytes_AS_STRING(raw)
             if not _scan_long_digits(b, PyBytes_GET_SIZE(raw)):
                 try:
-                    return self.or_loads(data)
+                    return PyObject_CallOneArg(self.or_loads, data)
                 except self.or_decode_error:
                     pass  # NaN/Infinity tokens, or the standard library's error
         return self.decode_std(data)

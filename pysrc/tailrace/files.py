@@ -618,22 +618,27 @@ class FileProducer(Producer):
         other process's record lands inside one. A writer killed inside its write (the
         kernel drops its lock) leaves a partial record at the end: the next writer cuts it
         (JSON Lines: the file ends without a newline) before appending."""
-        data = out.take()
-        if not data:
+        taken = out.take()
+        if taken is None:
             return
+        data, size = taken
         view = memoryview(data)
-        with _appending(out.fd):
-            if self._fmt == "jsonl":
-                _cut_partial_line(out.fd, self._paths.get(out))
-            while view:
-                n = os.write(out.fd, view)
-                view = view[n:]
+        try:
+            with _appending(out.fd):
+                if self._fmt == "jsonl":
+                    _cut_partial_line(out.fd, self._paths.get(out))
+                done = 0
+                while done < size:
+                    done += os.write(out.fd, view[done:size])
+        finally:
+            view.release()  # (the slices are gone): the buffer can grow again
+            out.give_back(data)
         self._dirty.add(out)
 
     def flush(self) -> None:
         with self._lock:
             for out in self._outs.values():
-                if out.buf:
+                if out.used:
                     self._write(out)
             for out in self._dirty:
                 os.fsync(out.fd)

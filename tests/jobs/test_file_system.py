@@ -305,6 +305,46 @@ def test_collector_sends_to_a_file_producer_through_its_compiled_path(tmp_path: 
     for i in range(50):
         assert {"i": i} in got[key_partition(f"k{i % 5}", 3)]
     assert sum(len(x) for x in got) == 50 and c.sent == 50
+    # the route keeps the stream's open files: after close, it finds none and is refused too
+    with pytest.raises(ValueError, match="closed"):
+        c.send("out", {"late": True}, key="k0")
+
+
+def test_records_larger_than_the_buffer_and_custom_encoders_arrive_whole(tmp_path: Path) -> None:
+    # a buffer is made with room for its limit and a quarter more, and doubles for a record
+    # larger than that; two buffers take turns (one written while the other fills)
+    from tailrace.files import FileProducer
+
+    p = FileProducer(tmp_path, lambda stream: 1, buffer_bytes=64)
+    sent = [{"i": i, "pad": "y" * (1000 * (i % 4))} for i in range(40)]
+    for m in sent:
+        p.send("o", 0, None, m)
+    p.close()
+    assert read_stream(tmp_path / "o")[0] == sent
+    # an encoder that returns a bytearray (not bytes) goes through the same buffers
+    from tailrace._core import FileOutput, FileSink
+
+    class Owner:
+        def __init__(self, out: FileOutput) -> None:
+            self.out, self.written = out, bytearray()
+
+        def _output(self, stream: str, partition: int) -> FileOutput:
+            return self.out
+
+        def _write_full(self, out: FileOutput) -> None:
+            taken = out.take()
+            assert taken is not None
+            data, n = taken
+            self.written += data[:n]
+            out.give_back(data)
+
+    owner = Owner(FileOutput(-1))
+    sink = FileSink(owner, lambda m: bytearray(m, "ascii"), b";", 10, "text")
+    for i in range(30):
+        sink.send("s", 0, None, f"m{i}")
+    rest = owner.out.take()
+    assert rest is not None and owner.out.used == 0 and owner.out.take() is None
+    assert (bytes(owner.written) + bytes(rest[0][: rest[1]])).decode() == "".join(f"m{i};" for i in range(30))
 
 
 needs_msgpack = pytest.mark.skipif(
