@@ -8,6 +8,7 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8String
 from libc.string cimport memcpy
+from cpython.dict cimport PyDict_Next
 
 cdef extern from "Python.h":
     # the codec calls orjson once per message: straight through vectorcall, no argument tuple
@@ -132,6 +133,53 @@ cdef bint _scan_std_decides(const unsigned char *b, Py_ssize_t n) noexcept nogil
     return False
 
 
+DEF _PLAIN = 1  # _plain_walk: only dict, list, tuple, str, int, bool and None
+DEF _PLAIN_FLOATS = 2  # the same, and at least one float
+
+
+cdef int _plain_walk(object obj, int depth) except -1:
+    """What a value orjson just encoded is made of: 0 when anything but exact dicts (str
+    keys), lists, tuples, str, int, float, bool and None is in it (orjson writes a UUID, an
+    enum member and more that the standard library refuses), else _PLAIN, or _PLAIN_FLOATS
+    when a float is in it (only floats can come out differently). orjson has already
+    refused cycles and nesting deeper than its limit, so the recursion is bounded."""
+    cdef int found = _PLAIN, sub
+    cdef object v
+    cdef Py_ssize_t pos = 0
+    cdef PyObject *kp
+    cdef PyObject *vp
+    if obj is None or _is_str(obj) or _is_int(obj) or _is_bool(obj):
+        return _PLAIN
+    if _is_float(obj):
+        return _PLAIN_FLOATS
+    if depth > 300:
+        return 0
+    if type(obj) is dict:
+        while PyDict_Next(obj, &pos, &kp, &vp):  # borrowed: the dict holds them
+            if not _is_str(<object>kp):
+                return 0
+            v = <object>vp
+            if v is None or _is_str(v) or _is_int(v) or _is_bool(v):
+                continue  # the common leaves without a call
+            sub = _plain_walk(v, depth + 1)
+            if sub == 0:
+                return 0
+            if sub == _PLAIN_FLOATS:
+                found = _PLAIN_FLOATS
+        return found
+    if type(obj) is list or type(obj) is tuple:
+        for v in obj:
+            if v is None or _is_str(v) or _is_int(v) or _is_bool(v):
+                continue
+            sub = _plain_walk(v, depth + 1)
+            if sub == 0:
+                return 0
+            if sub == _PLAIN_FLOATS:
+                found = _PLAIN_FLOATS
+        return found
+    return 0
+
+
 def json_long_digits(bytes data not None):
     """True when ``data`` holds a run of 19 or more ASCII digits (regex ``[0-9]{19}``)."""
     return _scan_long_digits(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
@@ -148,8 +196,10 @@ cdef class JsonCodec:
     """The ``json`` serde's two functions (tailrace.serdes), compiled.
 
     The standard library decides every byte and value; orjson (when given) is a fast
-    path whose output is used only where it is the same: an encoding it refuses, or
-    whose bytes ``json_std_decides`` flags, and a decoding of bytes with a run of 19+
+    path whose output is used only where it is the same: an encoding it refuses, of a
+    value holding anything but dicts, lists, tuples, str, int, float, bool and None
+    (orjson writes a UUID or an enum member, which the standard library refuses), or
+    with a float and bytes ``json_std_decides`` flags, and a decoding of bytes with a run of 19+
     digits (orjson reads such integers as floats) or that it refuses, go to the
     standard library. The standard library itself is called below its Python layer:
     ``scan_once`` (json's C scanner) on a line that starts with ``{`` or ``[`` and
@@ -197,6 +247,7 @@ cdef class JsonCodec:
     cpdef bytes encode(self, object obj):
         """``obj`` as compact UTF-8 JSON (the standard library's bytes). Raises its errors."""
         cdef object out
+        cdef int kind
         cdef PyObject *args[3]
         if self.or_dumps is not None:
             args[0] = <PyObject *>obj
@@ -206,9 +257,11 @@ cdef class JsonCodec:
                 out = PyObject_Vectorcall(self.or_dumps, args, 3, NULL)  # or_dumps(obj, None, option)
             except self.or_encode_error:
                 return self.encode_std(obj)
-            if type(out) is bytes and not _scan_std_decides(
-                    <const unsigned char *>PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out)):
-                return <bytes>out
+            if type(out) is bytes:
+                kind = _plain_walk(obj, 0)
+                if kind == _PLAIN or (kind == _PLAIN_FLOATS and not _scan_std_decides(
+                        <const unsigned char *>PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out))):
+                    return <bytes>out
         return self.encode_std(obj)
 
     cpdef bytes encode_std(self, object obj):

@@ -102,6 +102,39 @@ def _std_decides(data: bytes) -> bool:
     return b"null" in data or b"0.0000" in data or b"0e" in data.translate(_DIGIT_E)
 
 
+_NOT_PLAIN, _PLAIN, _WITH_FLOATS = 0, 1, 2
+
+
+def _plain(obj: Any) -> int:
+    """What a value orjson encoded is made of (the compiled codec's _plain_walk): _NOT_PLAIN
+    when anything but exact dicts (str keys), lists, tuples, str, int, float, bool and None
+    is in it, _WITH_FLOATS when a float is, else _PLAIN. orjson has refused cycles and
+    deep nesting already."""
+    t = type(obj)
+    if obj is None or t is str or t is int or t is bool:
+        return _PLAIN
+    if t is float:
+        return _WITH_FLOATS
+    found = _PLAIN
+    if t is dict:
+        for k, v in obj.items():
+            if type(k) is not str:
+                return _NOT_PLAIN
+            sub = _plain(v)
+            if sub == _NOT_PLAIN:
+                return _NOT_PLAIN
+            found = max(found, sub)
+        return found
+    if t is list or t is tuple:
+        for v in obj:
+            sub = _plain(v)
+            if sub == _NOT_PLAIN:
+                return _NOT_PLAIN
+            found = max(found, sub)
+        return found
+    return _NOT_PLAIN
+
+
 _py_long_digits, _py_std_decides = _long_digits, _std_decides
 try:  # the same scans compiled (one pass, no allocation): tailrace._core
     from ._core import json_long_digits as _long_digits
@@ -137,12 +170,15 @@ if _orjson is not None:
 
     def _json_encode(obj: Any) -> bytes:
         # orjson refuses big ints, non-str keys and what the options pass through; for
-        # those, and for output _std_decides flags, the standard library decides.
+        # those, for values holding anything else it writes where the standard library
+        # refuses (a UUID, an enum member), and for floats in output _std_decides flags,
+        # the standard library decides.
         try:
             out: bytes = _or_dumps(obj, option=_OR_OPTS)
         except _OR_ERROR:
             return _json_encode_std(obj)
-        if _std_decides(out):
+        kind = _plain(obj)
+        if kind == _NOT_PLAIN or (kind == _WITH_FLOATS and _std_decides(out)):
             return _json_encode_std(obj)
         return out
 

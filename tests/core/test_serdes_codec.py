@@ -181,3 +181,41 @@ def test_threads_encoding_the_same_values_get_the_same_bytes(codec: JsonCodec) -
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_flat_dict_of_plain_values_skips_the_guard_and_still_matches() -> None:
+    # a dict of str keys and str/int/bool/None values holds no float, so the codec takes
+    # orjson's bytes without scanning them: they must be the standard library's all the same
+    strings = [chr(c) for c in range(0x80)] + ["\u2028\u2029", "é\U0001f600", "null", "1e5", "0.00001", ""]
+    ints = [0, -1, 2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**64), 2**100]
+    values: list[Any] = [None, True, False, *strings, *ints]
+    records = [{s: v for s, v in zip(strings, values[i:] + values[:i])} for i in range(0, len(values), 7)]
+    records += [{"user": "u", "seq": 1, "total": 2, "note": None}, {}, {"a": 1.5}, {"a": [1.0e16]}]
+    for c in (serdes._json_codec, _std_only()):
+        assert c is not None
+        for r in records:
+            assert c.encode(r) == _std_bytes(r), r
+
+
+def test_what_orjson_writes_but_the_standard_library_refuses_is_refused() -> None:
+    # orjson writes UUIDs and enum members natively; the json serde is the standard
+    # library's, whether orjson is installed or not: refused, with its error
+    import enum
+    import uuid
+
+    class Color(enum.Enum):
+        RED = 1
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    u = uuid.UUID(int=7)
+    for value in (u, Color.RED, {"id": u}, [1, {"c": Color.RED}], {"a": 1.5, "b": (u,)}):
+        want = _error(_std_bytes, value)
+        assert want is not None and want[0] is TypeError, value
+        for encode in (serdes._json_codec.encode, _std_only().encode, serdes._py_json_encode):
+            assert _error(encode, value) == want, (encode, value)
+    # what it writes, it writes the same: an IntEnum is an int
+    for value in ({"level": Level.HIGH}, [Level.HIGH, ("t", None, 2.5e-7)]):
+        for encode in (serdes._json_codec.encode, _std_only().encode, serdes._py_json_encode):
+            assert encode(value) == _std_bytes(value), value
