@@ -86,6 +86,7 @@ cdef class FileSink:
     cdef JsonCodec codec  # encode's own object when it is the compiled JSON codec: called directly
     cdef bytes sep
     cdef Py_ssize_t limit
+    cdef Py_ssize_t buf_size  # a new buffer's size (see __init__)
     cdef str what  # "JSON" or "msgpack", for errors
     cdef dict streams  # stream -> list of FileOutput or None, by partition
 
@@ -97,6 +98,9 @@ cdef class FileSink:
         self.encode = encode
         self.sep = sep
         self.limit = limit
+        # a buffer is written once it holds `limit` bytes: it never needs more than that
+        # and one record, so it is made with room for a quarter more
+        self.buf_size = limit + limit // 4
         self.what = what
         self.streams = {}
 
@@ -143,9 +147,7 @@ cdef class FileSink:
         cdef FileOutput out = <FileOutput?>found
         if type(line) is not bytes:  # another bytes-like object from a custom encoder
             line = bytes(line)
-        # a buffer is written once it holds `limit` bytes: it never needs more than that
-        # and one record (so it is made with room for a quarter more)
         out.append2(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line),
-                    PyBytes_AS_STRING(self.sep), PyBytes_GET_SIZE(self.sep), self.limit + self.limit // 4)
+                    PyBytes_AS_STRING(self.sep), PyBytes_GET_SIZE(self.sep), self.buf_size)
         if out.used >= self.limit:
             self.producer._write_full(out)

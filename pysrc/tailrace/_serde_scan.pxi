@@ -137,14 +137,14 @@ DEF _PLAIN = 1  # _plain_walk: only dict, list, tuple, str, int, bool and None
 DEF _PLAIN_FLOATS = 2  # the same, and at least one float
 
 
-cdef int _plain_walk(object obj, int depth) except -1:
+cdef int _plain_walk(object obj) except -1:
     """What a value orjson just encoded is made of: 0 when anything but exact dicts (str
     keys), lists, tuples, str, int, float, bool and None is in it (orjson writes a UUID, an
     enum member and more that the standard library refuses), else _PLAIN, or _PLAIN_FLOATS
     when a float is in it (only floats can come out differently). orjson has already
-    refused cycles and nesting deeper than its limit, so the recursion is bounded."""
-    cdef int found = _PLAIN, sub
-    cdef object v
+    refused cycles and nesting deeper than its limit, so the recursion is bounded. It
+    runs no Python code, so nothing changes the value under it (the GIL is held)."""
+    cdef int found = _PLAIN
     cdef Py_ssize_t pos = 0
     cdef PyObject *kp
     cdef PyObject *vp
@@ -152,32 +152,32 @@ cdef int _plain_walk(object obj, int depth) except -1:
         return _PLAIN
     if _is_float(obj):
         return _PLAIN_FLOATS
-    if depth > 300:
-        return 0
     if type(obj) is dict:
-        while PyDict_Next(obj, &pos, &kp, &vp):  # borrowed: the dict holds them
+        while PyDict_Next(obj, &pos, &kp, &vp):  # borrowed references: the dict holds them
             if not _is_str(<object>kp):
                 return 0
-            v = <object>vp
-            if v is None or _is_str(v) or _is_int(v) or _is_bool(v):
-                continue  # the common leaves without a call
-            sub = _plain_walk(v, depth + 1)
-            if sub == 0:
+            found = _plain_fold(found, <object>vp)
+            if found == 0:
                 return 0
-            if sub == _PLAIN_FLOATS:
-                found = _PLAIN_FLOATS
         return found
     if type(obj) is list or type(obj) is tuple:
         for v in obj:
-            if v is None or _is_str(v) or _is_int(v) or _is_bool(v):
-                continue
-            sub = _plain_walk(v, depth + 1)
-            if sub == 0:
+            found = _plain_fold(found, v)
+            if found == 0:
                 return 0
-            if sub == _PLAIN_FLOATS:
-                found = _PLAIN_FLOATS
         return found
     return 0
+
+
+cdef inline int _plain_fold(int found, object v) except -1:
+    """``found`` with what ``v`` is made of (0 once anything is not plain); the common
+    leaves without a call."""
+    if v is None or _is_str(v) or _is_int(v) or _is_bool(v):
+        return found
+    cdef int sub = _plain_walk(v)
+    if sub == 0:
+        return 0
+    return sub if sub > found else found
 
 
 def json_long_digits(bytes data not None):
@@ -250,6 +250,7 @@ cdef class JsonCodec:
         cdef int kind
         cdef PyObject *args[3]
         if self.or_dumps is not None:
+            # borrowed references: obj (the caller's), None and or_option (self's) outlive the call
             args[0] = <PyObject *>obj
             args[1] = <PyObject *>None
             args[2] = <PyObject *>self.or_option
@@ -258,7 +259,7 @@ cdef class JsonCodec:
             except self.or_encode_error:
                 return self.encode_std(obj)
             if type(out) is bytes:
-                kind = _plain_walk(obj, 0)
+                kind = _plain_walk(obj)
                 if kind == _PLAIN or (kind == _PLAIN_FLOATS and not _scan_std_decides(
                         <const unsigned char *>PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out))):
                     return <bytes>out

@@ -120,11 +120,12 @@ class _Fetcher:
     """The system's consumer and the thread that reads it (see the module docstring).
 
     Thread contract: the consumer is called from the fetch thread only (``consume``,
-    ``pause``/``resume``, ``incremental_assign``, ``seek``), except ``commit``,
-    ``committed`` and ``get_watermark_offsets`` (librdkafka serves those on its own
-    threads and they are safe from any thread). Readers and the fetch thread share
-    ``cond``. A reader's state (``_next``, its buffer) changes on the fetch thread,
-    or under ``cond`` on the loop thread.
+    ``pause``/``resume``, ``incremental_assign``, ``seek``, and ``commit``: other threads
+    queue their commits, ``serve_commits``); bounded readers' ends come from the
+    system's admin client on a thread of their own (``_query_ends``), applied by the
+    fetch thread. Readers and the fetch thread share ``cond``. A reader's state
+    (``_next``, its buffer) changes on the fetch thread, or under ``cond`` on the loop
+    thread.
     """
 
     KEEP_POLLING_S = 1.0  # while every readable partition is full: consume at least this often
