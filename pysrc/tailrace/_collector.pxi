@@ -37,6 +37,7 @@ cdef class _Route:
     cdef dict placed  # str key -> its partition (key_partition is a pure function), bounded
     cdef str stream
     cdef Py_ssize_t partitions
+    cdef object name  # the stream name as given to send (the key of Collector._routes)
 
 
 @cython.final
@@ -52,6 +53,9 @@ cdef class Collector:
     cdef object _producers
     cdef object _default_system
     cdef dict _routes  # stream name as given -> _Route
+    # the route of the last send: a task sends to one stream name object (a literal)
+    # over and over, so an identity test spares the lookup
+    cdef _Route _last
     cdef Py_ssize_t _rr
     cdef readonly long long sent  # messages handed to producers
 
@@ -82,14 +86,19 @@ cdef class Collector:
         r.parts = r.sink.parts_of(r.stream) if r.sink is not None else None
         r.placed = {}
         r.partitions = producer.partitions(ss.stream)
+        r.name = stream
         self._routes[stream] = r
         return r
 
     def send(self, stream, message, key=None, partition=None):
         """Send ``message`` to ``stream`` (``"system.stream"``), to ``partition`` if given."""
-        cdef object found = self._routes.get(stream)
-        cdef _Route r = self._resolve(stream) if found is None else <_Route>found
+        cdef _Route r = self._last  # one read: another thread may replace it meanwhile
+        cdef object found
         cdef Py_ssize_t p
+        if r is None or r.name is not stream:
+            found = self._routes.get(stream)
+            r = self._resolve(stream) if found is None else <_Route>found
+            self._last = r
         if partition is None:
             if _is_str(key):
                 # a str key's partition, remembered: its hash is cached in the str, so this

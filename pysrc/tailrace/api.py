@@ -10,7 +10,6 @@ per message) and are re-exported from here; everything else is plain Python.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -281,6 +280,8 @@ def check_task_class(cls: type, window_ms: int | None = None) -> list[str]:
     for name in own:
         if name in HOOKS or name in ENTRY_POINTS:
             continue
+        import difflib  # here: most tasks define no other methods, and it costs every run an import
+
         match = difflib.get_close_matches(name.lower(), (*HOOKS, *ENTRY_POINTS), n=1, cutoff=0.82)
         if match:
             near[name] = match[0]

@@ -29,7 +29,6 @@ value's type; callers add where it came from (store and key, topic and partition
 from __future__ import annotations
 
 import json
-import pickle
 import struct
 from collections.abc import Callable
 from typing import Any, Final
@@ -299,8 +298,13 @@ def _int_decode(data: bytes) -> int:
     return value
 
 
-def _pickle_encode(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+def _pickle_serde() -> Serde:
+    import pickle
+
+    def encode(obj: Any) -> bytes:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+    return Serde("pickle", encode, pickle.loads)
 
 
 def _msgpack() -> Any:
@@ -311,20 +315,26 @@ def _msgpack() -> Any:
     return msgpack
 
 
+def _msgpack_serde() -> Serde | None:
+    mp = _msgpack()
+    if mp is None:
+        return None
+    return Serde(
+        "msgpack",
+        lambda obj: mp.packb(obj, use_bin_type=True),
+        lambda data: mp.unpackb(data, raw=False, strict_map_key=False),
+    )
+
+
 _SERDES: dict[str, Serde] = {
     "json": Serde("json", _json_encode, _json_decode),
     "str": Serde("str", _str_encode, lambda data: bytes(data).decode()),
     "bytes": Serde("bytes", _bytes_encode, bytes),
     "int": Serde("int", _int_encode, _int_decode),
-    "pickle": Serde("pickle", _pickle_encode, pickle.loads),
 }
-_mp = _msgpack()
-if _mp is not None:
-    _SERDES["msgpack"] = Serde(
-        "msgpack",
-        lambda obj: _mp.packb(obj, use_bin_type=True),
-        lambda data: _mp.unpackb(data, raw=False, strict_map_key=False),
-    )
+# made on first use: their imports would cost every run a few ms (pickle, msgpack's 1.6 MB
+# extension) that most jobs never use
+_LAZY: Final[dict[str, Callable[[], Serde | None]]] = {"pickle": _pickle_serde, "msgpack": _msgpack_serde}
 
 NAMES: Final = ("json", "str", "bytes", "int", "pickle", "msgpack")
 """Every serde name tailrace knows (``msgpack`` only where msgpack is installed)."""
@@ -335,6 +345,10 @@ def serde(name: str) -> Serde:
     try:
         return _SERDES[name]
     except KeyError:
+        make = _LAZY.get(name)
+        made = make() if make is not None else None
+        if made is not None:
+            return _SERDES.setdefault(name, made)  # setdefault: two threads get one serde
         if name == "msgpack":
             raise SerdeError("serde 'msgpack' needs msgpack: pip install 'tailrace[fast]'") from None
         raise SerdeError(f"unknown serde {name!r} (known: {', '.join(NAMES)})") from None

@@ -91,3 +91,23 @@ def test_remembered_str_key_partitions_match_the_hash_past_the_bound() -> None:
     got = [k for p in range(7) for k, _ in mem.records("out", p) if key_partition(k, 7) != p]
     assert got == []
     assert sum(len(mem.records("out", p)) for p in range(7)) == len(keys)
+
+
+def test_sends_that_switch_streams_or_build_the_name_each_time_go_where_named() -> None:
+    # a collector keeps the route of its last send and reuses it for the same name
+    # object: switching streams, names built at run time (equal strings, other objects)
+    # and bare names on the default system must still land where named
+    col, mem = _collector(2, default="mem")
+    parts = ["a", "b"]
+    sent: dict[str, list[int]] = {"a": [], "b": []}
+    for i in range(40):
+        s = parts[(i // 3) % 2]
+        name = ("mem." + s, "".join(["mem.", s]), s, f"mem.{s}")[i % 4]
+        col.send(name, i, partition=i % 2)
+        sent[s].append(i)
+    for s in parts:
+        assert sorted(m for p in range(2) for m in mem.messages(s, p)) == sent[s]
+    assert col.sent == 40
+    with pytest.raises(ValueError, match="no system 'other'"):
+        col.send("other.a", "x")  # after a cached route: a bad name is still refused
+    assert col.sent == 40

@@ -138,6 +138,32 @@ path = "state/cp.db"
     return tmp_path / "job.toml"
 
 
+def test_a_run_keeps_start_up_from_its_collections_and_imports_only_what_it_uses(tmp_path: Path) -> None:
+    # start-up's objects are frozen while the job runs (its collections then scan only
+    # the run's objects) and unfrozen when main() returns in-process; and a JSON job
+    # imports no serde or tool it does not use (each import is CPU every run pays)
+    job = write_job(tmp_path)
+    (tmp_path / "copy.py").write_text(
+        "import gc\n"
+        "import tailrace\n"
+        "class Copy(tailrace.StreamTask):\n"
+        "    def process(self, envelope, collector, coordinator):\n"
+        "        collector.send('files.out', {'frozen': gc.get_freeze_count()})\n"
+    )
+    script = (
+        "import gc, sys\n"
+        "from tailrace.cli import main\n"
+        f"code = main(['run', {str(job)!r}, '--no-progress'])\n"
+        "unused = [m for m in ('pickle', 'msgpack', 'subprocess', 'difflib') if m in sys.modules]\n"
+        "print('RESULT', code, gc.get_freeze_count(), unused)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "RESULT 0 0 []"
+    frozen = [m["frozen"] for part in read_stream(tmp_path / "data" / "out") for m in part]
+    assert len(frozen) == 2 and all(n > 1000 for n in frozen), frozen
+
+
 @pytest.mark.parametrize(
     ("config", "extra", "override", "needle"),
     [
