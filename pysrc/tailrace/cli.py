@@ -61,12 +61,40 @@ def _log_level_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=argparse.SUPPRESS, choices=_LEVELS, help="log level")
 
 
+@functools.cache
+def _help_width() -> int:
+    """What argparse's formatters would compute (``shutil.get_terminal_size().columns - 2``),
+    once: argparse makes a formatter for every argument it adds (to check it), each asking
+    the terminal again, and importing shutil for it costs every run a few ms."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns if columns > 0 else 80) - 2
+
+
+class _Formatter(argparse.HelpFormatter):
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ):
+        super().__init__(prog, indent_increment, max_help_position, _help_width() if width is None else width)
+
+
+class _RawFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tailrace",
         description="Run tailrace stream-processing jobs described by a job file (TOML).",
         epilog=_KEYS_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_RawFormatter,
     )
     p.add_argument("--log-level", default="INFO", choices=_LEVELS, help="log level (default INFO)")
     p.add_argument("--version", action="version", version=f"tailrace {_version()}")
@@ -80,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         "stops gracefully (in-flight work finishes, a final checkpoint is written); a second Ctrl-C "
         "forces an immediate stop (a restart then replays what came after the last checkpoint).",
         epilog=_KEYS_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_RawFormatter,
     )
     run.add_argument("job", metavar="JOB", help=job_help)
     _log_level_option(run)
@@ -139,14 +167,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(fn=cmd_run)
 
-    cp = sub.add_parser("checkpoints", help="show or reset a job's committed offsets")
+    cp = sub.add_parser(
+        "checkpoints", help="show or reset a job's committed offsets", formatter_class=_Formatter
+    )
     cps = cp.add_subparsers(dest="action", required=True, metavar="ACTION")
-    show = cps.add_parser("show", help="print the committed offset of every partition")
+    show = cps.add_parser(
+        "show", help="print the committed offset of every partition", formatter_class=_Formatter
+    )
     show.add_argument("job", metavar="JOB", help=job_help)
     _log_level_option(show)
     show.set_defaults(fn=cmd_show)
     reset = cps.add_parser(
-        "reset", help="delete the job's checkpoints: the next run starts every input from the beginning"
+        "reset",
+        help="delete the job's checkpoints: the next run starts every input from the beginning",
+        formatter_class=_Formatter,
     )
     reset.add_argument("job", metavar="JOB", help=job_help)
     _log_level_option(reset)
@@ -158,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
         help="append a file (JSON Lines or text) to a Redis input stream of a job, pipelined",
         description="Append every line of FILE to a stream of the job's Redis system, 1,000 per round "
         "trip. A message goes to the partition of its key (--key-field), else round robin.",
+        formatter_class=_Formatter,
     )
     load.add_argument("job", metavar="JOB", help=job_help)
     load.add_argument("file", metavar="FILE", help="a .jsonl (one JSON value a line) or .txt file")

@@ -41,6 +41,34 @@ def test_help_lists_commands_and_config_keys() -> None:
     assert r.returncode == 0 and "--yes" in r.stdout
 
 
+@pytest.mark.parametrize("command", [[], ["run"], ["checkpoints", "reset"], ["load"]])
+def test_help_is_wrapped_to_the_terminal_width(command: list[str]) -> None:
+    narrow = run_cli([*command, "--help"], env={"COLUMNS": "60"})
+    wide = run_cli([*command, "--help"], env={"COLUMNS": "200"})
+    assert narrow.returncode == wide.returncode == 0
+    assert narrow.stdout != wide.stdout
+    assert " ".join(narrow.stdout.split()) == " ".join(wide.stdout.split())  # the same words
+
+
+@pytest.mark.parametrize("columns", ["60", "200", "", "0", "junk", None])
+def test_help_width_is_what_argparse_would_ask_the_terminal(
+    columns: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the CLI computes argparse's width once, as shutil.get_terminal_size does (COLUMNS,
+    # else the terminal, else 80), instead of importing shutil and asking per argument
+    from tailrace import cli
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    cli._help_width.cache_clear()
+    try:
+        assert cli._help_width() == shutil.get_terminal_size().columns - 2
+    finally:
+        cli._help_width.cache_clear()
+
+
 def expected_word_counts(job: Path) -> dict[int, Counter[str]]:
     import re
 
@@ -154,7 +182,7 @@ def test_a_run_keeps_start_up_from_its_collections_and_imports_only_what_it_uses
         "import gc, sys\n"
         "from tailrace.cli import main\n"
         f"code = main(['run', {str(job)!r}, '--no-progress'])\n"
-        "unused = [m for m in ('pickle', 'msgpack', 'subprocess', 'difflib') if m in sys.modules]\n"
+        "unused = [m for m in ('pickle', 'msgpack', 'subprocess', 'difflib', 'shutil') if m in sys.modules]\n"
         "print('RESULT', code, gc.get_freeze_count(), unused)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
