@@ -52,7 +52,7 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
         except ValueError as e:
             return at, lines, e, base + start
         key = message.get(key_field) if keyed and type(message) is dict else None
-        env = new_envelope(system, stream, partition, base + start, key, message)
+        env = new_envelope_at(system, stream, partition, base + start, key, message)
         if held and PyObject_GC_IsTracked(env):
             PyObject_GC_UnTrack(env)
         out.append(env)

@@ -118,6 +118,13 @@ cdef class _PartState:
         self.pinned[i] = offset  # a reference held until the watermark passes it
         return h
 
+    cdef inline uint64_t handle_of(self, Envelope env) except? 0:
+        """handle_for(env.offset), without making an int offset's object."""
+        cdef uint64_t h
+        if env._int and env._int_offset >= 0 and capi.tr_handle_int(<uint64_t>env._int_offset, &h):
+            return h
+        return self.handle_for(envelope_offset(env))
+
     cdef object offset_of(self, uint64_t handle):
         if handle & 1 == 0:
             return <object>(handle >> 1)
@@ -213,8 +220,8 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
     if item & 1:
         ps = <_PartState>slot.parts[capi.tr_lazy_partition(item)]
         off = <Py_ssize_t>capi.tr_lazy_offset(item)
-        return new_envelope(ps.system, ps.stream, ps.partition, off,
-                            ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
+        return new_envelope_at(ps.system, ps.stream, ps.partition, off,
+                               ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
     env = <Envelope><PyObject *>item  # new reference ...
     Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
     if not PyObject_GC_IsTracked(env):
@@ -732,7 +739,7 @@ cdef class LoopRunner:
             for j in range(m):
                 env = <Envelope?>(<list>batch)[i + j]
                 items[j] = <uint64_t><PyObject *>env
-                handles[j] = ps.handle_for(env.offset)
+                handles[j] = ps.handle_of(env)
                 if self._keyed:
                     hashes[j] = _key_hash(env.key)
             if self._keyed:
@@ -745,7 +752,7 @@ cdef class LoopRunner:
                 Py_INCREF(<object><PyObject *>items[j])  # the ring's pin: see _take_item, _drain
             i += m
         ps.read_n += n
-        ps.newest_read = (<Envelope>batch[n - 1]).offset
+        ps.newest_read = envelope_offset(<Envelope>batch[n - 1])
         return 0
 
     cdef int _refill_range(self, _PartState ps, uint32_t t, uint32_t p,
@@ -813,8 +820,8 @@ cdef class LoopRunner:
             j = 0
             try:
                 while j < m:
-                    env = new_envelope(ps.system, ps.stream, ps.partition, i + j,
-                                       None if keys is None else keys[i + j], messages[i + j])
+                    env = new_envelope_at(ps.system, ps.stream, ps.partition, i + j,
+                                          None if keys is None else keys[i + j], messages[i + j])
                     Py_INCREF(env)  # the ring's pin: see _take_item, _drain
                     items[j] = <uint64_t><PyObject *>env
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT

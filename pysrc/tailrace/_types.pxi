@@ -38,7 +38,11 @@ cdef class Envelope:
     cdef readonly str system
     cdef readonly str stream
     cdef readonly Py_ssize_t partition
-    cdef readonly object offset
+    # the offset: _offset, or the int _int_offset when _int (an input with int offsets
+    # passes a C integer: its int object is made only if something reads it)
+    cdef object _offset
+    cdef Py_ssize_t _int_offset
+    cdef bint _int
     cdef readonly object key
     cdef readonly object message
 
@@ -46,10 +50,16 @@ cdef class Envelope:
         self.system = system
         self.stream = stream
         self.partition = partition
-        self.offset = offset
+        self._offset = offset
+        self._int = False
         self.key = key
         self.message = message
         _settle(self)
+
+    @property
+    def offset(self):
+        """Where this message is in its partition (an int for files, memory and Kafka)."""
+        return self._int_offset if self._int else self._offset
 
     @property
     def ssp(self):
@@ -82,11 +92,31 @@ cdef inline Envelope new_envelope(str system, str stream, Py_ssize_t partition,
     e.system = system
     e.stream = stream
     e.partition = partition
-    e.offset = offset
+    e._offset = offset
+    e._int = False
     e.key = key
     e.message = message
     _settle(e)
     return e
+
+
+cdef inline Envelope new_envelope_at(str system, str stream, Py_ssize_t partition,
+                                     Py_ssize_t offset, object key, object message):
+    """new_envelope with an int offset, kept as a C integer until read."""
+    cdef Envelope e = Envelope.__new__(Envelope)
+    e.system = system
+    e.stream = stream
+    e.partition = partition
+    e._int_offset = offset
+    e._int = True
+    e.key = key
+    e.message = message
+    _settle(e)
+    return e
+
+
+cdef inline object envelope_offset(Envelope e):
+    return e._int_offset if e._int else e._offset
 
 
 cdef inline bint _atomic(object o) noexcept:
@@ -95,7 +125,7 @@ cdef inline bint _atomic(object o) noexcept:
 
 cdef inline void _settle(Envelope e) noexcept:
     """Track e for cycle collection unless every field is atomic (see the top)."""
-    if _atomic(e.message) and _atomic(e.key) and _atomic(e.offset):
+    if _atomic(e.message) and _atomic(e.key) and (e._int or _atomic(e._offset)):
         if PyObject_GC_IsTracked(e):
             PyObject_GC_UnTrack(e)
     elif not PyObject_GC_IsTracked(e):
@@ -112,13 +142,13 @@ def make_envelopes(str system, str stream, Py_ssize_t partition, Py_ssize_t firs
     cdef Py_ssize_t i = first_offset
     if keys is None:
         for m in messages:
-            out.append(new_envelope(system, stream, partition, i, None, m))
+            out.append(new_envelope_at(system, stream, partition, i, None, m))
             i += 1
     else:
         if len(keys) != len(messages):
             raise ValueError(f"{len(messages)} messages but {len(keys)} keys")
         for k, m in zip(keys, messages):
-            out.append(new_envelope(system, stream, partition, i, k, m))
+            out.append(new_envelope_at(system, stream, partition, i, k, m))
             i += 1
     return out
 

@@ -144,6 +144,22 @@ def test_envelope_fields_equality_pickle():
     assert "offset=7" in repr(e)
 
 
+def test_envelopes_with_c_int_offsets_are_the_same_as_constructed_ones():
+    # inputs with int offsets (files, memory) keep the offset as a C integer until read
+    big = 2**63 - 1
+    for first in (0, 7, 2**62 + 5, big):
+        (e,) = _core.make_envelopes("mem", "in", 3, first, [{"v": 1}], ["k"])
+        made = Envelope("mem", "in", 3, first, "k", {"v": 1})
+        assert type(e.offset) is int and e.offset == first
+        assert e == made and made == e and hash(e) == hash(made)
+        assert pickle.loads(pickle.dumps(e)) == made
+        assert repr(e) == repr(made) and f"offset={first}" in repr(e)
+        with pytest.raises(AttributeError):
+            e.offset = 8  # type: ignore[misc]
+    e.__init__("mem", "in", 3, "id-1", "k", "v")  # type: ignore[misc]  # re-initialised: its new offset
+    assert e.offset == "id-1"
+
+
 def test_make_envelopes_owns_its_references():
     msgs = [object() for _ in range(5)]
     keys = [object() for _ in range(5)]
