@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailrace import serdes
-from tailrace.serdes import SerdeError, serde
+from tailrace.serdes import NAMES, SerdeError, serde
 
 json_values = st.recursive(
     st.none()
@@ -109,3 +110,17 @@ def test_bad_bytes_and_unknown_names_are_clear_errors() -> None:
         SerdeError, match=r"unknown serde 'yaml' \(known: json, str, bytes, int, pickle, msgpack\)"
     ):
         serde("yaml")
+
+
+def test_pickle_and_msgpack_are_made_on_first_use_and_then_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # their imports are not paid at start-up: the serde is made when first asked for
+    monkeypatch.setattr(serdes, "_SERDES", {k: v for k, v in serdes._SERDES.items() if k not in NAMES[4:]})
+    monkeypatch.setitem(sys.modules, "msgpack", None)  # as if not installed: import fails
+    with pytest.raises(SerdeError, match=r"serde 'msgpack' needs msgpack: pip install 'tailrace\[fast\]'"):
+        serde("msgpack")
+    first = serde("pickle")
+    assert serde("pickle") is first and first.decode(first.encode({1, 2})) == {1, 2}
+    monkeypatch.delitem(sys.modules, "msgpack")
+    pytest.importorskip("msgpack")
+    mp = serde("msgpack")
+    assert serde("msgpack") is mp and mp.decode(mp.encode({"a": [1, b"x"]})) == {"a": [1, b"x"]}
