@@ -81,7 +81,7 @@ def _help_width() -> int:
 class _Formatter(argparse.HelpFormatter):
     def __init__(
         self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
-    ):
+    ) -> None:
         super().__init__(prog, indent_increment, max_help_position, _help_width() if width is None else width)
 
 
