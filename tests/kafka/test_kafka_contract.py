@@ -144,7 +144,10 @@ class Slow(Record):
 
 
 def _member(cluster: Cluster, store: CheckpointStore, name: str) -> KafkaMember:
-    system = _system(cluster, consumer={"session.timeout.ms": 6000, "client.id": name, **STRATEGY})
+    system = _system(
+        cluster,
+        consumer={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1500, "client.id": name, **STRATEGY},
+    )
     spec = KafkaMemberSpec(
         Slow,
         inputs=[f"kafka.{cluster.topics['in']}"],
