@@ -59,7 +59,7 @@ cdef class Envelope:
     @property
     def offset(self):
         """Where this message is in its partition (an int for files, memory and Kafka)."""
-        return self._int_offset if self._int else self._offset
+        return envelope_offset(self)
 
     @property
     def ssp(self):

@@ -567,7 +567,9 @@ def _run_watched(
     # What start-up loaded (modules, the job, the task's module) lives to the end: frozen,
     # it is out of the cycle collector's reach, so the collections that the run's own
     # allocations trigger scan only the run's objects (the oldest generation's scanned
-    # every module again: 1-2% of a cheap job's CPU)
+    # every module again: 1-2% of a cheap job's CPU). A forked container finds the
+    # parent's objects frozen already and keeps them so (see _run_file_containers)
+    frozen_before = gc.get_freeze_count() > 0
     gc.freeze()
     try:
         with _reporter(args, spec, view) as (reporter, interval):
@@ -578,7 +580,8 @@ def _run_watched(
             finally:
                 worker.join()
     finally:
-        gc.unfreeze()  # main() may run in-process: what it leaves is collectable again
+        if not frozen_before:
+            gc.unfreeze()  # main() may run in-process: what it leaves is collectable again
     if "error" in box:
         raise box["error"]
     return box["result"]

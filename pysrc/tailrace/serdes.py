@@ -307,17 +307,10 @@ def _pickle_serde() -> Serde:
     return Serde("pickle", encode, pickle.loads)
 
 
-def _msgpack() -> Any:
-    try:
-        import msgpack
-    except ImportError:
-        return None
-    return msgpack
-
-
 def _msgpack_serde() -> Serde | None:
-    mp = _msgpack()
-    if mp is None:
+    try:
+        import msgpack as mp
+    except ImportError:
         return None
     return Serde(
         "msgpack",
