@@ -32,7 +32,7 @@ class Count(StreamTask):
         self.counts["sum"] = self.counts.get("sum", 0) + envelope.message["i"]
 """
 
-N = 2000  # message i is at offset i // 2 of partition i % 2 (_items over 2 partitions)
+N = 4000  # message i is at offset i // 2 of partition i % 2 (_items over 2 partitions)
 
 
 def _committed(db: Path, topic: str) -> dict[int, tuple[int | None, int | None, int | None]]:
