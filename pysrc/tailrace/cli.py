@@ -545,6 +545,8 @@ def _run_watched(
     run: Callable[[], Any],
     stop: Callable[[], None],
     armed: Callable[[threading.Event], None] | None = None,
+    *,
+    keep_frozen: bool = False,
 ) -> Any:
     """``run()`` on a thread of its own while the main thread keeps the progress view and
     takes the signals (the first one calls ``stop``); its result, or its error re-raised.
@@ -567,9 +569,9 @@ def _run_watched(
     # What start-up loaded (modules, the job, the task's module) lives to the end: frozen,
     # it is out of the cycle collector's reach, so the collections that the run's own
     # allocations trigger scan only the run's objects (the oldest generation's scanned
-    # every module again: 1-2% of a cheap job's CPU). A forked container finds the
-    # parent's objects frozen already and keeps them so (see _run_file_containers)
-    frozen_before = gc.get_freeze_count() > 0
+    # every module again: 1-2% of a cheap job's CPU). A forked container keeps them so
+    # (``keep_frozen``: the parent froze them before the fork, see _run_file_containers);
+    # the freeze count cannot tell (CPython 3.12 starts with objects frozen)
     gc.freeze()
     try:
         with _reporter(args, spec, view) as (reporter, interval):
@@ -580,7 +582,7 @@ def _run_watched(
             finally:
                 worker.join()
     finally:
-        if not frozen_before:
+        if not keep_frozen:
             gc.unfreeze()  # main() may run in-process: what it leaves is collectable again
     if "error" in box:
         raise box["error"]
@@ -1376,7 +1378,7 @@ def _run_file_container(
     if args.metrics_port is not None:
         _serve_prometheus(container, args.metrics_port, args.metrics_host, spec.name)
     started = time.monotonic()
-    result: RunResult = _run_watched(args, spec, container, container.run, container.stop)
+    result: RunResult = _run_watched(args, spec, container, container.run, container.stop, keep_frozen=True)
     seconds = time.monotonic() - started
     report = {
         "processed": result.processed,
