@@ -81,6 +81,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     st = TR_ENOMEM;
     L->tasks = calloc(cfg->ntasks, sizeof *L->tasks);
     L->ready = calloc(cfg->ntasks, sizeof *L->ready);
+    L->carry = calloc(cfg->ntasks, sizeof *L->carry);
     L->ctl = calloc(cfg->ntasks, sizeof *L->ctl);
     L->dirty = calloc(cfg->ntasks, sizeof *L->dirty);
     L->refill_cap = total_parts ? total_parts : 1;
@@ -88,7 +89,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     L->wm_dirty = calloc(L->refill_cap, sizeof *L->wm_dirty);
     L->heap_cap = 4u * cfg->ntasks + 16u;
     L->heap = malloc(L->heap_cap * sizeof *L->heap);
-    if (!L->tasks || !L->ready || !L->ctl || !L->dirty || !L->refill || !L->wm_dirty || !L->heap)
+    if (!L->tasks || !L->ready || !L->carry || !L->ctl || !L->dirty || !L->refill || !L->wm_dirty ||
+        !L->heap)
         goto fail;
     uint32_t infl_size = cfg->callback_timeout_ns > 0 ? pow2_at_least(cfg->max_concurrency) : 0;
     uint64_t fill = total_parts ? FILL_BUDGET / total_parts : cfg->input_buffer;
@@ -242,6 +244,7 @@ static void loop_free(tr_loop *L) {
     tr_notifier_destroy(&L->notifier);
     free(L->tasks);
     free(L->ready);
+    free(L->carry);
     free(L->ctl);
     free(L->dirty);
     free(L->refill);

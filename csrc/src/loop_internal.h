@@ -24,6 +24,11 @@
  * Scheduling structures (loop thread):
  *   ready  - FIFO ring of tasks that may be dispatched to (round robin, rule 5);
  *            a task is in it at most once (in_ready) and is re-checked on pop.
+ *   carry  - FIFO ring of tasks whose RUN op was cut before its first message
+ *            (a timer fell due while an earlier op of the batch ran): they keep
+ *            their turn, dispatched before the ready ring once runnable again
+ *            (in_ready while in it). Without it the task whose run came first
+ *            would take every interval between two timers (rule 5).
  *   ctl    - stack of tasks whose control work (commit > window > timer > end of
  *            stream) is eligible now; emitted before any normal work.
  *   dirty  - tasks with completions to release.
@@ -270,6 +275,8 @@ struct tr_loop {
     /* ---- loop thread only ---- */
     uint32_t *ready;
     uint32_t ready_head, ready_count;
+    uint32_t *carry;
+    uint32_t carry_head, carry_count;
     uint32_t *ctl;
     uint32_t nctl;
     uint32_t *dirty;

@@ -396,6 +396,39 @@ static inline void set_run_until(tr_loop *L, int64_t when) {
     L->run_check_from = when > INT64_MIN + L->coarse_lag ? when - L->coarse_lag : INT64_MIN;
 }
 
+/* Dispatch to a runnable task taken off the ready or carry ring. */
+static void dispatch_ready(tr_loop *L, uint32_t t, uint32_t *pool_budget) {
+    task *T = &L->tasks[t];
+    /* a keyed task too once nothing is outstanding and nothing was taken
+     * ahead: its ring from head is then plain offset order, every key free,
+     * and a run completes each message before the next (rule 30) */
+    if ((T->flags & TR_TASK_INLINE) && !T->commit_hold && tr_sequencer_outstanding(T->seq) == 0 &&
+        T->kahead == 0) {
+        dispatch_run(L, t); /* back in the ready ring after run_done */
+        return;
+    }
+    if (T->flags & TR_TASK_POOL) {
+        uint32_t budget = *pool_budget;
+        uint32_t taken = trl_dispatch_pool(L, t, budget < POOL_WINDOW ? budget : POOL_WINDOW);
+        *pool_budget = taken < budget ? budget - taken : 0;
+    } else {
+        (void)dispatch_one(L, t, NULL); /* none: kblocked, not ready */
+    }
+    trl_maybe_ready(L, t);
+}
+
+/* A RUN op about to be handed out while a barrier or a stop is due already
+ * (tr_loop_run_yield): it would end before its first message. The task keeps
+ * its turn instead (the carry ring): the next batch runs it first. */
+static void carry_run(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    T->in_run = 0;
+    T->in_ready = 1; /* not in the ready ring while carried */
+    L->carry[(L->carry_head + L->carry_count) % L->cfg.ntasks] = t;
+    L->carry_count++;
+    trl_maybe_control(L, t);
+}
+
 static void build_batch(tr_loop *L) {
     if (L->phase == PH_FINISHED)
         return;
@@ -485,8 +518,31 @@ static void build_batch(tr_loop *L) {
             emit(L, TR_OP_REFILL, t, p, 0, 0, 0, P->fill - count);
     }
 
-    /* normal work, round robin over ready tasks (rules 4, 5) */
+    /* normal work, round robin (rules 4, 5): first the tasks whose last run was
+     * cut before its first message, in the order they were cut (a task not
+     * runnable yet only because its barrier is due or running keeps its place),
+     * then the ready ring */
     uint32_t pool_budget = 16 * BATCH_MAX;
+    for (uint32_t n = L->carry_count; n && L->nbatch < BATCH_MAX; n--) {
+        uint32_t t = L->carry[L->carry_head];
+        L->carry_head = (L->carry_head + 1) % L->cfg.ntasks;
+        L->carry_count--;
+        task *T = &L->tasks[t];
+        if (!runnable(L, T)) {
+            if (!T->done && !T->halted &&
+                (T->in_control || T->in_ctl || commit_pending(T) || T->window_due ||
+                 T->timer_due)) {
+                L->carry[(L->carry_head + L->carry_count) % L->cfg.ntasks] = t;
+                L->carry_count++;
+            } else {
+                T->in_ready = 0;
+                trl_maybe_ready(L, t);
+            }
+            continue;
+        }
+        T->in_ready = 0;
+        dispatch_ready(L, t, &pool_budget);
+    }
     while (L->ready_count && L->nbatch < BATCH_MAX && pool_budget) {
         uint32_t t = L->ready[L->ready_head];
         L->ready_head = (L->ready_head + 1) % L->cfg.ntasks;
@@ -495,22 +551,7 @@ static void build_batch(tr_loop *L) {
         T->in_ready = 0;
         if (!runnable(L, T))
             continue;
-        /* a keyed task too once nothing is outstanding and nothing was taken
-         * ahead: its ring from head is then plain offset order, every key free,
-         * and a run completes each message before the next (rule 30) */
-        if ((T->flags & TR_TASK_INLINE) && !T->commit_hold &&
-            tr_sequencer_outstanding(T->seq) == 0 && T->kahead == 0) {
-            dispatch_run(L, t); /* back in the ready ring after run_done */
-            continue;
-        }
-        if (T->flags & TR_TASK_POOL) {
-            uint32_t taken =
-                trl_dispatch_pool(L, t, pool_budget < POOL_WINDOW ? pool_budget : POOL_WINDOW);
-            pool_budget = taken < pool_budget ? pool_budget - taken : 0;
-        } else {
-            (void)dispatch_one(L, t, NULL); /* none: kblocked, not ready */
-        }
-        trl_maybe_ready(L, t);
+        dispatch_ready(L, t, &pool_budget);
     }
 }
 
@@ -639,14 +680,20 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
         trl_finish(L, TR_STOP_ERROR);
     if (L->phase == PH_FINISHED)
         return 0;
-    if (L->bpos == L->nbatch) {
-        if (L->phase == PH_FINISHED || L->budget == 0)
-            return 0;
-        trl_build(L);
-        if (L->nbatch == 0)
-            return 0;
+    tr_op *op;
+    for (;;) {
+        if (L->bpos == L->nbatch) {
+            if (L->phase == PH_FINISHED || L->budget == 0)
+                return 0;
+            trl_build(L);
+            if (L->nbatch == 0)
+                return 0;
+        }
+        op = &L->batch[L->bpos++];
+        if (op->kind != TR_OP_RUN || !tr_loop_run_yield(L))
+            break;
+        carry_run(L, op->task); /* it would end before its first message */
     }
-    tr_op *op = &L->batch[L->bpos++];
     *out = *op;
     L->handed++;
     L->chain = 0;

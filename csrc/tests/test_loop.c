@@ -440,6 +440,99 @@ static void test_partition_fill(void) {
     tr_loop_destroy(L);
 }
 
+/* Rule 5 under timers: two inline tasks whose commits fall due together and
+ * take long (as a checkpoint store that waits for a broker does). The run that
+ * comes first in a batch takes every message until the next commit is due, so
+ * the other task's RUN op would end before its first message, batch after
+ * batch, and that task starve until the first one ran dry. A run cut before
+ * its first message keeps its turn: the two tasks alternate. */
+typedef struct fair_run {
+    tr_loop *loop;
+    uint64_t next_read[2];
+    uint64_t invoked[2];
+    uint64_t at_end_of_1;     /* task 0's messages invoked when task 1 invoked its last */
+    uint64_t streak, longest; /* messages of one task in a row while the other had input */
+    uint32_t last;
+} fair_run;
+
+#define FAIR_MSGS 120u
+
+static int fair_run_batch(void *ctx, tr_loop *loop) {
+    fair_run *r = ctx;
+    tr_op op;
+    while (tr_loop_next_op(loop, &op)) {
+        uint32_t t = op.task;
+        if (op.kind == TR_OP_REFILL) {
+            uint64_t items[FAIR_MSGS], handles[FAIR_MSGS];
+            uint64_t n = FAIR_MSGS - r->next_read[t];
+            if (n > op.handle)
+                n = op.handle;
+            for (uint64_t i = 0; i < n; i++) {
+                handles[i] = r->next_read[t] + i;
+                items[i] = h_item(t, 0, handles[i]);
+            }
+            CHECK_EQ(tr_loop_push_inputs(loop, t, 0, items, handles, n), TR_OK);
+            r->next_read[t] += n;
+            if (n == 0)
+                tr_loop_partition_state(loop, t, 0, TR_PART_ENDED);
+            continue;
+        }
+        if (op.kind != TR_OP_RUN) {
+            if (op.kind == TR_OP_COMMIT && !(op.flags & TR_OPF_FINAL))
+                usleep(4000); /* a slow checkpoint write, on the loop thread */
+            tr_loop_control_done(loop, t, 0);
+            continue;
+        }
+        const uint64_t *items = (const uint64_t *)(uintptr_t)op.item;
+        uint32_t i = 0;
+        for (; i < op.count; i++) {
+            if (tr_loop_run_yield(loop))
+                break;
+            uint32_t tt, p;
+            uint64_t idx;
+            h_decode(items[i], &tt, &p, &idx);
+            CHECK_EQ(tt, t);
+            CHECK_EQ(idx, r->invoked[t]); /* rule 1 */
+            usleep(500);
+            r->invoked[t]++;
+            if (r->invoked[1 - t] < FAIR_MSGS) {
+                r->streak = r->last == t ? r->streak + 1 : 1;
+                if (r->streak > r->longest)
+                    r->longest = r->streak;
+            }
+            r->last = t;
+            if (t == 1 && r->invoked[1] == FAIR_MSGS)
+                r->at_end_of_1 = r->invoked[0];
+        }
+        CHECK_EQ(tr_loop_run_done(loop, t, i, i, 0), TR_OK);
+    }
+    return 0;
+}
+
+static void test_cut_runs_keep_their_turn(void) {
+    tr_loop_config c = h_config(2, 1);
+    c.input_buffer = FAIR_MSGS;
+    c.commit_ns = 10000000; /* both tasks' commits due every 10 ms, together */
+    fair_run r;
+    memset(&r, 0, sizeof r);
+    r.last = UINT32_MAX;
+    tr_loop_task two[2] = {{1, TR_TASK_INLINE}, {1, TR_TASK_INLINE}};
+    CHECK_EQ(tr_loop_create(&c, two, &r.loop), TR_OK);
+    tr_loop_hooks hooks = {&r, fair_run_batch, NULL, NULL, NULL};
+    CHECK_EQ(tr_loop_run(r.loop, &hooks), TR_OK);
+    CHECK_EQ(tr_loop_stop_reason(r.loop), TR_STOP_END_OF_STREAM);
+    CHECK_EQ(r.invoked[0], FAIR_MSGS);
+    CHECK_EQ(r.invoked[1], FAIR_MSGS);
+    /* each run lasts a commit interval at most (~12 messages of 0.5 ms after a
+     * 4 ms commit); starving, one task would run all of its 120 in a row */
+    if (r.longest > 3 * TR_RUN_MAX / 2 || (r.at_end_of_1 && r.at_end_of_1 < FAIR_MSGS / 2)) {
+        fprintf(stderr, "unfair: longest streak %llu, task 0 at %llu when task 1 ended\n",
+                (unsigned long long)r.longest, (unsigned long long)r.at_end_of_1);
+        CHECK(0);
+    }
+    tr_loop_destroy(r.loop);
+}
+
 int main(void) {
     test_callback_timeout();
     test_stop_wakes_parked_loop();
@@ -451,6 +544,7 @@ int main(void) {
     test_timer_set_in_run();
     test_ring_growth();
     test_partition_fill();
+    test_cut_runs_keep_their_turn();
     printf("test_loop: ok\n");
     return 0;
 }

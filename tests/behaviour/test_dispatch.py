@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from typing import Any
 
 import pytest
 
-from tailrace import AsyncStreamTask, MemorySystem, Scope, StreamTask
+from tailrace import AsyncStreamTask, MemoryCheckpointStore, MemorySystem, Scope, StreamTask
 
 from .helpers import HeldCallbacks, bounded, live_metric, run_job, ssp, start, wait_until
 
@@ -243,6 +245,33 @@ def test_dispatch_is_fair_across_tasks_and_partitions(engine: str) -> None:
     for key in [(0, "a"), (0, "b"), (1, "a"), (1, "b")]:
         # strict round robin gives 50 each; allow generous slack, but no starvation
         assert first.count(key) >= 20, (key, first.count(key))
+
+
+def test_dispatch_stays_fair_when_commits_are_slow(engine: str) -> None:
+    # rule 5 with barriers: both tasks' commits fall due together and take long (a store that
+    # waits for a broker), so the loop is busy from one commit to the next; each task still
+    # gets its turn between them (a task whose turn came after the first one's would be cut
+    # before its first message, commit after commit, and starve until the other ran dry)
+    order: list[int] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            time.sleep(0.001)
+            order.append(envelope.partition)
+
+    class SlowStore(MemoryCheckpointStore):
+        def write(self, task_name: str, offsets: Any, state: Any = None) -> None:
+            time.sleep(0.01)
+            super().write(task_name, offsets, state)
+
+    n = 150
+    run_job(engine, Task, bounded([list(range(n)), list(range(n))]), store=SlowStore(), task_commit_ms=20)
+    assert sorted(order) == [0] * n + [1] * n
+    ended = min(len(order) - order[::-1].index(p) for p in (0, 1))  # one partition is done
+    both = order[:ended]  # while both partitions still had input
+    longest = max(len(list(g)) for _, g in itertools.groupby(both))
+    assert min(both.count(0), both.count(1)) >= n // 2, (both.count(0), both.count(1), longest)
+    assert longest <= 2 * 64, longest  # a run (at most 64 messages) each, in turn
 
 
 def test_bounded_input_backpressure_with_a_live_source(engine: str) -> None:

@@ -27,8 +27,12 @@
  * partition's in order, or round robin message by message over its
  * partitions), which the binding processes in a row and reports with one
  * tr_loop_run_done call; the task then goes to the back of the round robin
- * (rule 5: a bounded burst per turn). Per message this costs the loop nothing
- * but a few counter updates: no op, no sequencer slot, no clock read.
+ * (rule 5: a bounded burst per turn). A run ends early once a barrier or a
+ * stop is due (tr_loop_run_yield); a RUN op that would end before its first
+ * message is not handed out: its task keeps its turn and runs first once its
+ * barrier is done, so a busy task cannot take every interval between two
+ * timers. Per message this costs the loop nothing but a few counter updates:
+ * no op, no sequencer slot, no clock read.
  *
  * Threads:
  *   - create / destroy / drain_items / take_error: the owning thread, loop not running.
