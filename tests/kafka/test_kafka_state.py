@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ class Count(StreamTask):
 """
 
 N = 4000  # message i is at offset i // 2 of partition i % 2 (_items over 2 partitions)
+FIRST = 40  # produced before the member starts; the rest once it runs both partitions
 
 
 def _committed(db: Path, topic: str) -> dict[int, tuple[int | None, int | None, int | None]]:
@@ -63,27 +65,47 @@ def _expected(p: int, offset: int) -> tuple[int, int, int]:
 def test_state_resumes_with_offsets_after_kill_9(kafka_cluster: Any, tmp_path: Path) -> None:
     cluster = kafka_cluster({"in": 2, "out": 1})
     topic = cluster.topics["in"]
-    cluster.produce("in", _items(N, 2))
     job = write_job(tmp_path, cluster, 'type = "sqlite"\npath = "state/ckpt.db"')
     (tmp_path / "forward.py").write_text(TASK)
-    text = job.read_text().replace("forward.py:Forward", "forward.py:Count")
-    job.write_text(text.replace('type = "kafka"', 'type = "kafka"\nbounded = true') + "\n[stores.counts]\n")
+    text = job.read_text().replace("forward.py:Forward", "forward.py:Count") + "\n[stores.counts]\n"
+    job.write_text(text)  # the first member reads on until it is killed
+    bounded = tmp_path / "bounded.toml"  # the restart ends where the topic ends (rule 11)
+    bounded.write_text(text.replace('type = "kafka"', 'type = "kafka"\nbounded = true'))
     db = tmp_path / "state" / "ckpt.db"
     log = tmp_path / "first.log"
+    seen: list[tuple[float, dict[int, int]]] = []  # (seconds, committed offsets): for a failure
+
+    def committed_past(offset: int) -> bool:
+        v = _progress(db, topic)
+        if not seen or seen[-1][1] != v:
+            seen.append((round(time.monotonic() - t0, 2), v))
+        return len(v) == 2 and min(v.values()) > offset
+
+    def story() -> str:
+        return f"committed over time {seen}\n{log.read_text()[-3000:]}"
+
+    # a few messages first: the group may hand the member its partitions one at a time (a
+    # rebalance can take seconds), and the kill must find both partitions mid-stream, so the
+    # bulk is produced once the member runs both
+    cluster.produce("in", _items(FIRST, 2))
+    t0 = time.monotonic()
     first = _start(job, log)
     try:
+        assert _wait(lambda: committed_past(FIRST // 2 - 2), 60), story()
+        cluster.produce("in", _items(N - FIRST, 2, start=FIRST))
         # two commits' worth of progress on both partitions, then a hard kill mid-stream
-        progressed = lambda: len(v := _progress(db, topic)) == 2 and min(v.values()) > 50  # noqa: E731
-        assert _wait(progressed, 60), log.read_text()[-3000:]
+        assert _wait(lambda: committed_past(FIRST // 2 + 50), 60), story()
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     after_kill = _committed(db, topic)
     for p, (off, n, total) in after_kill.items():
-        assert off is not None and off < N // 2 - 1, f"partition {p} finished before the kill: {off}"
+        assert off is not None and off < N // 2 - 1, (
+            f"partition {p} finished before the kill: {off}; {story()}"
+        )
         assert (off, n, total) == _expected(p, off), (p, after_kill)  # rule 26: atomic with the offsets
     second = subprocess.run(
-        [sys.executable, "-m", "tailrace", "run", str(job), "--no-progress"],
+        [sys.executable, "-m", "tailrace", "run", str(bounded), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=120,
