@@ -132,6 +132,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _settled(proc: subprocess.Popen[bytes], log: Path, within: float = 0.5) -> bool:
+    """False when Mokapi died soon after it listened: v0.52 now and then panics starting its
+    dashboard's search index ("sync: WaitGroup is reused"), about one start in a hundred
+    here; the broker is gone then, and the caller starts another one."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if proc.poll() is not None or b"panic:" in log.read_bytes():
+            stop_mokapi(proc)
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -165,30 +178,32 @@ def kafka_cluster(tmp_path: Path) -> Iterator[Callable[[Mapping[str, int]], Clus
             return Cluster(real, names, True)
         if not MOKAPI.exists() or shutil.which("node") is None:
             pytest.skip(f"mokapi is not installed at {MOKAPI} (scripts/test.sh installs it with npm)")
-        port = _free_port()
         channels = "".join(CHANNEL.format(name=t, partitions=n) for t, n in topics.items())
-        spec = tmp_path / f"mokapi-{port}.yaml"
-        spec.write_text(
-            (HERE / "mokapi.yaml").read_text().replace("{port}", str(port)).replace("{channels}", channels)
-        )
-        log = tmp_path / f"mokapi-{port}.log"
-        args = [
-            str(MOKAPI),
-            f"--api-port={_free_port()}",
-            f"--mcp-server-port={_free_port()}",
-            f"--health-port={_free_port()}",
-            "--log-level=warn",
-            str(spec),
-        ]
-        with open(log, "wb") as out:
-            # its own process group: the npm launcher runs the Go binary as a child, which a
-            # signal to the launcher alone leaves running (and holding an inotify instance)
-            proc = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True
-            )
-        procs.append(proc)
-        _wait_port(port, proc, log)
-        return Cluster(f"127.0.0.1:{port}", {t: t for t in topics}, False)
+        template = (HERE / "mokapi.yaml").read_text().replace("{channels}", channels)
+        for _ in range(3):
+            port = _free_port()
+            spec = tmp_path / f"mokapi-{port}.yaml"
+            spec.write_text(template.replace("{port}", str(port)))
+            log = tmp_path / f"mokapi-{port}.log"
+            args = [
+                str(MOKAPI),
+                f"--api-port={_free_port()}",
+                f"--mcp-server-port={_free_port()}",
+                f"--health-port={_free_port()}",
+                "--log-level=warn",
+                str(spec),
+            ]
+            with open(log, "wb") as out:
+                # its own process group: the npm launcher runs the Go binary as a child, which a
+                # signal to the launcher alone leaves running (and holding an inotify instance)
+                proc = subprocess.Popen(
+                    args, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True
+                )
+            procs.append(proc)
+            _wait_port(port, proc, log)
+            if _settled(proc, log):
+                return Cluster(f"127.0.0.1:{port}", {t: t for t in topics}, False)
+        raise RuntimeError(f"mokapi died right after it started, 3 times: {log.read_text()[-2000:]}")
 
     yield make
     for p in procs:
