@@ -461,6 +461,7 @@ cdef class LoopRunner:
         cdef Callback cb
         cdef int req
         cdef double t0
+        cdef capi.tr_status st
         self._in_batch = True
         try:
             while capi.tr_loop_next_op(loop, &op):
@@ -487,8 +488,9 @@ cdef class LoopRunner:
                             continue
                         req = coord._requests
                         coord._requests = 0
-                        check(capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req),
-                              f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
+                        st = capi.tr_loop_complete_local(loop, op.task, op.seq, <uint32_t>req)
+                        if st != capi.TR_OK:  # the message only when raising: it formats the offset
+                            check(st, f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
                     else:
                         # completed inline: go on with this task's next message
                         # without a batch rebuild (a bounded burst, see next_of_task)
@@ -533,6 +535,7 @@ cdef class LoopRunner:
         cdef int req = 0
         cdef Envelope env
         cdef Coordinator coord = slot.coordinator
+        cdef capi.tr_status st
         cdef double t0 = 0
         cdef bint timed = self._cb_timeout_s > 0
         process = slot.process
@@ -568,8 +571,9 @@ cdef class LoopRunner:
         finally:
             # also on a BaseException: the items taken are ours, the failed one
             # (taken, not completed) halts the task in C
-            check(capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req),
-                  f"run of {slot.name}")
+            st = capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
+            if st != capi.TR_OK:
+                check(st, f"run of {slot.name}")
         return 0
 
     cdef int _run_async(self, _TaskSlot slot, uint32_t t, const uint64_t *items,
@@ -588,6 +592,7 @@ cdef class LoopRunner:
         cdef bint escaped = False
         cdef uint64_t seq = 0
         cdef Envelope env
+        cdef capi.tr_status st
         cdef Callback cb
         process = slot.process
         collector = slot.collector
@@ -624,8 +629,9 @@ cdef class LoopRunner:
                     break
         finally:
             if not escaped:
-                check(capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req),
-                      f"run of {slot.name}")
+                st = capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
+                if st != capi.TR_OK:
+                    check(st, f"run of {slot.name}")
         return 0
 
     cdef double _call_begins(self, _TaskSlot slot, Envelope env):
@@ -705,8 +711,9 @@ cdef class LoopRunner:
             req = coord._requests
             coord._requests = 0
             # a rejected completion would freeze the task: it stops the container instead
-            check(capi.tr_loop_pool_done(loop, worker, &op, <uint32_t>req),
-                  f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
+            st = capi.tr_loop_pool_done(loop, worker, &op, <uint32_t>req)
+            if st != capi.TR_OK:  # the message only when raising: it formats the offset
+                check(st, f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
         return 0
 
     cdef int _refill(self, _TaskSlot slot, uint32_t t, uint32_t p, Py_ssize_t free_slots) except -1:
@@ -717,6 +724,7 @@ cdef class LoopRunner:
         cdef uint64_t handles[256]
         cdef uint64_t hashes[256]
         cdef Envelope env
+        cdef capi.tr_status st
         if ps.pinned and capi.tr_loop_watermark(self._loop, t, p, &mark) == capi.TR_OK:
             ps.purge_below(mark.handle)
         if ps.poll_range is not None:
@@ -743,11 +751,11 @@ cdef class LoopRunner:
                 if self._keyed:
                     hashes[j] = _key_hash(env.key)
             if self._keyed:
-                check(capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes,
-                                                     <size_t>m), f"input ring of {ps.ssp}")
+                st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes, <size_t>m)
             else:
-                check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
-                      f"input ring of {ps.ssp}")
+                st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
+            if st != capi.TR_OK:  # the message only when raising: it formats the partition
+                check(st, f"input ring of {ps.ssp}")
             for j in range(m):
                 Py_INCREF(<object><PyObject *>items[j])  # the ring's pin: see _take_item, _drain
             i += m
@@ -798,11 +806,11 @@ cdef class LoopRunner:
                     if self._keyed:
                         hashes[j] = _key_hash(None if keys is None else (<list>keys)[i + j])
                 if self._keyed:
-                    check(capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes,
-                                                         <size_t>m), f"input ring of {ps.ssp}")
+                    st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes, <size_t>m)
                 else:
-                    check(capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m),
-                          f"input ring of {ps.ssp}")
+                    st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
+                if st != capi.TR_OK:  # the message only when raising: it formats the partition
+                    check(st, f"input ring of {ps.ssp}")
                 i += m
             ps.read_n += end - start
             ps.newest_read = end - 1
