@@ -220,6 +220,7 @@ cdef class JsonCodec:
     cdef object or_dumps  # orjson.dumps, or None
     cdef object or_loads
     cdef object or_option
+    cdef size_t or_nargs  # 1: or_dumps(obj); 3: or_dumps(obj, None, or_option)
     cdef object or_encode_error
     cdef object or_decode_error
 
@@ -236,6 +237,7 @@ cdef class JsonCodec:
         self.or_dumps = or_dumps
         self.or_loads = or_loads
         self.or_option = or_option
+        self.or_nargs = 3 if or_option else 1
         self.or_encode_error = or_encode_error if or_encode_error is not None else ()
         self.or_decode_error = or_decode_error if or_decode_error is not None else ()
 
@@ -255,7 +257,8 @@ cdef class JsonCodec:
             args[1] = <PyObject *>None
             args[2] = <PyObject *>self.or_option
             try:
-                out = PyObject_Vectorcall(self.or_dumps, args, 3, NULL)  # or_dumps(obj, None, option)
+                # or_dumps(obj), or or_dumps(obj, None, option) when given options
+                out = PyObject_Vectorcall(self.or_dumps, args, self.or_nargs, NULL)
             except self.or_encode_error:
                 return self.encode_std(obj)
             if type(out) is bytes:

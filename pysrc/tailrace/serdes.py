@@ -160,20 +160,19 @@ if _orjson is not None:
     _or_loads = _orjson.loads
     _OR_ERROR = _orjson.JSONEncodeError
     _OR_DECODE_ERROR = _orjson.JSONDecodeError
-    # what the standard library refuses, orjson must refuse too (then the fallback decides)
-    _OR_OPTS = (
-        _orjson.OPT_PASSTHROUGH_DATACLASS
-        | _orjson.OPT_PASSTHROUGH_DATETIME
-        | _orjson.OPT_PASSTHROUGH_SUBCLASS
-    )
+    # orjson is called without options: its bytes are kept only for a value _plain finds
+    # made of exact dicts, lists, tuples, str, int, float, bool and None, where no option
+    # changes them (the passthrough options would only make it refuse dataclasses,
+    # datetimes and subclasses sooner, which _plain sends to the standard library
+    # anyway), and an option costs every call its parsing (~70 instructions).
 
     def _json_encode(obj: Any) -> bytes:
-        # orjson refuses big ints, non-str keys and what the options pass through; for
-        # those, for values holding anything else it writes where the standard library
-        # refuses (a UUID, an enum member), and for floats in output _std_decides flags,
+        # orjson refuses big ints and non-str keys; for those, for values holding anything
+        # else it writes where the standard library refuses (a UUID, an enum member, a
+        # dataclass, a datetime, a subclass), and for floats in output _std_decides flags,
         # the standard library decides.
         try:
-            out: bytes = _or_dumps(obj, option=_OR_OPTS)
+            out: bytes = _or_dumps(obj)
         except _OR_ERROR:
             return _json_encode_std(obj)
         kind = _plain(obj)
@@ -250,7 +249,6 @@ def _compiled_codec() -> Any:
         kw = dict(
             or_dumps=_or_dumps,
             or_loads=_or_loads,
-            or_option=_OR_OPTS,
             or_encode_error=_OR_ERROR,
             or_decode_error=_OR_DECODE_ERROR,
         )
