@@ -52,9 +52,7 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
         except ValueError as e:
             return at, lines, e, base + start
         key = message.get(key_field) if keyed and type(message) is dict else None
-        env = new_envelope_at(system, stream, partition, base + start, key, message)
-        if held and PyObject_GC_IsTracked(env):
-            PyObject_GC_UnTrack(env)
+        env = new_envelope_at(system, stream, partition, base + start, key, message, held)
         out.append(env)
         got += 1
     return at, lines, None, 0

@@ -225,7 +225,7 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
     env = <Envelope><PyObject *>item  # new reference ...
     Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
     if not PyObject_GC_IsTracked(env):
-        _settle(env)  # a held envelope (_PartState.poll_held) is tracked again if it must be
+        _settle_untracked(env)  # a held envelope (_PartState.poll_held) is tracked again if it must be
     return env
 
 

@@ -85,6 +85,71 @@ cdef class Envelope:
         return (Envelope, self._astuple())
 
 
+# Envelope's object fields as member descriptors (slots) instead of the properties
+# Cython makes for `cdef readonly` fields: CPython 3.11+ specialises a read of a
+# member descriptor (LOAD_ATTR_SLOT: a type-version check and a load) but not of a
+# property written in C, which goes through the generic attribute lookup and a
+# getter call (~160 instructions more for each `envelope.message` in a task).
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        const char *name
+        int type
+        Py_ssize_t offset
+        int flags
+        const char *doc
+    int T_OBJECT_EX
+    int READONLY
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject:
+        Py_ssize_t tp_basicsize
+        PyObject *tp_dict
+    object PyDescr_NewMember(PyTypeObject *type, PyMemberDef *member)
+    void PyType_Modified(PyTypeObject *type)
+
+cdef PyMemberDef _ENVELOPE_MEMBERS[4]  # static: a member descriptor keeps a pointer to its entry
+
+
+cdef void _member(int i, const char *name, Py_ssize_t offset) noexcept:
+    _ENVELOPE_MEMBERS[i].name = name  # a C string literal: static
+    _ENVELOPE_MEMBERS[i].type = T_OBJECT_EX  # never NULL: tp_new sets object fields to None
+    _ENVELOPE_MEMBERS[i].offset = offset
+    _ENVELOPE_MEMBERS[i].flags = READONLY
+    _ENVELOPE_MEMBERS[i].doc = NULL
+
+
+cdef Py_ssize_t _field_offset(object probe, object value) except -1:
+    """Where in ``probe`` (an Envelope) the pointer to ``value`` is kept."""
+    cdef char *base = <char *><PyObject *>probe
+    cdef Py_ssize_t off
+    for off in range(<Py_ssize_t>sizeof(PyObject), (<PyTypeObject *>Envelope).tp_basicsize,
+                     <Py_ssize_t>sizeof(void *)):
+        if (<PyObject **>(base + off))[0] == <PyObject *>value:
+            return off
+    raise RuntimeError("Envelope: a field was not found in its object")
+
+
+cdef int _envelope_members() except -1:
+    # distinct objects in each field, found in the object's memory (Cython's struct of
+    # the class has no name to give offsetof)
+    system, stream = "".join(["sys", "tem"]), "".join(["str", "eam"])
+    key, message = object(), object()
+    cdef Envelope probe = new_envelope(system, stream, 0, None, key, message)
+    cdef PyTypeObject *tp = <PyTypeObject *>Envelope
+    cdef Py_ssize_t i
+    _member(0, "system", _field_offset(probe, system))
+    _member(1, "stream", _field_offset(probe, stream))
+    _member(2, "key", _field_offset(probe, key))
+    _member(3, "message", _field_offset(probe, message))
+    for i in range(4):
+        (<dict>tp.tp_dict)[_ENVELOPE_MEMBERS[i].name.decode()] = PyDescr_NewMember(tp, &_ENVELOPE_MEMBERS[i])
+    PyType_Modified(tp)
+    return 0
+
+
+_envelope_members()
+
+
 cdef inline Envelope new_envelope(str system, str stream, Py_ssize_t partition,
                                   object offset, object key, object message):
     """New reference. Skips __init__ (arguments are trusted, types already checked)."""
@@ -101,9 +166,14 @@ cdef inline Envelope new_envelope(str system, str stream, Py_ssize_t partition,
 
 
 cdef inline Envelope new_envelope_at(str system, str stream, Py_ssize_t partition,
-                                     Py_ssize_t offset, object key, object message):
-    """new_envelope with an int offset, kept as a C integer until read."""
-    cdef Envelope e = Envelope.__new__(Envelope)
+                                     Py_ssize_t offset, object key, object message,
+                                     bint held=False):
+    """new_envelope with an int offset, kept as a C integer until read.
+
+    ``held``: for an input ring of the C engine, left untracked by the cycle collector
+    whatever it holds; _take_item settles it (_settle_untracked) when it hands it out.
+    """
+    cdef Envelope e = Envelope.__new__(Envelope)  # tracked (tp_new of a GC type)
     e.system = system
     e.stream = stream
     e.partition = partition
@@ -111,7 +181,10 @@ cdef inline Envelope new_envelope_at(str system, str stream, Py_ssize_t partitio
     e._int = True
     e.key = key
     e.message = message
-    _settle(e)
+    if held:
+        PyObject_GC_UnTrack(e)
+    else:
+        _settle(e)
     return e
 
 
@@ -123,12 +196,22 @@ cdef inline bint _atomic(object o) noexcept:
     return o is None or _is_str(o) or _is_int(o) or _is_bytes(o) or _is_float(o) or _is_bool(o)
 
 
+cdef inline bint _all_atomic(Envelope e) noexcept:
+    return _atomic(e.message) and _atomic(e.key) and (e._int or _atomic(e._offset))
+
+
 cdef inline void _settle(Envelope e) noexcept:
     """Track e for cycle collection unless every field is atomic (see the top)."""
-    if _atomic(e.message) and _atomic(e.key) and (e._int or _atomic(e._offset)):
+    if _all_atomic(e):
         if PyObject_GC_IsTracked(e):
             PyObject_GC_UnTrack(e)
     elif not PyObject_GC_IsTracked(e):
+        PyObject_GC_Track(e)
+
+
+cdef inline void _settle_untracked(Envelope e) noexcept:
+    """_settle for an envelope known to be untracked (held: new_envelope_at)."""
+    if not _all_atomic(e):
         PyObject_GC_Track(e)
 
 

@@ -144,6 +144,32 @@ def test_envelope_fields_equality_pickle():
     assert "offset=7" in repr(e)
 
 
+def test_envelope_fields_are_member_descriptors_a_task_reads_without_a_getter():
+    # system, stream, key and message are slots (CPython specialises reading them in a
+    # task's process: LOAD_ATTR_SLOT), read-only, and right for every way an envelope is made
+    for name in ("system", "stream", "key", "message"):
+        assert type(Envelope.__dict__[name]).__name__ == "member_descriptor", name
+    made = Envelope("mem", "in", 3, 7, "k", {"v": 1})
+    (fast,) = _core.make_envelopes("mem", "in", 3, 7, [{"v": 1}], ["k"])
+    for e in (made, fast, pickle.loads(pickle.dumps(made))):
+        assert (e.system, e.stream, e.key, e.message) == ("mem", "in", "k", {"v": 1})
+        for name in ("system", "stream", "key", "message"):
+            with pytest.raises(AttributeError):
+                setattr(e, name, "x")
+            with pytest.raises(AttributeError):
+                delattr(e, name)
+        assert e.message == {"v": 1}  # unchanged by the refused writes
+
+    def read(env: Envelope) -> object:  # specialised after a few calls: still the right field
+        return (env.system, env.stream, env.key, env.message)
+
+    for i in range(50):
+        (e,) = _core.make_envelopes("s", f"t{i}", 0, i, [i], [str(i)])
+        assert read(e) == ("s", f"t{i}", str(i), i)
+    bare = Envelope.__new__(Envelope)  # no __init__: fields are None, not missing
+    assert (bare.system, bare.stream, bare.key, bare.message) == (None, None, None, None)
+
+
 def test_envelopes_with_c_int_offsets_are_the_same_as_constructed_ones():
     # inputs with int offsets (files, memory) keep the offset as a C integer until read
     big = 2**63 - 1
