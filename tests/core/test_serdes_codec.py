@@ -4,9 +4,12 @@ values and errors, with and without orjson."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import math
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -209,13 +212,42 @@ def test_what_orjson_writes_but_the_standard_library_refuses_is_refused() -> Non
     class Level(enum.IntEnum):
         HIGH = 3
 
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
     u = uuid.UUID(int=7)
-    for value in (u, Color.RED, {"id": u}, [1, {"c": Color.RED}], {"a": 1.5, "b": (u,)}):
+    when = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
+    # orjson (called without options) writes dataclasses and datetimes too
+    refused = (
+        u,
+        Color.RED,
+        {"id": u},
+        [1, {"c": Color.RED}],
+        {"a": 1.5, "b": (u,)},
+        Point(1),
+        {"p": [Point(2)]},
+        when,
+        {"at": when.date()},
+        [datetime.time(1, 2)],
+    )
+    for value in refused:
         want = _error(_std_bytes, value)
         assert want is not None and want[0] is TypeError, value
         for encode in (serdes._json_codec.encode, _std_only().encode, serdes._py_json_encode):
             assert _error(encode, value) == want, (encode, value)
-    # what it writes, it writes the same: an IntEnum is an int
-    for value in ({"level": Level.HIGH}, [Level.HIGH, ("t", None, 2.5e-7)]):
+
+    class Name(str):
+        pass
+
+    class Row(dict):
+        pass
+
+    class Items(list):
+        pass
+
+    # what it writes, it writes the same: an IntEnum is an int, subclasses are their base
+    subclassed = ({"n": Name("ann")}, Row(a=1, b=[Name("x")]), Items([1, Row(c=2.5)]), OrderedDict(z=1, a=2))
+    for value in ({"level": Level.HIGH}, [Level.HIGH, ("t", None, 2.5e-7)], *subclassed):
         for encode in (serdes._json_codec.encode, _std_only().encode, serdes._py_json_encode):
             assert encode(value) == _std_bytes(value), value
