@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -358,7 +357,15 @@ _SIGNALS = _StopSignals()
 
 # -- task failures ----------------------------------------------------------------
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")})
+
+
+@functools.cache
+def _stdlib_dirs() -> tuple[str, ...]:
+    """The standard library's directories (sysconfig is imported on this error path only:
+    ~8M instructions that every run paid at start-up)."""
+    import sysconfig
+
+    return tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")})
 
 
 def _is_user_frame(filename: str) -> bool:
@@ -370,7 +377,7 @@ def _is_user_frame(filename: str) -> bool:
     path = os.path.abspath(filename)
     if path.startswith(_PACKAGE_DIR + os.sep):
         return False
-    return not any(path.startswith(d + os.sep) for d in _STDLIB_DIRS)
+    return not any(path.startswith(d + os.sep) for d in _stdlib_dirs())
 
 
 def user_frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:

@@ -182,7 +182,8 @@ def test_a_run_keeps_start_up_from_its_collections_and_imports_only_what_it_uses
         "import gc, sys\n"
         "from tailrace.cli import main\n"
         f"code = main(['run', {str(job)!r}, '--no-progress'])\n"
-        "unused = [m for m in ('pickle', 'msgpack', 'subprocess', 'difflib', 'shutil') if m in sys.modules]\n"
+        "unused = [m for m in ('pickle', 'msgpack', 'subprocess', 'difflib', 'shutil', 'sysconfig')"
+        " if m in sys.modules]\n"
         "print('RESULT', code, gc.get_freeze_count(), unused)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
