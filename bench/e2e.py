@@ -159,8 +159,7 @@ def step(total, m):
     total = (total or 0) + m["amount"]
     return total, dumps({"user": m["user"], "seq": m["seq"], "total": total})
 
-s = op.stateful_map("sum", s, step)
-s = op.map("drop_key", s, lambda kv: kv[1])
+s = op.stateful_map("sum", s, step)  # (user, line): FileSink takes (key, value) pairs and writes the value
 op.output("out", s, FileSink(Path(f"{out}/partition-0.jsonl")))
 run_main(flow)
 """

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -133,3 +135,17 @@ def test_end_to_end_bench_runs_every_contender_and_checks_their_outputs(tmp_path
     assert set(doc["medians"]) == {"std/loop", "std/c", "std/python", "std/c2"}
     for row in doc["medians"].values():
         assert len(row["samples"]) == 1 and row["wall_s"] > 0 and row["cpu_s"] > 0
+
+
+def test_end_to_end_bench_runs_bytewax_and_checks_its_output(tmp_path: Path) -> None:
+    """bench/e2e.py --bytewax: bytewax's file connectors do the job and write the loop's records
+    (the bench compares their values and each user's order); its flow was broken for as long as
+    bytewax was not installed where the bench ran."""
+    pytest.importorskip("bytewax")
+    out = tmp_path / "e2e.json"
+    argv = [sys.executable, str(ROOT / "bench" / "e2e.py"), "--messages", "2000", "--users", "40"]
+    argv += ["--pairs", "1", "--libs", "std", "--engines", "c", "--bytewax", "--json", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert set(doc["medians"]) == {"std/loop", "std/c", "std/bytewax"}
