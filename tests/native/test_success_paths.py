@@ -13,11 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_refcounts import _ListSystem  # prebuilt envelopes with any offsets (this directory)
 
 from tailrace import AsyncStreamTask, Container, StreamTask
 from tailrace._core import Envelope
-from tailrace.interfaces import PartitionReader, Producer, System
-from tailrace.types import Offset, SystemStreamPartition
 
 
 class CountedOffset(str):
@@ -36,48 +35,6 @@ class CountedOffset(str):
     def __format__(self, spec: str) -> str:
         CountedOffset.formatted += 1
         return super().__format__(spec)
-
-
-class _Reader(PartitionReader):
-    def __init__(self, ssp: SystemStreamPartition, n: int) -> None:
-        super().__init__(ssp)
-        system, stream, p = ssp.system, ssp.stream, ssp.partition
-        self._envelopes = [Envelope(system, stream, p, CountedOffset(f"{i:08d}"), None, i) for i in range(n)]
-        self._pos = 0
-
-    def start(self, after: Offset | None, wakeup: Any) -> None:
-        self._pos = 0
-
-    def poll(self, max_messages: int) -> list[Envelope]:
-        batch = self._envelopes[self._pos : self._pos + max_messages]
-        self._pos += len(batch)
-        return batch
-
-    def at_end(self) -> bool:
-        return self._pos >= len(self._envelopes)
-
-
-class _NullProducer(Producer):
-    def partitions(self, stream: str) -> int:
-        return 1
-
-    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
-        pass
-
-
-class _System(System):
-    def __init__(self, n: int) -> None:
-        super().__init__("cs")
-        self.n = n
-
-    def partitions(self, stream: str) -> int:
-        return 2
-
-    def reader(self, ssp: SystemStreamPartition) -> PartitionReader:
-        return _Reader(ssp, self.n)
-
-    def producer(self) -> Producer:
-        return _NullProducer()
 
 
 SEEN: list[int] = []  # CountedOffset.formatted as each process call found it
@@ -109,7 +66,10 @@ def test_a_successful_message_formats_no_offset(task: type, config: dict[str, An
     n = 300
     SEEN.clear()
     CountedOffset.formatted = 0
-    result = Container(task, inputs=["cs.in"], systems=[_System(n)], config=config, engine="c").run()
+    system = _ListSystem(
+        [[Envelope("ls", "in", p, CountedOffset(f"{i:08d}"), None, i) for i in range(n)] for p in range(2)]
+    )
+    result = Container(task, inputs=["ls.in"], systems=[system], config=config, engine="c").run()
     assert result.processed == 2 * n
     assert len(SEEN) == 2 * n
     # formatted between two messages would show in a later call's count
