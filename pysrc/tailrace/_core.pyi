@@ -72,7 +72,6 @@ class JsonCodec:
         markers: dict[int, Any] | None = None,
         or_dumps: Callable[..., bytes] | None = None,
         or_loads: Callable[[Any], Any] | None = None,
-        or_option: int = 0,
         or_encode_error: type[BaseException] | None = None,
         or_decode_error: type[BaseException] | None = None,
     ) -> None: ...

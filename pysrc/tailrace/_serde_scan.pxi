@@ -13,7 +13,6 @@ from cpython.dict cimport PyDict_Next
 cdef extern from "Python.h":
     # the codec calls orjson once per message: straight through vectorcall, no argument tuple
     object PyObject_CallOneArg(object callable, object arg)
-    object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, PyObject *kwnames)
 
 
 # Bytes a guard of json_std_decides starts from: e and E (a digit before them is an
@@ -219,13 +218,11 @@ cdef class JsonCodec:
     cdef bint encoding  # c_encoder is running (it may call Python code: another thread waits no turn)
     cdef object or_dumps  # orjson.dumps, or None
     cdef object or_loads
-    cdef object or_option
-    cdef size_t or_nargs  # 1: or_dumps(obj); 3: or_dumps(obj, None, or_option)
     cdef object or_encode_error
     cdef object or_decode_error
 
     def __init__(self, std_encode, std_loads, scan_once=None, c_encoder=None, markers=None,
-                 or_dumps=None, or_loads=None, or_option=0, or_encode_error=None, or_decode_error=None):
+                 or_dumps=None, or_loads=None, or_encode_error=None, or_decode_error=None):
         if (c_encoder is None) != (markers is None):
             raise ValueError("JsonCodec: c_encoder and its markers dict go together")
         self.std_encode = std_encode
@@ -236,8 +233,6 @@ cdef class JsonCodec:
         self.encoding = False
         self.or_dumps = or_dumps
         self.or_loads = or_loads
-        self.or_option = or_option
-        self.or_nargs = 3 if or_option else 1
         self.or_encode_error = or_encode_error if or_encode_error is not None else ()
         self.or_decode_error = or_decode_error if or_decode_error is not None else ()
 
@@ -250,15 +245,11 @@ cdef class JsonCodec:
         """``obj`` as compact UTF-8 JSON (the standard library's bytes). Raises its errors."""
         cdef object out
         cdef int kind
-        cdef PyObject *args[3]
         if self.or_dumps is not None:
-            # borrowed references: obj (the caller's), None and or_option (self's) outlive the call
-            args[0] = <PyObject *>obj
-            args[1] = <PyObject *>None
-            args[2] = <PyObject *>self.or_option
             try:
-                # or_dumps(obj), or or_dumps(obj, None, option) when given options
-                out = PyObject_Vectorcall(self.or_dumps, args, self.or_nargs, NULL)
+                # no options: the walk below keeps orjson's bytes only for values no option
+                # changes (tailrace.serdes)
+                out = PyObject_CallOneArg(self.or_dumps, obj)
             except self.or_encode_error:
                 return self.encode_std(obj)
             if type(out) is bytes:

@@ -141,7 +141,7 @@ cdef int _envelope_members() except -1:
     _member(1, "stream", _field_offset(probe, stream))
     _member(2, "key", _field_offset(probe, key))
     _member(3, "message", _field_offset(probe, message))
-    for i in range(4):
+    for i in range(4):  # tp_dict is borrowed from the type; the dict owns each new descriptor
         (<dict>tp.tp_dict)[_ENVELOPE_MEMBERS[i].name.decode()] = PyDescr_NewMember(tp, &_ENVELOPE_MEMBERS[i])
     PyType_Modified(tp)
     return 0
