@@ -46,7 +46,6 @@ with ``skip_bad_lines=True`` bad lines are skipped, logged and counted instead
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -58,6 +57,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ._core import Envelope, FileOutput, FileSink, file_decode_lines
+from ._digest import sha256
 from .errors import ConfigError, InputError
 from .interfaces import PartitionReader, Producer, System
 from .serdes import _json_codec, _json_decode, _json_encode  # the raw functions: errors stay the codec's own
@@ -158,7 +158,7 @@ def _line_fingerprint(f: BinaryIO, offset: int) -> tuple[int, str] | None:
     end = offset + len(line)
     start = max(0, end - FINGERPRINT_BYTES)
     f.seek(start)
-    return end, hashlib.sha256(f.read(end - start)).hexdigest()
+    return end, sha256(f.read(end - start)).hexdigest()
 
 
 def record_fingerprint(path: Path, offset: int) -> None:

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -66,6 +65,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._digest import blake2b
 from .errors import CheckpointError
 from .interfaces import CheckpointStore, StateChanges
 from .types import Offset, SystemStreamPartition
@@ -240,7 +240,7 @@ _FLOCK = struct.Struct("=hh4xqqi4x")  # struct flock on Linux (l_type, l_whence,
 
 
 def _lock_byte(job_name: str) -> int:
-    return _LOCK_BASE + int.from_bytes(hashlib.blake2b(job_name.encode(), digest_size=5).digest(), "big")
+    return _LOCK_BASE + int.from_bytes(blake2b(job_name.encode(), digest_size=5).digest(), "big")
 
 
 class _InodeLock:
@@ -275,7 +275,7 @@ _NAME_SPAN = (1 << 40) - 1
 
 
 def _name_byte(name: str) -> int:
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % _NAME_SPAN
+    return int.from_bytes(blake2b(name.encode(), digest_size=8).digest(), "big") % _NAME_SPAN
 
 
 def _claim_name(fd: int, name: str) -> bool:

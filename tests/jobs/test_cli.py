@@ -169,7 +169,8 @@ path = "state/cp.db"
 def test_a_run_keeps_start_up_from_its_collections_and_imports_only_what_it_uses(tmp_path: Path) -> None:
     # start-up's objects are frozen while the job runs (its collections then scan only
     # the run's objects) and unfrozen when main() returns in-process; and a JSON job
-    # imports no serde or tool it does not use (each import is CPU every run pays)
+    # imports no serde or tool it does not use (each import is CPU every run pays; hashlib
+    # loads OpenSSL, though the run still records file fingerprints and SQLite lock bytes)
     job = write_job(tmp_path)
     (tmp_path / "copy.py").write_text(
         "import gc\n"
@@ -182,8 +183,8 @@ def test_a_run_keeps_start_up_from_its_collections_and_imports_only_what_it_uses
         "import gc, sys\n"
         "from tailrace.cli import main\n"
         f"code = main(['run', {str(job)!r}, '--no-progress'])\n"
-        "unused = [m for m in ('pickle', 'msgpack', 'subprocess', 'difflib', 'shutil', 'sysconfig')"
-        " if m in sys.modules]\n"
+        "unused = [m for m in ('pickle', 'msgpack', 'subprocess', 'difflib', 'shutil', 'sysconfig',"
+        " 'hashlib') if m in sys.modules]\n"
         "print('RESULT', code, gc.get_freeze_count(), unused)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
