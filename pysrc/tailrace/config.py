@@ -75,13 +75,22 @@ def _ordering(key: str, value: Any) -> str:
     raise ConfigError(f"expected one of {allowed}, got {value!r}", key=key, allowed=allowed)
 
 
-@dataclass(frozen=True)
 class _Key:
-    name: str
-    attr: str
-    default: Any
-    parse: Callable[[str, Any], Any]
-    doc: str
+    """One config key (a plain class: a dataclass would cost every run ~1 ms of import)."""
+
+    __slots__ = ("attr", "default", "doc", "name", "parse")
+
+    def __init__(
+        self, name: str, attr: str, default: Any, parse: Callable[[str, Any], Any], doc: str
+    ) -> None:
+        self.name = name
+        self.attr = attr
+        self.default = default
+        self.parse = parse
+        self.doc = doc
+
+    def __repr__(self) -> str:
+        return f"_Key({self.name!r})"
 
 
 def _ranged(minimum: int | None, maximum: int | None, allowed: str) -> Callable[[str, Any], int]:

@@ -12,7 +12,6 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .api import TaskContext, TimerService, check_task_class, task_kind
@@ -39,20 +38,50 @@ ENGINES: dict[str, str] = {
 }
 
 
-@dataclass
 class TaskPlan:
     """One task: its instance, its partitions (in a fixed order: the partition
-    index used by engines), their readers and committed start offsets."""
+    index used by engines), their readers and committed start offsets.
 
-    name: str
-    index: int
-    task: Any
-    kind: str  # "sync" or "async" (an ``async def process`` task arrives wrapped: "async")
-    partitions: list[SystemStreamPartition]
-    readers: list[PartitionReader]
-    start_offsets: dict[SystemStreamPartition, Offset]
-    collector: Collector
-    stores: TaskStores | None = None  # the task's key-value stores (rules 25-29)
+    TaskPlan and JobPlan are plain classes, not dataclasses: making a dataclass costs
+    about a millisecond of CPU at import (it compiles its methods), which every run pays.
+    """
+
+    __slots__ = (
+        "collector",
+        "index",
+        "kind",
+        "name",
+        "partitions",
+        "readers",
+        "start_offsets",
+        "stores",
+        "task",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        task: Any,
+        kind: str,  # "sync" or "async" (an ``async def process`` task arrives wrapped: "async")
+        partitions: list[SystemStreamPartition],
+        readers: list[PartitionReader],
+        start_offsets: dict[SystemStreamPartition, Offset],
+        collector: Collector,
+        stores: TaskStores | None = None,  # the task's key-value stores (rules 25-29)
+    ) -> None:
+        self.name = name
+        self.index = index
+        self.task = task
+        self.kind = kind
+        self.partitions = partitions
+        self.readers = readers
+        self.start_offsets = start_offsets
+        self.collector = collector
+        self.stores = stores
+
+    def __repr__(self) -> str:
+        return f"TaskPlan({self.name!r}, {len(self.partitions)} partitions, {self.kind})"
 
     def make_context(
         self,
@@ -68,17 +97,41 @@ class TaskPlan:
         return self.stores is not None and self.stores.dirty()
 
 
-@dataclass
 class JobPlan:
-    config: Config
-    tasks: list[TaskPlan]
-    store: CheckpointStore
-    producers: dict[str, Producer]
-    systems: dict[str, System] = field(default_factory=dict)
-    # the event loop of ``async def`` tasks (None when there are none)
-    asyncio_runner: AsyncioRunner | None = None
-    clock: Clock = SYSTEM_CLOCK  # every deadline of the run (tailrace.testing passes a ManualClock)
-    _commit_lock: threading.Lock = field(default_factory=threading.Lock)
+    """What an engine runs: the tasks, the checkpoint store, the producers and systems."""
+
+    __slots__ = (
+        "_commit_lock",
+        "asyncio_runner",
+        "clock",
+        "config",
+        "producers",
+        "store",
+        "systems",
+        "tasks",
+    )
+
+    def __init__(
+        self,
+        config: Config,
+        tasks: list[TaskPlan],
+        store: CheckpointStore,
+        producers: dict[str, Producer],
+        systems: dict[str, System] | None = None,
+        asyncio_runner: AsyncioRunner | None = None,  # the event loop of ``async def`` tasks, if any
+        clock: Clock = SYSTEM_CLOCK,  # every deadline of the run (tailrace.testing passes a ManualClock)
+    ) -> None:
+        self.config = config
+        self.tasks = tasks
+        self.store = store
+        self.producers = producers
+        self.systems = {} if systems is None else systems
+        self.asyncio_runner = asyncio_runner
+        self.clock = clock
+        self._commit_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"JobPlan({self.config.job_name!r}, {len(self.tasks)} tasks)"
 
     def commit(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
         """Flush every producer (output covering the commit is durable first), then
