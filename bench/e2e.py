@@ -7,6 +7,10 @@ contenders, each in its own process, run ALTERNATELY (A B A B ...) so that a noi
 hurts every side alike:
 
 ``loop``     the hand-written single-threaded loop: readline, json.loads, dict, json.dumps, write
+``floor``    the floor of the task API: a bare loop (readline, decode) that calls the job's own
+             ``Sums.process(envelope, collector, None)``, with a plain envelope object and a
+             ``collector.send`` that encodes and writes: what any runtime calling ``process``
+             per message must spend at least (``--no-floor`` leaves it out)
 ``c``        ``tailrace run`` with the C engine, files, SQLite checkpoints
 ``python``   ``tailrace run`` with the reference engine (``--engines c,python``)
 ``c2``       ``tailrace run --containers 2`` with the C engine: two container processes
@@ -123,6 +127,80 @@ def main():
                 if q is None:
                     q = place[user] = zlib.crc32(user.encode()) % n_out
                 outs[q].write(dumps({"user": user, "seq": m["seq"], "total": total}))
+    for f in outs:
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+
+
+main()
+"""
+
+# The floor: the job's own task.py, run by a bare loop instead of tailrace. Its ``import
+# tailrace`` gets a stand-in module (StreamTask = object), so the floor pays nothing of
+# tailrace but the per-message calls its API implies: an envelope object, process(), send().
+FLOOR = """
+import os
+import sys
+import types
+import zlib
+
+LIB = sys.argv[1]
+if LIB == "orjson":
+    import orjson
+    loads = orjson.loads
+    def dumps(obj):
+        return orjson.dumps(obj) + b"\\n"
+else:
+    import json
+    loads = json.loads
+    _enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    def dumps(obj):
+        return (_enc(obj) + "\\n").encode()
+
+sys.modules["tailrace"] = types.SimpleNamespace(StreamTask=object)
+task_module = types.ModuleType("task")
+with open(sys.argv[6], encoding="utf-8") as f:
+    exec(compile(f.read(), sys.argv[6], "exec"), task_module.__dict__)
+
+
+class Envelope:
+    __slots__ = ("system", "stream", "partition", "offset", "key", "message")
+
+    def __init__(self, partition, offset, message):
+        self.system = "files"
+        self.stream = "events"
+        self.partition = partition
+        self.offset = offset
+        self.key = None
+        self.message = message
+
+
+class Collector:
+    def __init__(self, outs):
+        self.outs = outs
+        self.place = {}
+
+    def send(self, stream, message, key=None, partition=None):
+        q = self.place.get(key)
+        if q is None:
+            q = self.place[key] = zlib.crc32(key.encode()) % len(self.outs)
+        self.outs[q].write(dumps(message))
+
+
+def main():
+    data, out, n_in, n_out = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    outs = [open(f"{out}/partition-{p}.jsonl", "wb") for p in range(n_out)]
+    collector = Collector(outs)
+    task = task_module.Sums()
+    task.init(None)
+    process = task.process
+    for p in range(n_in):
+        with open(f"{data}/partition-{p}.jsonl", "rb") as f:
+            offset = 0
+            for line in f:
+                process(Envelope(p, offset, loads(line)), collector, None)
+                offset += len(line)
     for f in outs:
         f.flush()
         os.fsync(f.fileno())
@@ -252,15 +330,17 @@ class Runner:
                 (d / "job.toml").write_text(JOB.format(engine=kind, out_partitions=OUT_PARTITIONS))
                 self.jobs[engine] = d
         (root / "loop.py").write_text(LOOP)
+        (root / "floor.py").write_text(FLOOR)
+        (root / "task.py").write_text(TASK)
         (root / "bytewax_flow.py").write_text(BYTEWAX)
         self.reference: tuple[Counter[bytes], dict[str, list[int]]] | None = None
 
     def run(self, contender: str) -> tuple[float, float, int]:
-        if contender == "loop" or contender == "bytewax":
+        if contender in ("loop", "floor", "bytewax"):
             out = self.root / f"out-{self.lib}-{contender}"
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
-            script = "loop.py" if contender == "loop" else "bytewax_flow.py"
+            script = {"loop": "loop.py", "floor": "floor.py", "bytewax": "bytewax_flow.py"}[contender]
             argv = [
                 sys.executable,
                 str(self.root / script),
@@ -268,7 +348,9 @@ class Runner:
                 str(self.root / "data" / "events"),
                 str(out),
             ]
-            argv += [str(PARTITIONS)] + ([str(OUT_PARTITIONS)] if contender == "loop" else [])
+            argv += [str(PARTITIONS)] + ([str(OUT_PARTITIONS)] if contender != "bytewax" else [])
+            if contender == "floor":
+                argv.append(str(self.root / "task.py"))
             wall, cpu, rss, _ = _spawn(argv, self.root, self.env)
         else:
             d = self.jobs[contender]
@@ -316,6 +398,9 @@ def main() -> None:
         "(an older build's venv)",
     )
     ap.add_argument("--bytewax", action="store_true", help="add bytewax's file connectors (if installed)")
+    ap.add_argument(
+        "--no-floor", action="store_true", help="leave out the floor (a bare loop calling the task's process)"
+    )
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
     ap.add_argument("--json", help="write every sample and the medians here")
     ap.add_argument("--plot", help="bar chart of median throughput (needs matplotlib)")
@@ -330,7 +415,7 @@ def main() -> None:
             raise SystemExit("--libs orjson needs orjson: pip install 'tailrace[fast]'") from None
     if args.baseline:
         engines += [f"{e}-base" for e in engines if e in ("c", "python")]
-    contenders = ["loop", *engines]
+    contenders = ["loop", *([] if args.no_floor else ["floor"]), *engines]
     if args.bytewax:
         try:
             import bytewax  # noqa: F401

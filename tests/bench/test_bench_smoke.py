@@ -104,8 +104,9 @@ def test_a_failing_run_is_reported_and_sets_the_exit_status(tmp_path: Path) -> N
 
 
 def test_end_to_end_bench_runs_every_contender_and_checks_their_outputs(tmp_path: Path) -> None:
-    """bench/e2e.py on a small input: the loop, both engines and two containers each produce
-    the same records (the bench itself refuses a difference) and the JSON holds their samples."""
+    """bench/e2e.py on a small input: the loop, the floor (a bare loop calling the job's own
+    process), both engines and two containers each produce the same records (the bench itself
+    refuses a difference) and the JSON holds their samples."""
     out = tmp_path / "e2e.json"
     proc = subprocess.run(
         [
@@ -132,7 +133,7 @@ def test_end_to_end_bench_runs_every_contender_and_checks_their_outputs(tmp_path
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["messages"] == 3000
-    assert set(doc["medians"]) == {"std/loop", "std/c", "std/python", "std/c2"}
+    assert set(doc["medians"]) == {"std/loop", "std/floor", "std/c", "std/python", "std/c2"}
     for row in doc["medians"].values():
         assert len(row["samples"]) == 1 and row["wall_s"] > 0 and row["cpu_s"] > 0
 
@@ -144,7 +145,7 @@ def test_end_to_end_bench_runs_bytewax_and_checks_its_output(tmp_path: Path) -> 
     pytest.importorskip("bytewax")
     out = tmp_path / "e2e.json"
     argv = [sys.executable, str(ROOT / "bench" / "e2e.py"), "--messages", "2000", "--users", "40"]
-    argv += ["--pairs", "1", "--libs", "std", "--engines", "c", "--bytewax", "--json", str(out)]
+    argv += ["--pairs", "1", "--libs", "std", "--engines", "c", "--bytewax", "--no-floor", "--json", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text(encoding="utf-8"))
