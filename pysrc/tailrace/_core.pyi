@@ -94,7 +94,6 @@ def file_decode_lines(
     partition: int,
     key_field: str | None,
     out: list[Envelope],
-    held: bool = False,
 ) -> tuple[int, int, ValueError | None, int]: ...
 def kafka_envelopes(
     messages: list[Any],

@@ -10,7 +10,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 
 def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssize_t base,
                       Py_ssize_t want, object decode, str system, str stream,
-                      Py_ssize_t partition, object key_field, list out not None, bint held=False):
+                      Py_ssize_t partition, object key_field, list out not None):
     """Decode the lines of ``data[at:end]`` (each ends with a newline) into ``out``.
 
     ``base`` is the file offset of ``data[0]``; an envelope's offset is the byte
@@ -20,12 +20,6 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
     ValueError. Returns ``(at, lines, error, start)``: where it stopped, how many lines
     it consumed, the ValueError (or None) and the offset of the bad line. ``decode`` is
     a callable or a JsonCodec (then its ``decode``).
-
-    ``held``: the envelopes are for the C engine's input rings, which settle each one
-    again when they hand it out (_take_item): they are left untracked by the cycle
-    collector meanwhile, so the thousands waiting in a ring are neither traversed nor
-    promoted by the collections their own allocation triggers. Nothing else may get
-    them (a cycle through an untracked envelope would never be collected).
     """
     if at < 0 or end > len(data) or at > end:
         raise ValueError(f"file_decode_lines: range {at}:{end} outside {len(data)} bytes")
@@ -52,7 +46,7 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
         except ValueError as e:
             return at, lines, e, base + start
         key = message.get(key_field) if keyed and type(message) is dict else None
-        env = new_envelope_at(system, stream, partition, base + start, key, message, held)
+        env = new_envelope_at(system, stream, partition, base + start, key, message)
         out.append(env)
         got += 1
     return at, lines, None, 0

@@ -76,9 +76,6 @@ cdef class _PartState:
     cdef public long long committed_n
     cdef dict pinned  # id -> offset object, for offsets that are not small ints
     cdef object poll_range  # the reader's _tailrace_poll_range (MemorySystem bounded), or None
-    # the reader's _tailrace_poll_held (file inputs), or None: poll, with envelopes left
-    # untracked by the cycle collector until _take_item hands them out
-    cdef object poll_held
     # The lists poll_range returned the first time, when they are lists: lazy ring
     # items index them (a later call returning other objects gets eager envelopes).
     cdef list range_messages
@@ -98,7 +95,6 @@ cdef class _PartState:
         self.newest_read = None
         self.pinned = {}
         self.poll_range = getattr(reader, "_tailrace_poll_range", None)
-        self.poll_held = getattr(reader, "_tailrace_poll_held", None)
         self.system = ssp.system
         self.stream = ssp.stream
         self.partition = ssp.partition
@@ -224,8 +220,6 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
                                ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
     env = <Envelope><PyObject *>item  # new reference ...
     Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
-    if not PyObject_GC_IsTracked(env):
-        _settle_untracked(env)  # a held envelope (_PartState.poll_held) is tracked again if it must be
     return env
 
 
@@ -729,7 +723,7 @@ cdef class LoopRunner:
             ps.purge_below(mark.handle)
         if ps.poll_range is not None:
             return self._refill_range(ps, t, p, free_slots)
-        batch = ps.reader.poll(free_slots) if ps.poll_held is None else ps.poll_held(free_slots)
+        batch = ps.reader.poll(free_slots)
         if type(batch) is not list:
             batch = list(batch)
         n = len(<list>batch)

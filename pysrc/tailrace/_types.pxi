@@ -166,14 +166,13 @@ cdef inline Envelope new_envelope(str system, str stream, Py_ssize_t partition,
 
 
 cdef inline Envelope new_envelope_at(str system, str stream, Py_ssize_t partition,
-                                     Py_ssize_t offset, object key, object message,
-                                     bint held=False):
+                                     Py_ssize_t offset, object key, object message):
     """new_envelope with an int offset, kept as a C integer until read.
 
-    ``held``: for an input ring of the C engine, left untracked by the cycle collector
-    whatever it holds; _take_item settles it (_settle_untracked) when it hands it out.
+    Settled once, here: tp_new (of a GC type) tracked it, so it is untracked when every
+    field is atomic and left alone otherwise; its fields never change after this.
     """
-    cdef Envelope e = Envelope.__new__(Envelope)  # tracked (tp_new of a GC type)
+    cdef Envelope e = Envelope.__new__(Envelope)
     e.system = system
     e.stream = stream
     e.partition = partition
@@ -181,10 +180,8 @@ cdef inline Envelope new_envelope_at(str system, str stream, Py_ssize_t partitio
     e._int = True
     e.key = key
     e.message = message
-    if held:
+    if _all_atomic(e):
         PyObject_GC_UnTrack(e)
-    else:
-        _settle(e)
     return e
 
 
@@ -206,12 +203,6 @@ cdef inline void _settle(Envelope e) noexcept:
         if PyObject_GC_IsTracked(e):
             PyObject_GC_UnTrack(e)
     elif not PyObject_GC_IsTracked(e):
-        PyObject_GC_Track(e)
-
-
-cdef inline void _settle_untracked(Envelope e) noexcept:
-    """_settle for an envelope known to be untracked (held: new_envelope_at)."""
-    if not _all_atomic(e):
         PyObject_GC_Track(e)
 
 

@@ -312,15 +312,6 @@ class FileReader(PartitionReader):
         return False
 
     def poll(self, max_messages: int) -> list[Envelope]:
-        return self._poll(max_messages, False)
-
-    def _tailrace_poll_held(self, max_messages: int) -> list[Envelope]:
-        """``poll`` for the C engine's input rings: the envelopes are left untracked by
-        the cycle collector until the engine hands them to the task, which tracks them
-        again where they need it (see ``tailrace._core.file_decode_lines``)."""
-        return self._poll(max_messages, True)
-
-    def _poll(self, max_messages: int, held: bool) -> list[Envelope]:
         if self._fd < 0:
             return []
         out: list[Envelope] = []
@@ -342,7 +333,6 @@ class FileReader(PartitionReader):
                 s.partition,
                 self._key_field,
                 out,
-                held,
             )
             self._at = at
             if self._line_no:
@@ -422,8 +412,6 @@ class MsgpackReader(FileReader):
     always stops the partition with InputError naming the file and byte offset
     (``skip_bad_lines`` cannot apply: a decoder cannot find the next value after garbage).
     """
-
-    _tailrace_poll_held = None  # type: ignore[assignment]  # its own poll: the engine calls that
 
     def __init__(self, ssp: SystemStreamPartition, path: Path, **kw: Any) -> None:
         super().__init__(ssp, path, "msgpack", **kw)

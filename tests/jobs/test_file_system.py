@@ -476,7 +476,7 @@ def test_two_processes_append_to_one_output_without_tearing_a_line(tmp_path: Pat
     assert seen == {0: list(range(20000)), 1: list(range(20000))}
 
 
-# -- the C engine's held envelopes (FileReader._tailrace_poll_held) ---------------------
+# -- envelopes and the cycle collector -------------------------------------------------
 class _Seen:
     tracked: list[bool] = []
     offsets: list[Any] = []
@@ -533,31 +533,23 @@ def test_engine_hands_out_tracked_envelopes_and_collects_cycles_through_them(
     _Seen.refs = []
 
 
-def test_held_poll_leaves_envelopes_untracked_and_poll_does_not(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+def test_poll_tracks_an_envelope_exactly_when_a_field_can_refer_back(tmp_path: Path, fmt: str) -> None:
+    # every engine gets the reader's poll(): each envelope is settled once, when it is made
+    # (a dict message can hold its envelope: tracked; a str one cannot: untracked)
     import gc
 
-    msgs = [{"seq": i, "nested": [i]} for i in range(300)]
-    fs = make(tmp_path, [msgs], read_ahead=100)
-    held = fs.reader(SSP0)
-    assert isinstance(held, FileReader)
-    held.start(None, lambda: None)
-    a = held._tailrace_poll_held(100)
-    plain = fs.reader(SSP0)
-    plain.start(None, lambda: None)
-    b = plain.poll(100)
-    assert [e.message for e in a] == [e.message for e in b] == msgs[:100]
-    assert [e.offset for e in a] == [e.offset for e in b]
-    assert not any(gc.is_tracked(e) for e in a)
-    assert all(gc.is_tracked(e) for e in b)
-    held.close()
-    plain.close()
-
-
-@needs_msgpack
-def test_msgpack_reader_has_no_held_poll(tmp_path: Path) -> None:
-    write_stream(tmp_path / "in" / "s", [[{"a": 1}]], "msgpack")
-    r = FileSystem("files", tmp_path / "in").reader(SSP0)
-    assert getattr(r, "_tailrace_poll_held", None) is None  # the engine calls its own poll
+    msgs: list[Any] = [{"seq": i, "nested": [i]} for i in range(300)]
+    if fmt == "text":
+        msgs = [f"l{i}" for i in range(300)]
+    fs = make(tmp_path, [msgs], fmt=fmt, read_ahead=100)
+    r = fs.reader(SSP0)
+    assert isinstance(r, FileReader)
+    r.start(None, lambda: None)
+    got = r.poll(100)
+    assert [e.message for e in got] == msgs[:100]
+    assert [gc.is_tracked(e) for e in got] == [fmt == "jsonl"] * 100
+    r.close()
 
 
 @pytest.mark.parametrize("skip", [False, True])
