@@ -519,7 +519,8 @@ def plot(messages: int, results: dict[str, Any], path: str) -> None:
     names = list(rows)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     vals = [rows[n]["msg_per_s"] / 1000 for n in names]
-    colors = ["#888" if n.endswith("/loop") else "#2a7" if n.endswith("/c") else "#37c" for n in names]
+    shade = {"loop": "#888", "floor": "#bbb", "c": "#2a7"}
+    colors = [shade.get(n.split("/")[-1], "#37c") for n in names]
     ax.barh(names, vals, color=colors)
     for y, (n, v) in enumerate(zip(names, vals)):
         ax.text(v, y, f" {v:.0f}k ({rows[n]['throughput_x_loop']:.2f}x)", va="center", fontsize=8)
