@@ -88,12 +88,8 @@ type = "sqlite"
 path = "state/checkpoints.db"
 """
 
-# The loop places a record the way tailrace's collector does (key_partition: the CRC-32 of
-# the key's UTF-8 bytes), once per user (a dict), so it pays next to nothing for it; it
-# imports nothing of tailrace, as a hand-written script would not; and it runs in a
-# function, as a careful script does (at module level every name it touches would be a
-# dict lookup: about 20% slower with orjson).
-LOOP = """
+# The loop's and the floor's first lines: the JSON library (argv[1]), the same on both.
+SCRIPT_PRELUDE = """
 import os
 import sys
 import zlib
@@ -110,7 +106,16 @@ else:
     _enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
     def dumps(obj):
         return (_enc(obj) + "\\n").encode()
+"""
 
+# The loop places a record the way tailrace's collector does (key_partition: the CRC-32 of
+# the key's UTF-8 bytes), once per user (a dict), so it pays next to nothing for it; it
+# imports nothing of tailrace, as a hand-written script would not; and it runs in a
+# function, as a careful script does (at module level every name it touches would be a
+# dict lookup: about 20% slower with orjson).
+LOOP = (
+    SCRIPT_PRELUDE
+    + """
 def main():
     data, out, n_in, n_out = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     outs = [open(f"{out}/partition-{p}.jsonl", "wb") for p in range(n_out)]
@@ -135,28 +140,15 @@ def main():
 
 main()
 """
+)
 
 # The floor: the job's own task.py, run by a bare loop instead of tailrace. Its ``import
 # tailrace`` gets a stand-in module (StreamTask = object), so the floor pays nothing of
 # tailrace but the per-message calls its API implies: an envelope object, process(), send().
-FLOOR = """
-import os
-import sys
+FLOOR = (
+    SCRIPT_PRELUDE
+    + """
 import types
-import zlib
-
-LIB = sys.argv[1]
-if LIB == "orjson":
-    import orjson
-    loads = orjson.loads
-    def dumps(obj):
-        return orjson.dumps(obj) + b"\\n"
-else:
-    import json
-    loads = json.loads
-    _enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-    def dumps(obj):
-        return (_enc(obj) + "\\n").encode()
 
 sys.modules["tailrace"] = types.SimpleNamespace(StreamTask=object)
 task_module = types.ModuleType("task")
@@ -209,6 +201,7 @@ def main():
 
 main()
 """
+)
 
 BYTEWAX = """
 import sys, json
