@@ -161,17 +161,13 @@ cdef inline Envelope new_envelope(str system, str stream, Py_ssize_t partition,
     e._int = False
     e.key = key
     e.message = message
-    _settle(e)
+    _settle_new(e)
     return e
 
 
 cdef inline Envelope new_envelope_at(str system, str stream, Py_ssize_t partition,
                                      Py_ssize_t offset, object key, object message):
-    """new_envelope with an int offset, kept as a C integer until read.
-
-    Settled once, here: tp_new (of a GC type) tracked it, so it is untracked when every
-    field is atomic and left alone otherwise; its fields never change after this.
-    """
+    """new_envelope with an int offset, kept as a C integer until read."""
     cdef Envelope e = Envelope.__new__(Envelope)
     e.system = system
     e.stream = stream
@@ -180,8 +176,7 @@ cdef inline Envelope new_envelope_at(str system, str stream, Py_ssize_t partitio
     e._int = True
     e.key = key
     e.message = message
-    if _all_atomic(e):
-        PyObject_GC_UnTrack(e)
+    _settle_new(e)
     return e
 
 
@@ -195,6 +190,13 @@ cdef inline bint _atomic(object o) noexcept:
 
 cdef inline bint _all_atomic(Envelope e) noexcept:
     return _atomic(e.message) and _atomic(e.key) and (e._int or _atomic(e._offset))
+
+
+cdef inline void _settle_new(Envelope e) noexcept:
+    """_settle for an envelope just made by tp_new, which tracked it (a GC type). Settled
+    once, when it is made: its fields never change after that."""
+    if _all_atomic(e):
+        PyObject_GC_UnTrack(e)
 
 
 cdef inline void _settle(Envelope e) noexcept:
