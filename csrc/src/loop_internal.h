@@ -195,6 +195,9 @@ typedef struct task {
      * completion or new input). sdisp: dispatch time per seq slot (metrics,
      * written by the loop thread, read relaxed by any thread) */
     uint8_t keyed, kblocked;
+    /* kcatchup: a commit found slots taken ahead (tr_loop_task_settled): no
+     * look-ahead past each ring's head until kahead is 0, then a commit is due */
+    uint8_t kcatchup;
     uint64_t kahead; /* slots taken by look-ahead at positions >= their ring's head */
     uint8_t *busy;
     uint32_t bmask;

@@ -239,8 +239,11 @@ static int key_pick(task *T, uint32_t *p_out, uint64_t *pos_out) {
             uint32_t s = (uint32_t)(pos & P->mask);
             if (P->kst[s] & KS_TAKEN)
                 continue;
-            if (T->busy[key_bucket(T, P->khash[s])])
+            if (T->busy[key_bucket(T, P->khash[s])]) {
+                if (T->kcatchup)
+                    break; /* only the head (never a taken slot) while catching up */
                 continue;
+            }
             *p_out = p;
             *pos_out = pos;
             T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
@@ -278,6 +281,13 @@ static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t 
         while (P->head != P->tail && (P->kst[P->head & P->mask] & KS_TAKEN)) {
             P->head++;
             T->kahead--; /* taken ahead before; head has caught up with it */
+        }
+        if (T->kcatchup && T->kahead == 0) {
+            /* nothing taken ahead any more: the commit that found some can write once
+             * what is outstanding is released (tr_loop_task_settled); no more is
+             * dispatched to T meanwhile (runnable, trl_dispatch_pool) */
+            T->kcatchup = 0;
+            T->commit_due = 1;
         }
     }
     T->buffered--;

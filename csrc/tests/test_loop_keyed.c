@@ -32,7 +32,8 @@ typedef struct kh {
     size_t npending;
     _Atomic int quit;
     _Atomic int errors;
-    uint64_t nruns, nprocess; /* ops of each kind seen (loop thread) */
+    uint64_t nruns, nprocess;    /* ops of each kind seen (loop thread) */
+    uint64_t ncommits, nsettled; /* commit ops, and those tr_loop_task_settled allowed */
     uint64_t rng;
 } kh;
 
@@ -123,6 +124,23 @@ static int kh_batch(void *ctx, tr_loop *loop) {
             } else if (tr_loop_run_done(loop, op.task, op.count, op.count, 0) != TR_OK) {
                 h->errors++;
             }
+        } else if (op.kind == TR_OP_COMMIT) {
+            /* a stateful commit (rule 27): settled means the invoked messages are
+             * exactly 0..watermark, each of them done */
+            h->ncommits++;
+            if (tr_loop_task_settled(loop, op.task)) {
+                h->nsettled++;
+                tr_mark m;
+                uint64_t upto = tr_loop_watermark(loop, 0, 0, &m) == TR_OK ? m.position + 1 : 0;
+                pthread_mutex_lock(&h->mu);
+                if (h->ninvoked != upto)
+                    h->errors++;
+                for (uint64_t i = 0; i < h->ninvoked; i++)
+                    if (h->invoked[i] >= upto || !atomic_load(&h->done[h->invoked[i]]))
+                        h->errors++;
+                pthread_mutex_unlock(&h->mu);
+            }
+            tr_loop_control_done(loop, op.task, 0);
         } else if (op.kind >= TR_OP_WINDOW && op.kind <= TR_OP_END_OF_STREAM) {
             tr_loop_control_done(loop, op.task, 0);
         }
@@ -180,6 +198,46 @@ static void kh_init_flags(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc
     cfg.shutdown_ns = 0; /* a stop does not wait for the never-completed ones */
     tr_loop_task task = {1, flags};
     CHECK(tr_loop_create(&cfg, &task, &h->loop) == TR_OK);
+}
+
+/* Rules 27, 30: commits every 200 us while completions come in random order;
+ * settled commits see exactly a released prefix, and the catch-up after an
+ * unsettled one (look-ahead off until nothing is ahead) gets settled ones through. */
+static void test_settled_commits(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys) {
+    static uint64_t keys[2000];
+    uint64_t r = seed;
+    for (int i = 0; i < 2000; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        keys[i] = (r >> 33) % (uint64_t)nkeys;
+    }
+    kh h;
+    memset(&h, 0, sizeof h);
+    h.keys = keys;
+    h.n = 2000;
+    h.rng = 0x9E3779B97F4A7C15ull ^ seed;
+    for (int k = 0; k < 64; k++)
+        h.last_of_key[k] = UINT64_MAX;
+    pthread_mutex_init(&h.mu, NULL);
+    tr_loop_config cfg = {0};
+    cfg.ntasks = 1;
+    cfg.max_concurrency = maxc;
+    cfg.input_buffer = buffer;
+    cfg.commit_ns = 200000;
+    cfg.max_idle_ns = 1000000;
+    tr_loop_task task = {1, TR_TASK_KEYED};
+    CHECK(tr_loop_create(&cfg, &task, &h.loop) == TR_OK);
+    pthread_t completer;
+    CHECK(pthread_create(&completer, NULL, kh_completer, &h) == 0);
+    tr_loop_hooks hooks = {.ctx = &h, .run_batch = kh_batch};
+    CHECK(tr_loop_run(h.loop, &hooks) == TR_OK);
+    atomic_store(&h.quit, 1);
+    pthread_join(completer, NULL);
+    CHECK(h.errors == 0);
+    CHECK(h.ninvoked == 2000);
+    CHECK(h.ncommits > h.nsettled); /* some found messages taken ahead ... */
+    CHECK(h.nsettled > 1);          /* ... and settled ones followed, not only the final one */
+    tr_loop_destroy(h.loop);
+    pthread_mutex_destroy(&h.mu);
 }
 
 static void kh_init(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc, uint32_t buffer) {
@@ -281,6 +339,8 @@ int main(void) {
     test_random_completion(5, 8, 32, 5, KI);
     test_random_completion(6, 64, 256, 40, KI);
     test_random_completion(7, 1, 4, 3, KI);
+    test_settled_commits(8, 8, 32, 5);
+    test_settled_commits(9, 64, 256, 40);
     printf("test_loop_keyed: ok\n");
     return 0;
 }

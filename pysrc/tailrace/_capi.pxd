@@ -224,6 +224,7 @@ cdef extern from "tailrace/loop.h" nogil:
     void tr_loop_clock_moved(tr_loop *loop)
     int tr_loop_idle(tr_loop *loop)
     tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
+    int tr_loop_task_settled(tr_loop *loop, uint32_t task)
     tr_status tr_loop_committed(const tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
     uint64_t tr_loop_read_count(const tr_loop *loop, uint32_t task, uint32_t partition)
     void tr_loop_task_stats(const tr_loop *loop, uint32_t task, tr_task_stats *out)

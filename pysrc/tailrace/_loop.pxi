@@ -1004,6 +1004,12 @@ cdef class LoopRunner:
         capi.tr_loop_task_stats(self._loop, task, &s)
         return (s.processed, s.completed, s.outstanding, s.windows, s.timers)
 
+    def settled(self, uint32_t task):
+        """Loop thread, in a commit: True when the task's state holds exactly its released
+        messages (tr_loop_task_settled; a keyed task that took messages ahead starts
+        catching up, and a commit falls due again once it has)."""
+        return capi.tr_loop_task_settled(self._loop, task) != 0
+
     def key_stats(self, uint32_t task):
         """(keys in flight, ms since the oldest unreleased message was dispatched):
         task.ordering = key only; (0, 0.0) otherwise or with nothing outstanding."""

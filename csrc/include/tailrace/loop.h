@@ -346,6 +346,15 @@ int tr_loop_idle(tr_loop *loop);
 /* Loop thread: the task partition's low watermark / record a durable commit. */
 tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out);
 tr_status tr_loop_mark_committed(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark mark);
+/* Loop thread, from a hook (a commit op): 1 when the task's state holds exactly
+ * the effects of its released messages, the prefix its low watermarks cover:
+ * every message invoked is released (ops a pool worker handed back unrun were
+ * never invoked) and, for TR_TASK_KEYED, none was taken ahead of an earlier
+ * message still buffered (rule 30's look-ahead). Else 0; a keyed task that took
+ * ahead then looks no further than each partition's first buffered message
+ * until none is left behind, and a commit falls due again (rule 27: a commit
+ * with state stores writes only a settled task). */
+int tr_loop_task_settled(tr_loop *loop, uint32_t task);
 /* Any thread: the last committed mark (TR_EAGAIN if none), messages read. */
 tr_status tr_loop_committed(const tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out);
 uint64_t tr_loop_read_count(const tr_loop *loop, uint32_t task, uint32_t partition);

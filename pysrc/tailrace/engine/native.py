@@ -234,10 +234,12 @@ class NativeEngine:
         parts = s.parts
         if s.plan.stores:
             # Stores: a commit writes offsets and state together, so it runs only when the
-            # state holds exactly the released prefix (nothing invoked and unreleased;
-            # rule 27). Otherwise (a held tail after a commit request, or the final
-            # commit after a failure) it writes nothing; the next commit carries it.
-            if self._runner.task_stats(i)[2]:
+            # state holds exactly the released prefix (rule 27): nothing invoked and
+            # unreleased (a pool's handed-back ops were never invoked), and with key
+            # ordering nothing taken ahead of a message still buffered. Otherwise (a held
+            # tail after a commit request, the final commit after a failure, a look-ahead
+            # the task now catches up on) it writes nothing; the next commit carries it.
+            if not self._runner.settled(i):
                 return
             if not s.plan.state_dirty() and not any(p.low_watermark != p.committed for p in parts):
                 return

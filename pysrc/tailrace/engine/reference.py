@@ -103,6 +103,20 @@ _RUN_MAX = 256
 _RUN_FILL = 256
 
 
+def _taken_ahead(t: _Task) -> bool:
+    """A keyed task has invoked a message while an earlier one of its partition is still
+    buffered: its state then holds an effect past the low watermark, so no commit with
+    stores may write it (rules 27, 30). Walks at most the input buffers (rule 31)."""
+    for p in t.parts:
+        gap = False
+        for entry in p.order:
+            if entry[1] == 0:
+                gap = True
+            elif gap:
+                return True
+    return False
+
+
 class _Callback:
     """Completion handle of one invocation; safe from any thread (rules 17, 22)."""
 
@@ -270,7 +284,12 @@ class _Task:
             min(16 * cfg.max_concurrency, cfg.input_buffer_size * max(1, len(self.parts))),
         )
         self.busy: set[Any] = set()
+        # a commit with stores found messages taken ahead of an earlier one still buffered:
+        # no look-ahead past each partition's first buffered message until none is left
+        # (then the commit is asked again), so the state becomes an offset prefix (rule 27)
+        self.catch_up = False
         # metrics
+
         self.processed = 0
         self.completed = 0
         self.failed = 0
@@ -726,6 +745,9 @@ class ReferenceEngine:
             # holds exactly the released prefix (rule 27); else the next commit carries it.
             if t.outstanding:
                 return
+            if t.keyed and _taken_ahead(t):
+                t.catch_up = True
+                return
             if not t.plan.state_dirty() and not any(p.low_watermark != p.committed for p in t.parts):
                 return
         elif not any(p.low_watermark != p.committed for p in t.parts):
@@ -1002,6 +1024,8 @@ class ReferenceEngine:
                     t.part_rr = (t.part_rr + i + 1) % k
                     del p.buffer[j]
                     return p, env
+                if t.catch_up:
+                    break  # only the first buffered message (see _Task.catch_up)
         return None
 
     def _invoke(self, t: _Task, chosen: tuple[_Partition, Envelope]) -> None:
@@ -1019,6 +1043,9 @@ class ReferenceEngine:
                     entry[1] = 1
                     cb.entry = entry
                     break
+            if t.catch_up and not _taken_ahead(t):
+                t.catch_up = False
+                t.commit_requested = True  # the commit that found the gap, now it can write
         if self._timeout is not None:
             cb.deadline = self._clock.monotonic() + self._timeout
         t.unresolved[seq] = cb
