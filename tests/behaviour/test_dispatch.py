@@ -181,6 +181,40 @@ class ThreadAware(StreamTask):
             self.busy -= 1
 
 
+class EntryOrder(ThreadAware):
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered: list[int] = []
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.entered.append(envelope.offset)
+        super().process(envelope, collector, coordinator)
+
+
+def test_pool_keeps_a_task_on_one_thread_at_any_concurrency(engine: str) -> None:
+    # rules 1, 3, 21: with max concurrency above 1, a sync task's calls on the pool are still
+    # invoked in offset order, one at a time, on the one pool thread the task belongs to
+    tasks: list[EntryOrder] = []
+
+    def factory() -> EntryOrder:
+        t = EntryOrder()
+        tasks.append(t)
+        return t
+
+    result, _ = run_job(
+        engine,
+        factory,
+        bounded([list(range(40)) for _ in range(3)]),
+        job_container_thread_pool_size=3,
+        task_max_concurrency=4,
+    )
+    assert result.processed == 120
+    for t in tasks:
+        assert t.entered == list(range(40))
+        assert not t.overlap
+        assert len(t.threads) == 1
+
+
 @pytest.mark.parametrize("pool", [0, 3])
 def test_sync_process_runs_on_pool_or_loop_thread(engine: str, pool: int) -> None:
     # rules 3, 21: sync process on the pool when configured (else the loop thread), one at a time per task

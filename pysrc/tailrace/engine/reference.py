@@ -60,9 +60,10 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
   a coordinator request; the loop then goes on as after any dispatch. The task's
   counters move when the run ends (as the C loop's).
 - ``window``, timers, ``end_of_stream`` and commits run on the loop thread; only
-  sync ``process`` goes to the pool. At max concurrency 1 a task is pinned to
-  one pool thread (partition-to-thread affinity); above 1 its messages are
-  spread over the pool round robin.
+  sync ``process`` goes to the pool. A task is pinned to one pool thread
+  (partition-to-thread affinity, as the C loop), so its calls run one at a time
+  in invocation order (rules 1, 21); different tasks run in parallel. Above max
+  concurrency 1 the loop hands its thread up to that many messages ahead.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ class _Task:
         self.next_window = now + cfg.window_ms / 1000 if self.window is not None else None
         self.voted = False
         self.done = False  # end of stream reached and hook run (rule 11)
-        self.worker: int | None = None  # pinned pool thread at max concurrency 1
+        self.worker: int | None = None  # its pool thread (with a pool)
         # task.ordering = key (rules 30, 31): keys with a message outstanding
         self.keyed = cfg.ordering == "key"
         # as the C loop: 16 x max concurrency, no more than the input buffers hold
@@ -342,7 +343,6 @@ class ReferenceEngine:
         self._vote_count = 0  # tasks that voted for shutdown or are done
         self._workers: list[queue.SimpleQueue[Any]] = []
         self._threads: list[threading.Thread] = []
-        self._next_worker = 0
         self._metrics = ContainerMetrics()
         self._timeout = (
             self.config.callback_timeout_ms / 1000 if self.config.callback_timeout_ms > 0 else None
@@ -473,7 +473,7 @@ class ReferenceEngine:
             th.start()
         for t in self._tasks:
             if n:
-                t.worker = t.plan.index % n if self.config.max_concurrency == 1 else None
+                t.worker = t.plan.index % n  # one thread per task, as the C loop (rules 1, 21)
             for p in t.parts:
                 p.reader.start(p.committed, self._wakeup)
         for t in self._tasks:
@@ -1053,12 +1053,8 @@ class ReferenceEngine:
             if not self._workers:
                 self._run_sync(t, cb, env, t.coordinator)
                 return
-            w = t.worker
-            if w is None:
-                w = self._next_worker
-                self._next_worker = (w + 1) % len(self._workers)
-            coordinator = t.coordinator if t.worker is not None else Coordinator()
-            self._workers[w].put((t, cb, env, coordinator))
+            assert t.worker is not None
+            self._workers[t.worker].put((t, cb, env, t.coordinator))
             return
         cb.coordinator = Coordinator()
         try:
