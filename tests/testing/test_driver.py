@@ -260,3 +260,32 @@ def test_a_job_file_runs_under_the_driver(tmp_path: Path, engine: str) -> None:
         d.advance(4000)
         assert d.committed_offset("lines", 1) == 0
     assert not (job / "state").exists()  # the driver's checkpoints stay in memory
+
+
+class _WindowClock(tailrace.StreamTask):
+    def init(self, context: Any) -> None:
+        self.context = context
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        pass
+
+    def window(self, collector: Any, coordinator: Any) -> None:
+        collector.send("mem.w", self.context.now())
+
+
+def test_late_window_and_commit_keep_their_period_grid(engine: str) -> None:
+    # rules 8, 9: the window and commit timers run at a fixed rate, as Samza's; a firing
+    # that came late (the clock jumped past it) does not shift the ones after it, and both
+    # engines fire at the same virtual times
+    config = {"task.window.ms": 10_000, "task.commit.ms": 10_000}
+    with TestDriver(_WindowClock, inputs={"in": 1}, config=config, engine=engine) as d:
+        t0 = d.now
+        windows: list[list[int]] = []
+        commits: list[int] = []
+        for step in (15_000, 5_000, 5_000, 5_000, 10_000):
+            d.send("in", "x")
+            d.advance(step)
+            windows.append([round(t - t0) for t in d.outputs("w")])
+            commits.append(d.metrics()[0]["Partition 0"].commits)
+    assert windows == [[15], [15, 20], [15, 20], [15, 20, 30], [15, 20, 30, 40]]
+    assert commits == [1, 2, 2, 3, 4]

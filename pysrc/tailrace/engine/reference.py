@@ -104,6 +104,14 @@ _RUN_MAX = 256
 _RUN_FILL = 256
 
 
+def _rearm(when: float, period: float, now: float) -> float:
+    """The next firing of a periodic timer that fell due at ``when`` and fired at ``now``:
+    on its grid (Samza's fixed rate, as the C loop), or a period after ``now`` when a whole
+    period or more was missed (the missed firings coalesce into the one that fired)."""
+    after = when + period
+    return after if after > now else now + period
+
+
 def _taken_ahead(t: _Task) -> bool:
     """A keyed task has invoked a message while an earlier one of its partition is still
     buffered: its state then holds an effect past the low watermark, so no commit with
@@ -274,6 +282,7 @@ class _Task:
         self.commit_requested = False
         self.next_commit = now + cfg.commit_ms / 1000 if cfg.commit_ms > 0 else None
         self.next_window = now + cfg.window_ms / 1000 if self.window is not None else None
+        self.window_due = False  # the window timer fired; the window has not run yet (rule 8)
         self.voted = False
         self.done = False  # end of stream reached and hook run (rule 11)
         self.worker: int | None = None  # its pool thread (with a pool)
@@ -290,7 +299,6 @@ class _Task:
         # (then the commit is asked again), so the state becomes an offset prefix (rule 27)
         self.catch_up = False
         # metrics
-
         self.processed = 0
         self.completed = 0
         self.failed = 0
@@ -685,7 +693,10 @@ class ReferenceEngine:
                 commit_only = self._draining
             if t.next_commit is not None and now >= t.next_commit:
                 t.commit_requested = True
-                t.next_commit = now + self.config.commit_ms / 1000
+                t.next_commit = _rearm(t.next_commit, self.config.commit_ms / 1000, now)
+            if not commit_only and not t.done and t.next_window is not None and now >= t.next_window:
+                t.window_due = True  # coalesced: one pending window at a time (rule 8)
+                t.next_window = _rearm(t.next_window, self.config.window_ms / 1000, now)
             if t.commit_requested:
                 if self.config.async_commit or not t.unresolved:  # rules 9, 10
                     # the held tail may carry the next commit request: run it too
@@ -699,9 +710,9 @@ class ReferenceEngine:
                 continue  # commit has priority over window and timers
             if commit_only or t.done or t.outstanding:
                 continue
-            if t.next_window is not None and now >= t.next_window:
+            if t.window_due:
+                t.window_due = False
                 self._run_window(t)
-                t.next_window = self._clock.monotonic() + self.config.window_ms / 1000  # coalesced (rule 8)
                 ran = True
             if not t.outstanding and not t.commit_requested and self._failure is None:
                 ran |= self._run_timers(t)
@@ -713,7 +724,7 @@ class ReferenceEngine:
             return True
         if t.next_commit is not None and now >= t.next_commit and not self.config.async_commit:
             return True
-        if t.next_window is not None and now >= t.next_window:
+        if t.window_due or (t.next_window is not None and now >= t.next_window):
             return True
         due = t.timers.next_due()
         return due is not None and due <= self._clock.time()
@@ -725,6 +736,8 @@ class ReferenceEngine:
             due = t.next_commit
         if t.next_window is not None and t.next_window < due:
             due = t.next_window
+        if t.window_due:
+            due = min(due, now)  # due already
         timer = t.timers.next_due()  # wall clock
         if timer is not None:
             due = min(due, now + (timer - self._clock.time()))
