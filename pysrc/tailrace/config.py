@@ -421,7 +421,13 @@ def _store_keys(raw_key: str, value: Any) -> list[tuple[str, str, str, Any]]:
     for name, options in tables.items():
         entries.append((raw_key, name, "", None))
         for option, v in options.items():
-            entries.append((f"stores.{name}.{option}", name, option, v))
+            # where it was given, for a duplicate's error: the flat key, or the stores table
+            where = (
+                f"stores.{name}.{option}"
+                if raw_key != "stores"
+                else f"stores={{{name!r}: {{{option!r}: ...}}}}"
+            )
+            entries.append((where, name, option, v))
     return entries
 
 
