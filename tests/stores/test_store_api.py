@@ -352,6 +352,9 @@ def test_config_keys_and_errors() -> None:
         parse_config({"stores.a.cache.size": 0})
     with pytest.raises(ConfigError, match=r"bad store name"):
         parse_config(stores={"a.b": {}})
+    # one option given twice names both places it was given
+    with pytest.raises(ConfigError, match=r"given twice \(as 'stores\.a\.cache\.size' and \"stores=\{'a'"):
+        parse_config({"stores.a.cache.size": 10}, stores={"a": {"cache.size": 20}})
 
 
 def test_async_commit_with_stores_is_refused() -> None:
