@@ -24,7 +24,7 @@
  * Scheduling structures (loop thread):
  *   ready  - FIFO ring of tasks that may be dispatched to (round robin, rule 5);
  *            a task is in it at most once (in_ready) and is re-checked on pop.
- *   carry  - FIFO ring of tasks whose RUN op was cut before its first message
+ *   carry  - FIFO ring of tasks whose RUN op was cut by a barrier or a stop
  *            (a timer fell due while an earlier op of the batch ran): they keep
  *            their turn, dispatched before the ready ring once runnable again
  *            (in_ready while in it). Without it the task whose run came first
@@ -171,9 +171,10 @@ typedef struct task {
     uint8_t paused; /* the worker may have stopped this task: send W_RESUME first */
     uint8_t commit_req, commit_due, window_due, timer_due, commit_hold;
     uint8_t done, voted, in_control, control_kind, in_ready, in_ctl, in_dirty, timeout_armed;
-    uint8_t in_run;  /* a RUN op of this task is in the batch or being executed */
-    uint8_t halted;  /* a message of a run failed: never dispatch to it again */
-    uint32_t queued; /* PROCESS ops of this task in the batch, not handed out yet */
+    uint8_t in_run;    /* a RUN op of this task is in the batch or being executed */
+    uint32_t run_left; /* what a RUN op cut by a barrier left of its turn (0: a new turn) */
+    uint8_t halted;    /* a message of a run failed: never dispatch to it again */
+    uint32_t queued;   /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
     /* pool tasks: 1 while a window, timer or (sync) commit of this task is due;
      * its worker stops invoking it and hands its queued ops back (rules 8, 9,
@@ -352,6 +353,7 @@ tr_status trl_start_workers(tr_loop *L);
 int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t gen);
 void trl_heap_compact(tr_loop *L);
 void trl_maybe_ready(tr_loop *L, uint32_t t);
+void trl_carry(tr_loop *L, uint32_t t);
 void trl_maybe_control(tr_loop *L, uint32_t t);
 void trl_pool_unhold(tr_loop *L, task *T);
 void trl_mark_dirty(tr_loop *L, uint32_t t);

@@ -251,6 +251,12 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
                 trl_queue_refill(L, t, p);
         }
     }
+    /* ended by tr_loop_run_yield (a barrier or a stop), not by a failure, a request
+     * or its end: the task keeps its turn (trl_carry) */
+    int cut =
+        !escape && consumed == completed && consumed < L->run_count && !(requests & TR_REQ_MASK);
+    uint32_t quota = T->run_left ? T->run_left : TR_RUN_MAX;
+    T->run_left = cut ? quota - consumed : 0; /* consumed < run_count <= quota */
     L->run_count = 0;
     T->buffered -= consumed;
     bump_n(&T->processed, consumed);
@@ -265,7 +271,10 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             T->commit_hold = 1;
         trl_apply_requests(L, t, requests);
     }
-    trl_maybe_ready(L, t);
+    if (cut && !T->halted && !T->in_ready)
+        trl_carry(L, t);
+    else
+        trl_maybe_ready(L, t);
     trl_maybe_control(L, t);
     return TR_OK;
 }

@@ -186,7 +186,8 @@ static void dispatch_run(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
     T->in_run = 1;
     emit(L, TR_OP_RUN, t, 0, 0, 0, 0, 0);
-    L->batch[L->nbatch - 1].count = T->buffered < TR_RUN_MAX ? (uint32_t)T->buffered : TR_RUN_MAX;
+    uint32_t quota = T->run_left ? T->run_left : TR_RUN_MAX; /* see trl_carry */
+    L->batch[L->nbatch - 1].count = T->buffered < quota ? (uint32_t)T->buffered : quota;
 }
 
 /* The messages of a run, in dispatch order: one partition's in a row, or
@@ -427,15 +428,24 @@ static void dispatch_ready(tr_loop *L, uint32_t t, uint32_t *pool_budget) {
     trl_maybe_ready(L, t);
 }
 
-/* A RUN op about to be handed out while a barrier or a stop is due already
- * (tr_loop_run_yield): it would end before its first message. The task keeps
- * its turn instead (the carry ring): the next batch runs it first. */
-static void carry_run(tr_loop *L, uint32_t t) {
+/* T keeps its turn: the next batch serves it before the ready ring (rule 5). For a
+ * RUN op cut by a barrier or a stop (tr_loop_run_yield), before its first message
+ * (carry_run) or after some (finish_run, which leaves the rest of the turn in
+ * run_left, so that a turn is TR_RUN_MAX messages however often it is cut): with
+ * runs cut at every commit, the task served last before the barrier would
+ * otherwise be served first after it, every time, and get the longer share. */
+void trl_carry(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
-    T->in_run = 0;
     T->in_ready = 1; /* not in the ready ring while carried */
     L->carry[(L->carry_head + L->carry_count) % L->cfg.ntasks] = t;
     L->carry_count++;
+}
+
+/* A RUN op about to be handed out while a barrier or a stop is due already: it
+ * would end before its first message. */
+static void carry_run(tr_loop *L, uint32_t t) {
+    L->tasks[t].in_run = 0;
+    trl_carry(L, t);
     trl_maybe_control(L, t);
 }
 

@@ -93,11 +93,11 @@ log = logging.getLogger("tailrace.engine.reference")
 _POOL_EXIT_GRACE_S = 0.05  # idle pool threads exit at once; only a stuck one takes longer
 
 _COMMIT = COMMIT_CURRENT | COMMIT_ALL
-# messages of one task in a row (ReferenceEngine._run); the C loop's TR_RUN_MAX is 64, but
-# here each run costs a few microseconds of Python around it, and 256 halves what the loop
-# adds per message without holding other tasks back for long (a barrier or stop is seen
-# before every message either way)
-_RUN_MAX = 256
+# messages of one task in a row (ReferenceEngine._run), a task's turn (rule 5): the C
+# loop's TR_RUN_MAX, so that both engines share time between tasks alike (256 cost ~2.5%
+# fewer instructions per message on bench/e2e.py's job, but let one task run four times
+# longer than the C loop lets it before another's turn)
+_RUN_MAX = 64
 # a partition of a task served by runs is refilled to this many messages, not to the whole
 # input buffer: decoded messages then wait briefly enough to be processed while still in the
 # CPU cache (on bench/e2e.py's file job, 4 tasks, buffers of 1024 cost ~20% more CPU than 256)
@@ -298,6 +298,7 @@ class _Task:
         # no look-ahead past each partition's first buffered message until none is left
         # (then the commit is asked again), so the state becomes an offset prefix (rule 27)
         self.catch_up = False
+        self.run_left = 0  # what a run cut by a barrier left of its turn (0: a new turn)
         # metrics
         self.processed = 0
         self.completed = 0
@@ -849,6 +850,7 @@ class ReferenceEngine:
         halt = False
         while sent < budget and self._failure is None and not halt:
             round_sent = 0
+            cut: int | None = None  # a task whose run a barrier or a stop ended: it goes first next
             for i in range(n):
                 t = tasks[(self._rr + i) % n]
                 if t.done or not t.buffered():
@@ -870,7 +872,8 @@ class ReferenceEngine:
                 if self._blocked(t, now):
                     continue
                 if t.inline and self._runs and not t.outstanding and not t.release_stopped:
-                    limit = min(_RUN_MAX, budget - sent - round_sent)
+                    quota = t.run_left or _RUN_MAX  # a turn is _RUN_MAX messages, however cut
+                    limit = min(quota, budget - sent - round_sent)
                     if limit <= 0:
                         halt = True
                         break
@@ -878,6 +881,20 @@ class ReferenceEngine:
                     round_sent += k
                     if requests or self._failure is not None:
                         halt = True  # the loop acts on requests and failures first (rules 14-16)
+                        break
+                    t.run_left = 0
+                    if (
+                        k < limit
+                        and t.buffered()
+                        and (self._poke or self._stop_flag or self._monotonic() >= due)
+                    ):
+                        # cut by a barrier or a stop: it keeps the rest of its turn (rule 5),
+                        # as in the C loop (trl_carry); else with runs cut at every commit
+                        # the task served last before it would be served first after it,
+                        # every time
+                        t.run_left = quota - k
+                        cut = (self._rr + i) % n
+                        halt = True
                         break
                     continue
                 chosen = self._choose_keyed(t) if t.keyed else self._choose(t)
@@ -890,7 +907,7 @@ class ReferenceEngine:
                 d = self._barrier_due(t, now)  # a timer process() just set
                 if now < d < due:
                     due = d
-            self._rr = (self._rr + 1) % n
+            self._rr = cut if cut is not None else (self._rr + 1) % n
             if not round_sent:
                 break
             sent += round_sent
