@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+_ENTRY_ID = re.compile(r"[0-9]+-[0-9]+\Z")  # a Redis Streams entry id
 _TASK_COUNTERS = ("processed", "completed", "failed", "ignored", "windows", "commits", "timers")
 
 
@@ -66,7 +68,12 @@ class ContainerCollector(Collector):
         )
         off = GaugeMetricFamily(
             "tailrace_partition_committed_offset",
-            "committed offset (int offsets only)",
+            "committed offset (file, memory and Kafka partitions: int offsets)",
+            labels=["task", "partition"],
+        )
+        entry = GaugeMetricFamily(
+            "tailrace_partition_committed_entry_ms",
+            "time part of the committed entry id (Redis Streams partitions: ids MS-SEQ)",
             labels=["task", "partition"],
         )
         for t in tasks.values():
@@ -75,8 +82,11 @@ class ContainerCollector(Collector):
             for ssp, o in t.committed.items():
                 if isinstance(o, int):
                     off.add_metric([t.task, str(ssp)], o)
+                elif isinstance(o, str) and _ENTRY_ID.match(o):
+                    entry.add_metric([t.task, str(ssp)], int(o.partition("-")[0]))
         yield lag
         yield off
+        yield entry
         skipped = CounterMetricFamily(
             "tailrace_partition_skipped", "bad input lines skipped", labels=["partition"]
         )

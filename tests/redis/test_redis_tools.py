@@ -187,6 +187,10 @@ def test_metrics_and_live_view_in_redis_mode(redis_server: RedisServer, tmp_path
         body = _scrape(port, 'tailrace_task_processed_total{job="tools",task="Partition 0"}')
         assert 'tailrace_task_processed_total{job="tools",task="Partition 0"}' in body, body
         assert 'tailrace_partition_lag{job="tools",partition="redis.in[3]",task="Partition 3"}' in body
+        # the committed entry id's time (Redis ids are no numbers), once a commit happened
+        committed = 'tailrace_partition_committed_entry_ms{job="tools",partition="redis.in[0]"'
+        body = _scrape(port, committed)
+        assert re.search(re.escape(committed) + r',task="Partition 0"} 1\.[0-9]+e\+12', body), body
         time.sleep(1.0)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -226,3 +230,46 @@ def test_local_containers_prefix_their_lines_and_serve_metrics(
         parent = not line or line.startswith("tailrace: SIGTERM: stopping") or " tailrace.cli: " in line
         assert parent or line.startswith(("[container 0] ", "[container 1] ")), line
     assert out.count("committed offsets:") == 1, out  # the parent prints them once
+
+
+COUNT_TASK = """
+from tailrace import StreamTask
+
+
+class Count(StreamTask):
+    def init(self, context):
+        self.counts = context.store("counts")
+
+    def process(self, envelope, collector, coordinator):
+        self.counts["n"] = self.counts.get("n", 0) + 1
+
+    def end_of_stream(self, collector, coordinator):
+        print(f"count {self.counts.get('n', 0)}", flush=True)
+"""
+
+
+def test_reset_deletes_the_state_with_the_offsets(redis_server: RedisServer, tmp_path: Path) -> None:
+    # rule 26 and docs/state.md: a reset job reruns from the beginning with empty stores, so
+    # its state holds each message once (it held everything twice when reset kept the state)
+    job = write_job(tmp_path, redis_server.url)
+    (tmp_path / "count.py").write_text(COUNT_TASK)
+    job.write_text(
+        job.read_text().replace('task = "forward.py:Forward"', 'task = "count.py:Count"')
+        + '\n[stores.counts]\n"key.serde" = "str"\n'
+    )
+    loaded = load(tmp_path, job, 400, "--end")
+    assert loaded.returncode == 0, loaded.stderr
+    client = redis_server.client()
+
+    def counts(run: subprocess.CompletedProcess[str]) -> list[int]:
+        assert run.returncode == 0, run.stderr[-3000:]
+        return sorted(int(n) for n in re.findall(r"^count (\d+)$", run.stdout, re.M))
+
+    first = counts(cli("run", str(job), "--no-progress"))
+    assert sum(first) == 400 and len(first) == 4
+    assert client.keys("*:state:tools:*")
+    reset = cli("checkpoints", "reset", str(job), "--yes")
+    assert reset.returncode == 0, reset.stderr
+    assert client.keys("*:state:tools:*") == [] and client.keys("*:anchors") == []
+    assert counts(cli("run", str(job), "--no-progress")) == first
+    client.close()

@@ -214,6 +214,11 @@ def entry_id(value: Any, where: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a SCAN MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 class Keys:
     """The key layout above, for one prefix."""
 
@@ -250,6 +255,12 @@ class Keys:
     def anchors(self, job: str) -> str:
         """Hash: task -> the anchor ("stream:p") its state lives under."""
         return f"{self.prefix}:{{job:{job}}}:anchors"
+
+    def job_data(self, stream: str, partition: int, job: str) -> list[str]:
+        """SCAN patterns of what ``job`` keeps in a partition's slot besides its checkpoint:
+        the state of the tasks anchored there, and their other partitions' ids."""
+        base = _glob_escape(self._tag(stream, partition))
+        return [f"{base}:state:{_glob_escape(job)}:*", f"{base}:tckpt:{_glob_escape(job)}:*"]
 
     def state(self, stream: str, partition: int, job: str, task: str, store: str) -> tuple[str, str]:
         """(sorted set of keys, hash of values) of one store of a task, in its anchor's slot."""

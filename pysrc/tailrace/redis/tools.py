@@ -35,9 +35,11 @@ def committed_offsets(
 def reset_checkpoints(
     url: str, cluster: bool, prefix: str, job: str, ssps: Sequence[SystemStreamPartition]
 ) -> int:
-    """Delete ``job``'s checkpoints (and end-of-partition marks) of ``ssps``; refused
-    (CheckpointError) while a container holds a lease on one of them. Returns how
-    many checkpoints were deleted."""
+    """Delete ``job``'s checkpoints of ``ssps`` with everything committed with them: the
+    end-of-partition marks and the state of the job's tasks (rule 26: state and offsets
+    go together, so a rerun from the beginning starts from empty stores). Refused
+    (CheckpointError) while a container holds a lease on one of them. Returns how many
+    checkpoints were deleted."""
     keys = Keys(prefix)
     client = connect(url, cluster=cluster)
     try:
@@ -51,6 +53,11 @@ def reset_checkpoints(
         for s in ssps:
             deleted += int(client.delete(keys.checkpoint(s.stream, s.partition, job)))
             client.delete(keys.done(s.stream, s.partition, job))
+            for pattern in keys.job_data(s.stream, s.partition, job):
+                found = list(client.scan_iter(match=pattern, count=1000))
+                for i in range(0, len(found), 500):  # one slot (the partition's tag): one DEL
+                    client.delete(*found[i : i + 500])
+        client.delete(keys.anchors(job))
         return deleted
     except connection_errors() as e:
         raise CheckpointError(f"Redis at {url} is unreachable: {e}") from e
