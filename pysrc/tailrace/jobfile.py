@@ -388,7 +388,10 @@ def _construct(make: Callable[..., Any], args: tuple[Any, ...], where: str, sour
     except ConfigError as e:
         if e.source:
             raise
-        raise ConfigError(e.reason, key=e.key or where, allowed=e.allowed, source=str(source)) from e
+        key = e.key or where
+        if not key.startswith(where) and not key.startswith(tuple(f"{t}." for t in _TOP)):
+            key = f"{where}.{key}"  # an option of this table, as the job file spells it
+        raise ConfigError(e.reason, key=key, allowed=e.allowed, source=str(source)) from e
 
 
 def _load_module(path: Path) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import runpy
 import shutil
@@ -220,6 +221,18 @@ def test_config_errors_name_key_file_and_allowed_values(
     assert needle in r.stderr
     if not override or override.startswith("systems."):
         assert str(job) in r.stderr or "--config" in r.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("redis") is None, reason="redis-py is not installed")
+def test_an_option_of_a_table_is_named_with_its_table(tmp_path: Path) -> None:
+    # an option a system or checkpoint store refuses is named as the job file spells it
+    job = write_job(tmp_path)
+    job.write_text(
+        job.read_text().replace('type = "sqlite"\npath = "state/cp.db"', 'type = "redis"\nurl = "http://x"')
+    )
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2, r.stderr
+    assert "config key 'checkpoints.url': 'http://x' is not a Redis URL" in r.stderr
 
 
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
