@@ -180,7 +180,7 @@ static void *kh_stopper(void *arg) {
 }
 
 static void kh_init_flags(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc, uint32_t buffer,
-                          uint32_t flags) {
+                          uint32_t flags, int64_t commit_ns) {
     memset(h, 0, sizeof *h);
     h->keys = keys;
     h->n = n;
@@ -192,7 +192,7 @@ static void kh_init_flags(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc
     cfg.ntasks = 1;
     cfg.max_concurrency = maxc;
     cfg.input_buffer = buffer;
-    cfg.commit_ns = 0;
+    cfg.commit_ns = commit_ns;
     cfg.window_ns = 0;
     cfg.max_idle_ns = 1000000;
     cfg.shutdown_ns = 0; /* a stop does not wait for the never-completed ones */
@@ -200,48 +200,27 @@ static void kh_init_flags(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc
     CHECK(tr_loop_create(&cfg, &task, &h->loop) == TR_OK);
 }
 
-/* Rules 27, 30: commits every 200 us while completions come in random order;
- * settled commits see exactly a released prefix, and the catch-up after an
- * unsettled one (look-ahead off until nothing is ahead) gets settled ones through. */
-static void test_settled_commits(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys) {
-    static uint64_t keys[2000];
+static void kh_init(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc, uint32_t buffer) {
+    kh_init_flags(h, keys, n, maxc, buffer, TR_TASK_KEYED, 0);
+}
+
+/* 2000 pseudo-random keys below nkeys. */
+static void kh_random_keys(uint64_t *keys, uint64_t seed, int nkeys) {
     uint64_t r = seed;
     for (int i = 0; i < 2000; i++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
         keys[i] = (r >> 33) % (uint64_t)nkeys;
     }
-    kh h;
-    memset(&h, 0, sizeof h);
-    h.keys = keys;
-    h.n = 2000;
-    h.rng = 0x9E3779B97F4A7C15ull ^ seed;
-    for (int k = 0; k < 64; k++)
-        h.last_of_key[k] = UINT64_MAX;
-    pthread_mutex_init(&h.mu, NULL);
-    tr_loop_config cfg = {0};
-    cfg.ntasks = 1;
-    cfg.max_concurrency = maxc;
-    cfg.input_buffer = buffer;
-    cfg.commit_ns = 200000;
-    cfg.max_idle_ns = 1000000;
-    tr_loop_task task = {1, TR_TASK_KEYED};
-    CHECK(tr_loop_create(&cfg, &task, &h.loop) == TR_OK);
-    pthread_t completer;
-    CHECK(pthread_create(&completer, NULL, kh_completer, &h) == 0);
-    tr_loop_hooks hooks = {.ctx = &h, .run_batch = kh_batch};
-    CHECK(tr_loop_run(h.loop, &hooks) == TR_OK);
-    atomic_store(&h.quit, 1);
-    pthread_join(completer, NULL);
-    CHECK(h.errors == 0);
-    CHECK(h.ninvoked == 2000);
-    CHECK(h.ncommits > h.nsettled); /* some found messages taken ahead ... */
-    CHECK(h.nsettled > 1);          /* ... and settled ones followed, not only the final one */
-    tr_loop_destroy(h.loop);
-    pthread_mutex_destroy(&h.mu);
 }
 
-static void kh_init(kh *h, const uint64_t *keys, uint64_t n, uint32_t maxc, uint32_t buffer) {
-    kh_init_flags(h, keys, n, maxc, buffer, TR_TASK_KEYED);
+/* Run the loop to its end while kh_completer completes in random order. */
+static void kh_run_completing(kh *h) {
+    pthread_t completer;
+    CHECK(pthread_create(&completer, NULL, kh_completer, h) == 0);
+    tr_loop_hooks hooks = {.ctx = h, .run_batch = kh_batch};
+    CHECK(tr_loop_run(h->loop, &hooks) == TR_OK);
+    atomic_store(&h->quit, 1);
+    pthread_join(completer, NULL);
 }
 
 /* Nothing completes: the look-ahead takes the first message of each free key. */
@@ -297,20 +276,11 @@ static void test_busy_ring_stops_reading(void) {
 static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys,
                                    uint32_t flags) {
     static uint64_t keys[2000];
-    uint64_t r = seed;
-    for (int i = 0; i < 2000; i++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        keys[i] = (r >> 33) % (uint64_t)nkeys;
-    }
+    kh_random_keys(keys, seed, nkeys);
     kh h;
-    kh_init_flags(&h, keys, 2000, maxc, buffer, flags);
+    kh_init_flags(&h, keys, 2000, maxc, buffer, flags, 0);
     h.rng ^= seed;
-    pthread_t completer;
-    CHECK(pthread_create(&completer, NULL, kh_completer, &h) == 0);
-    tr_loop_hooks hooks = {.ctx = &h, .run_batch = kh_batch};
-    CHECK(tr_loop_run(h.loop, &hooks) == TR_OK);
-    atomic_store(&h.quit, 1);
-    pthread_join(completer, NULL);
+    kh_run_completing(&h);
     CHECK(h.errors == 0);
     CHECK(h.ninvoked == 2000);
     if (flags & TR_TASK_INLINE) /* runs, and (room for more than one) look-ahead after an escape */
@@ -323,6 +293,24 @@ static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer
     tr_task_stats s;
     tr_loop_task_stats(h.loop, 0, &s);
     CHECK(s.keys_in_flight == 0 && s.outstanding == 0);
+    tr_loop_destroy(h.loop);
+    pthread_mutex_destroy(&h.mu);
+}
+
+/* Rules 27, 30: commits every 200 us while completions come in random order;
+ * settled commits see exactly a released prefix, and the catch-up after an
+ * unsettled one (look-ahead off until nothing is ahead) gets settled ones through. */
+static void test_settled_commits(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys) {
+    static uint64_t keys[2000];
+    kh_random_keys(keys, seed, nkeys);
+    kh h;
+    kh_init_flags(&h, keys, 2000, maxc, buffer, TR_TASK_KEYED, 200000);
+    h.rng ^= seed;
+    kh_run_completing(&h);
+    CHECK(h.errors == 0);
+    CHECK(h.ninvoked == 2000);
+    CHECK(h.ncommits > h.nsettled); /* some found messages taken ahead ... */
+    CHECK(h.nsettled > 1);          /* ... and settled ones followed, not only the final one */
     tr_loop_destroy(h.loop);
     pthread_mutex_destroy(&h.mu);
 }
