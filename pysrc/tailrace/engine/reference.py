@@ -868,6 +868,7 @@ class ReferenceEngine:
                     due = self._next_barrier(now)
                 if now >= due or self._stop_flag:
                     halt = True  # rules 8, 19: the loop acts on it before any more messages
+                    cut = (self._rr + i) % n  # t keeps its turn (the C loop's carry_run)
                     break
                 if self._blocked(t, now):
                     continue
@@ -907,7 +908,10 @@ class ReferenceEngine:
                 d = self._barrier_due(t, now)  # a timer process() just set
                 if now < d < due:
                     due = d
-            self._rr = cut if cut is not None else (self._rr + 1) % n
+            if cut is not None:
+                self._rr = cut
+            elif round_sent:  # a round where every task was held back passes no turn on
+                self._rr = (self._rr + 1) % n
             if not round_sent:
                 break
             sent += round_sent
