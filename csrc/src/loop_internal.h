@@ -342,6 +342,17 @@ static inline int commit_pending(const task *T) {
     return T->commit_req || T->commit_due;
 }
 
+/* A pending synchronous commit: no new message goes to T until it has run (rule 9). */
+static inline int commit_holds(const tr_loop *L, const task *T) {
+    return !L->cfg.async_commit && commit_pending(T);
+}
+
+/* Messages T's next RUN op may take: what a cut run left of its turn, else a whole
+ * turn (trl_carry). */
+static inline uint32_t run_quota(const task *T) {
+    return T->run_left ? T->run_left : TR_RUN_MAX;
+}
+
 /* Ops of a pool task queued or running on its worker (not completed, not handed back). */
 static inline uint64_t at_worker(const task *T) {
     return T->acquired - T->completions - T->redo_count;

@@ -82,7 +82,7 @@ uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
         }
     }
     while (taken < budget && T->buffered && tr_sequencer_outstanding(T->seq) < T->limit &&
-           (L->cfg.async_commit || !commit_pending(T))) {
+           !commit_holds(L, T)) {
         uint32_t p;
         uint64_t item, handle;
         uint64_t seq = trl_take_one(L, t, &p, &item, &handle);

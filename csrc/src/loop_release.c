@@ -255,8 +255,7 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
      * or its end: the task keeps its turn (trl_carry) */
     int cut =
         !escape && consumed == completed && consumed < L->run_count && !(requests & TR_REQ_MASK);
-    uint32_t quota = T->run_left ? T->run_left : TR_RUN_MAX;
-    T->run_left = cut ? quota - consumed : 0; /* consumed < run_count <= quota */
+    T->run_left = cut ? run_quota(T) - consumed : 0; /* consumed < run_count <= quota */
     L->run_count = 0;
     T->buffered -= consumed;
     bump_n(&T->processed, consumed);

@@ -14,7 +14,7 @@ static int runnable(const tr_loop *L, const task *T) {
     if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due ||
         T->in_run || T->halted)
         return 0;
-    if (!L->cfg.async_commit && commit_pending(T))
+    if (commit_holds(L, T))
         return 0;
     if (T->flags & TR_TASK_POOL) {
         /* after the worker stopped this task, hand out again only once everything
@@ -186,7 +186,7 @@ static void dispatch_run(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
     T->in_run = 1;
     emit(L, TR_OP_RUN, t, 0, 0, 0, 0, 0);
-    uint32_t quota = T->run_left ? T->run_left : TR_RUN_MAX; /* see trl_carry */
+    uint32_t quota = run_quota(T);
     L->batch[L->nbatch - 1].count = T->buffered < quota ? (uint32_t)T->buffered : quota;
 }
 
