@@ -599,7 +599,8 @@ def _run_watched(
 def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     """Checkpoints in Redis: run as a member of the job (see tailrace.redis.membership),
     or start ``--containers`` member processes whose lines are prefixed ``[container i]``."""
-    from .redis.membership import Member, arm_backstop, member_spec_from_job
+    from ._stopping import arm_backstop
+    from .redis.membership import Member, member_spec_from_job
 
     member_spec = member_spec_from_job(spec, lambda: _load(args))  # checks [checkpoints] is Redis
     count = _container_count(args, spec)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -84,72 +83,11 @@ def connect(url: str, *, cluster: bool = False, socket_timeout: float = 10.0) ->
         return r.cluster.RedisCluster.from_url(url, **kw)
     # No attempts of redis-py's own (its default retries a command 3 times, each up to
     # socket_timeout, with backoff): retrying() is the one retry loop, so that retry_s
-    # and a stop's deadline (StopDeadline) bound how long a call to a dead Redis waits.
+    # and a stop's deadline (tailrace._stopping.StopDeadline) bound how long a call to a dead Redis waits.
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     return r.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kw)
-
-
-class StopDeadline:
-    """How long a graceful stop may still wait for Redis (``task.shutdown.ms``).
-
-    ``arm(seconds)`` (any thread, signal handlers) starts the clock once; at the
-    deadline ``due()`` turns true, so every ``retrying`` loop given ``stop=due``
-    gives up instead of starting another attempt, and the registered ``on_due``
-    callbacks run (on a timer thread): they shut down the sockets of calls blocked
-    on a paused or vanished Redis, so those fail at once instead of after their
-    socket timeout. ``reason`` says why (for the error message).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._at: float | None = None
-        self._due = threading.Event()
-        self._callbacks: list[Callable[[], None]] = []
-        self.seconds = 0.0
-
-    def arm(self, seconds: float) -> None:
-        """Start the countdown (the first call wins)."""
-        with self._lock:
-            if self._at is not None:
-                return
-            self.seconds = seconds
-            self._at = time.monotonic() + seconds
-        timer = threading.Timer(seconds, self._fire)
-        timer.daemon = True
-        timer.name = "tailrace-redis-stop-deadline"
-        timer.start()
-
-    def armed(self) -> bool:
-        return self._at is not None
-
-    def due(self) -> bool:
-        """True once the deadline passed: stop waiting for Redis."""
-        return self._due.is_set()
-
-    def on_due(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` at the deadline (at once if it passed); it must not block."""
-        with self._lock:
-            run_now = self._due.is_set()
-            if not run_now:
-                self._callbacks.append(fn)
-        if run_now:
-            _call_quietly(fn)
-
-    def _fire(self) -> None:
-        with self._lock:
-            self._due.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            _call_quietly(fn)
-
-
-def _call_quietly(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except Exception:  # a best-effort abort must not stop the others
-        log.exception("aborting Redis calls at the stop deadline failed")
 
 
 def abort_client(client: Any) -> None:

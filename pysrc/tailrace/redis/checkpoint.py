@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from .._stopping import StopDeadline
 from ..errors import CheckpointError, ConfigError, FencedError
 from ..interfaces import CheckpointStore, StateChanges
 from ..types import Offset, SystemStreamPartition
@@ -49,7 +50,6 @@ from ._io import (
     SCAN_LIMIT,
     Keys,
     Scripts,
-    StopDeadline,
     check,
     connect,
     connection_errors,

@@ -40,17 +40,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from .._stopping import StopDeadline, arm_backstop, uncommitted
 from ..config import parse_config
 from ..container import Container
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
 from ..interfaces import System
-from ..metrics import TaskMetrics
 from ..types import SystemStreamPartition, parse_system_stream
 from ._io import (
     DEFAULT_URL,
     Keys,
     Scripts,
-    StopDeadline,
     abort_client,
     check,
     connect,
@@ -441,7 +440,7 @@ class Member:
         out: list[str] = []
         if snap is not None:
             for t in snap[0].values():
-                out += _uncommitted(t)
+                out += uncommitted(t)
         pending = sum(s.unacknowledged() for s in self._systems if isinstance(s, RedisSystem))
         if pending:
             out.append(f"{pending} output entries not acknowledged by Redis (sent again after a restart)")
@@ -457,22 +456,12 @@ class Member:
         )
 
 
-def _uncommitted(t: TaskMetrics) -> list[str]:
-    out = []
-    for ssp, low in sorted(t.low_watermark.items()):
-        committed = t.committed.get(ssp)
-        if low != committed:
-            since = "nothing committed" if committed is None else f"committed {committed}"
-            out.append(f"{ssp} processed through {low} ({since})")
-    return out
-
-
 def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult:
     """Run one member until stopped or done (when called on the main thread with
     ``handle_signals``): the first SIGINT/SIGTERM leaves gracefully within
     ``task.shutdown.ms`` (see :class:`Member`), a second one exits at once (status
     128 + N, no final commit). Should the graceful stop still hang past its deadline
-    plus :data:`GRACE_S`, the process exits with status 1 after printing what was not
+    plus :data:`tailrace._stopping.GRACE_S` (5 s), the process exits with status 1 after printing what was not
     committed."""
     member = Member(spec)
     restore: list[tuple[signal.Signals, Any]] = []
@@ -504,24 +493,6 @@ def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult
         finished.set()
         for sig, old in restore:
             signal.signal(sig, old)
-
-
-GRACE_S = 5.0
-"""How long past a stop's deadline ``run_member`` waits before exiting the process."""
-
-
-def arm_backstop(member: Member, finished: threading.Event) -> None:
-    """Once ``member``'s stop deadline is due, give the stop :data:`GRACE_S` more to
-    finish (``finished`` set); past that, print what was not committed and exit the
-    process with status 1 (a stop blocked on Redis must not hang the process)."""
-
-    def backstop() -> None:
-        if not finished.wait(GRACE_S):
-            msg = member.gave_up_message("the stop itself did not finish")
-            print(f"tailrace: error: {msg}", file=sys.stderr, flush=True)
-            os._exit(1)
-
-    member.deadline.on_due(lambda: threading.Thread(target=backstop, daemon=True).start())
 
 
 def run_local_containers(

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from .._core import Envelope
+from .._stopping import StopDeadline
 from ..errors import ConfigError, InputError
 from ..interfaces import PartitionReader, Producer, System
 from ..serdes import SerdeError, _json_encode, serde
@@ -38,7 +39,6 @@ from ._io import (
     Keys,
     RespConnection,
     Scripts,
-    StopDeadline,
     abort_client,
     check,
     connect,
