@@ -637,6 +637,7 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
     """Kafka inputs: run as a member of the job's consumer group (group id = the job's
     name; see tailrace.kafka.membership), or start ``--containers`` member processes.
     Several members of one job need one checkpoint store they all reach (Redis)."""
+    from ._stopping import arm_backstop
     from .kafka.membership import KafkaMember, KafkaMemberSpec
 
     count = _container_count(args, spec)
@@ -672,7 +673,7 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
         _store_text(spec),
     )
     started = time.monotonic()
-    result = _run_watched(args, spec, view, member.run, member.stop)
+    result = _run_watched(args, spec, view, member.run, member.stop, lambda done: arm_backstop(member, done))
     print(
         f"member of job {spec.name!r} left ({result.reason}) after {time.monotonic() - started:.2f} s: "
         f"{result.processed:,} messages processed in {result.runs} container runs; partitions "
@@ -1152,10 +1153,17 @@ def _committed(spec: JobSpec) -> dict[str, dict[SystemStreamPartition, Offset]]:
         store.close()
 
 
+SUMMARY_METADATA_TIMEOUT_S = 3.0
+"""How long the summary after a run waits for a Kafka topic's partition count."""
+
+
 def _print_committed(spec: JobSpec, out: TextIO) -> None:
     """The committed offsets after a Redis run (the SQLite summary has them already)."""
     if os.environ.get("TAILRACE_MEMBER_INDEX") is not None:
         return  # a member process of --containers: the parent prints them once
+    for system in spec.systems.values():  # a summary: not worth a long wait for a broker that is down
+        if hasattr(system, "metadata_timeout_s"):
+            system.metadata_timeout_s = min(system.metadata_timeout_s, SUMMARY_METADATA_TIMEOUT_S)
     try:
         committed = _committed(spec)
     except (ConfigError, TailraceError) as e:

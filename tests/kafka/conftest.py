@@ -44,6 +44,15 @@ class Cluster:
     bootstrap: str
     topics: dict[str, str]  # the name a test asked for -> the topic's real name
     real: bool
+    proc: subprocess.Popen[bytes] | None = None  # the Mokapi (None: a real broker)
+    log: Path | None = None  # its output
+    killed: bool = False  # by the test (kill_broker)
+
+    def kill_broker(self) -> None:
+        """SIGKILL the Mokapi: the broker vanishes mid-run (every connection refused)."""
+        assert self.proc is not None, "a real broker is not the tests' to kill"
+        self.killed = True
+        stop_mokapi(self.proc, signal.SIGKILL)
 
     @property
     def producer_settings(self) -> dict[str, Any]:
@@ -112,10 +121,10 @@ class Cluster:
             c.close()
 
 
-def stop_mokapi(proc: subprocess.Popen[bytes]) -> None:
+def stop_mokapi(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
     """Stop a Mokapi started in its own process group: its npm launcher and the Go binary."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
         proc.wait(10)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
@@ -159,9 +168,12 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: flo
 
 
 @pytest.fixture
-def kafka_cluster(tmp_path: Path) -> Iterator[Callable[[Mapping[str, int]], Cluster]]:
+def kafka_cluster(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[[Mapping[str, int]], Cluster]]:
     """A factory: ``kafka_cluster({"in": 4, "out": 2})`` -> a Cluster with those topics."""
     procs: list[subprocess.Popen[bytes]] = []
+    clusters: list[Cluster] = []
     real = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     admin_topics: list[str] = []
 
@@ -202,7 +214,9 @@ def kafka_cluster(tmp_path: Path) -> Iterator[Callable[[Mapping[str, int]], Clus
             procs.append(proc)
             _wait_port(port, proc, log)
             if _settled(proc, log):
-                return Cluster(f"127.0.0.1:{port}", {t: t for t in topics}, False)
+                cluster = Cluster(f"127.0.0.1:{port}", {t: t for t in topics}, False, proc, log)
+                clusters.append(cluster)
+                return cluster
         raise RuntimeError(f"mokapi died right after it started, 3 times: {log.read_text()[-2000:]}")
 
     yield make

@@ -10,8 +10,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from .conftest import Cluster
 from .test_kafka_contract import _items, _wait
@@ -65,14 +69,32 @@ def _outputs(cluster: Cluster) -> list[int]:
     return [json.loads(m.value())["i"] for m in cluster.read_all("out", 1)[0]]
 
 
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left() -> Iterator[None]:
+    """Whatever a test started and left running (it failed, or a wait timed out) is
+    killed with its containers: nothing outlives its test."""
+    yield
+    while _STARTED:
+        p = _STARTED.pop()
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def _start(job: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "tailrace", "run", str(job), "--no-progress", *extra],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # its own group: _no_process_left kills its containers too
         )
+    _STARTED.append(proc)
+    return proc
 
 
 class _Feed(threading.Thread):
@@ -302,3 +324,41 @@ def test_a_member_waits_for_the_leases_a_dead_member_left(
     )
     assert "left (end_of_stream)" in text and "100 messages processed" in text, text[-3000:]
     assert sorted(_outputs(cluster)) == list(range(100))
+
+
+@pytest.mark.parametrize("containers", [1, 2])
+def test_a_stop_while_the_broker_is_down_ends_within_task_shutdown_ms(
+    kafka_cluster: Any, redis_url: str, tmp_path: Path, containers: int
+) -> None:
+    # rule 21 and task.shutdown.ms: the broker vanishes mid-run (the members' session has
+    # not expired: they still own their partitions), then SIGTERM. The producer's flush
+    # and the group commit can never complete; the stop gives up at task.shutdown.ms
+    # (plus the backstop's grace at most), commits nothing past unacknowledged output,
+    # says what a restart processes again, and exits 1. librdkafka's reconnect reports
+    # (several a second per client) are thinned out in the log.
+    cluster = kafka_cluster({"in": 4, "out": 1})
+    if cluster.real:
+        pytest.skip("kills the broker: Mokapi only")
+    cluster.produce("in", _items(2000, 4))
+    job = write_job(tmp_path, cluster, f'type = "redis"\nurl = "{redis_url}"\nlease_ms = 2000', 30000)
+    config = '"task.commit.ms" = 200'
+    job.write_text(job.read_text().replace(config, config + '\n"task.shutdown.ms" = 2000'))
+    log = tmp_path / "run.log"
+    proc = _start(job, log, "--containers", str(containers))
+    running = lambda: log.read_text().count("running kafka.") >= containers  # noqa: E731
+    assert _wait(lambda: running() and len(_outputs(cluster)) >= 100, 90), log.read_text()[-3000:]
+    cluster.kill_broker()
+    time.sleep(3)  # the members notice: sends queue up, the next commit cannot complete
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    code = proc.wait(60)
+    took = time.monotonic() - t0
+    text = log.read_text()
+    assert took < 2 + 5 + 3, f"the stop took {took:.1f} s\n{text[-3000:]}"  # shutdown.ms + GRACE_S + slack
+    assert code == 1, text[-3000:]
+    gave_up = [ln for ln in text.splitlines() if "stop gave up after task.shutdown.ms = 2000 ms" in ln]
+    assert len(gave_up) == containers, text[-3000:]
+    for ln in gave_up:  # what was processed and not committed, per partition
+        assert re.search(rf"kafka\.{cluster.topics['in']}\[\d\] processed through \d+", ln), ln
+    refused = [ln for ln in text.splitlines() if "Connection refused" in ln]
+    assert len(refused) < 20 * containers, f"{len(refused)} lines about refused connections"

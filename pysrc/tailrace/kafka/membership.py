@@ -32,6 +32,14 @@ or by its lease expiring, can never write offsets or state for it again (rule 28
 
 Rebalance callbacks block the consumer's poll while the container drains, so
 ``max.poll.interval.ms`` must exceed ``task.shutdown.ms`` (checked at start).
+
+A stop is bounded by ``task.shutdown.ms`` even while Kafka (or Redis) is down: in-flight
+work, the producer's flush, the final commit (to the group and the store) and leaving
+all happen within it. At the deadline whatever still waits gives up, nothing more is
+committed (no checkpoint past output Kafka did not acknowledge, rule 21), and ``run()``
+raises CheckpointError saying which partitions were not committed: what a restart
+processes again. Group commits are asynchronous, so a coordinator that vanished never
+blocks the fetch thread, which keeps serving the group's callbacks.
 Guarantee: at least once (rule 20); duplicates are bounded by what a container
 processed after its last commit (a crash, kill -9 or lost membership).
 """
@@ -49,9 +57,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._stopping import StopDeadline, arm_backstop, uncommitted
 from ..config import Config, parse_config
 from ..container import Container
-from ..errors import ConfigError, TailraceError, fenced_cause
+from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
 from ..interfaces import CheckpointStore, System
 from ..memory import MemoryCheckpointStore
 from ..types import SystemStreamPartition, parse_system_stream
@@ -137,9 +146,17 @@ class KafkaMember:
             )
         self.store = spec.checkpoints if spec.checkpoints is not None else MemoryCheckpointStore()
         self._redis = _redis_store(self.store)  # the job's Redis store: its client, keys and leases
+        self.deadline = StopDeadline()  # armed by stop(): task.shutdown.ms
+        for system in self.systems.values():
+            if isinstance(system, KafkaSystem):
+                system.use_stop_deadline(self.deadline)
         self._leases: Any = None
         if self._redis is not None:
+            from ..redis._io import abort_client
             from ..redis.checkpoint import Leases
+
+            client = self._redis.client
+            self.deadline.on_due(lambda: abort_client(client))
 
             self.member_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
             self._leases = Leases(
@@ -149,6 +166,7 @@ class KafkaMember:
                 self.member_id,
                 int(self._redis.lease_ms),
                 retry_s=float(self._redis.retry_s),
+                stop=self.deadline.due,
             )
         self._heartbeat_stop = threading.Event()
         self.result = KafkaMemberResult()
@@ -157,6 +175,7 @@ class KafkaMember:
         self._revoking: set[SystemStreamPartition] = set()  # being handed over: no container may start
         self._running: set[SystemStreamPartition] = set()  # what the running container reads
         self._container: Container | None = None
+        self._last_container: Container | None = None
         self._idle = True  # no container running (guarded by _cond)
         self._changed = False
         self._stopping = False
@@ -205,11 +224,11 @@ class KafkaMember:
                     # (its final commit to the group is served right here, on this thread)
                     deadline = time.monotonic() + self.config.shutdown_ms / 1000 + 30
                     while not (self._idle or self._error is not None):
-                        if time.monotonic() > deadline:
+                        if time.monotonic() > deadline or self.deadline.due():
                             log.error("member of %r: container did not stop in time", self.job)
                             break
                         self._cond.wait(0.02)
-                        self.system.fetcher.serve_commits()
+                        self.system.fetcher.serve_commits(in_callback=True)
                 self._owned -= ssps
                 self._revoking -= ssps
                 self.result.revoked += len(ssps)
@@ -371,6 +390,7 @@ class KafkaMember:
             leases={s: held[s] for s in owned if s in held},
             lease_ms=r.lease_ms,
             retry_s=r.retry_s,
+            stop_deadline=self.deadline,
         )
         return KafkaCheckpointStore(inner, kafka, owned=self.owned, redis_ids=True)
 
@@ -395,10 +415,14 @@ class KafkaMember:
             self._idle = False
         self.result.runs += 1
         log.info("member of %r: running %s", self.job, ", ".join(map(str, owned)))
+        if self._stopping:
+            container.stop()  # a stop that came while this container was being built
         try:
             result = container.run()
-        except TailraceError as e:
-            if fenced_cause(e) is None:
+        except Exception as e:
+            if self.deadline.due():
+                raise CheckpointError(self.gave_up_message(f"{type(e).__name__}: {e}")) from e
+            if not isinstance(e, TailraceError) or fenced_cause(e) is None:
                 raise
             self.result.fenced += 1
             log.warning("member of %r: %s; re-planning", self.job, e)
@@ -407,6 +431,7 @@ class KafkaMember:
             return
         finally:
             with self._cond:
+                self._last_container = container
                 self._container = None
                 self._running = set()
                 self._idle = True
@@ -420,11 +445,37 @@ class KafkaMember:
 
     def stop(self) -> None:
         """Leave gracefully: the running container finishes and commits, then the
-        consumer leaves the group. Safe from any thread and from signal handlers."""
+        consumer leaves the group, all within ``task.shutdown.ms`` (see the module doc).
+        Safe from any thread and from signal handlers."""
         self._stopping = True
+        self.deadline.arm(self.config.shutdown_ms / 1000)
         self._stop_container()
         with self._cond:  # an RLock: a signal handler on a thread inside _cond may take it again
             self._cond.notify_all()
+
+    def not_committed(self) -> list[str]:
+        """What the last (or running) container processed but did not commit, per
+        partition, and output Kafka has not acknowledged (for a stop that gave up)."""
+        container = self._container or self._last_container
+        snap = container.metrics() if container is not None else None
+        out: list[str] = []
+        if snap is not None:
+            for t in snap[0].values():
+                out += uncommitted(t)
+        pending = sum(s.unacknowledged() for s in self.systems.values() if isinstance(s, KafkaSystem))
+        if pending:
+            out.append(f"{pending} output messages not acknowledged by Kafka (sent again after a restart)")
+        return out
+
+    def gave_up_message(self, cause: str) -> str:
+        """The error of a stop that ran out of ``task.shutdown.ms`` while Kafka (or the
+        store) did not answer."""
+        lost = self.not_committed()
+        what = "; ".join(lost) if lost else "nothing (every processed message was committed)"
+        return (
+            f"member of job {self.job!r}: stop gave up after task.shutdown.ms = {self.config.shutdown_ms} ms "
+            f"({cause}); not committed, processed again after a restart: {what}"
+        )
 
 
 def _redis_store(store: CheckpointStore) -> Any:
@@ -437,15 +488,21 @@ def _redis_store(store: CheckpointStore) -> Any:
 
 
 def run_kafka_member(spec: KafkaMemberSpec, *, handle_signals: bool = True) -> KafkaMemberResult:
-    """Run one member until stopped; SIGINT/SIGTERM leave gracefully (on the main thread)."""
+    """Run one member until stopped; SIGINT/SIGTERM leave gracefully within
+    ``task.shutdown.ms`` (on the main thread). Should the stop still hang past its
+    deadline plus :data:`tailrace._stopping.GRACE_S` (5 s), the process exits with
+    status 1 after printing what was not committed."""
     member = KafkaMember(spec)
     restore: list[tuple[signal.Signals, Any]] = []
+    finished = threading.Event()
     if handle_signals and threading.current_thread() is threading.main_thread():
+        arm_backstop(member, finished)
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore.append((sig, signal.signal(sig, lambda *_: member.stop())))
     try:
         return member.run()
     finally:
+        finished.set()
         for sig, old in restore:
             signal.signal(sig, old)
 

@@ -50,14 +50,17 @@ decoded value; ``key`` is the decoded key either way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .._core import Envelope, kafka_envelopes, kafka_split
+from .._stopping import StopDeadline
 from ..errors import ConfigError, InputError, TailraceError
 from ..interfaces import PartitionReader, Producer, System
 from ..serdes import Serde, SerdeError, serde
@@ -110,10 +113,54 @@ class _Positioning(NamedTuple):
 
 
 class _Commit:
-    def __init__(self, tps: list[Any]) -> None:
+    """A group commit: queued by any thread, sent by the fetch thread (asynchronously),
+    answered by ``on_commit`` (inside a later ``consume``), matched by its offsets."""
+
+    def __init__(self, tps: list[Any], *, wait: bool) -> None:
         self.tps = tps
+        self.key = frozenset((tp.topic, tp.partition, tp.offset) for tp in tps)
+        self.wait = wait  # someone waits for the answer (else: fire and forget)
         self.done = threading.Event()
         self.error: BaseException | None = None
+
+
+class _RepeatFilter(logging.Filter):
+    """Lets each message through once per ``every`` seconds. While a broker is down
+    librdkafka reports every failed reconnect of every client, several a second: a
+    repeat within the window is counted, and the next one let through says how many
+    like it were left out. Messages that differ only in numbers (ports, milliseconds)
+    count as the same."""
+
+    def __init__(self, every: float = 30.0) -> None:
+        super().__init__()
+        self.every = every
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[int, str], list[float]] = {}  # -> [last let through, left out since]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        key = (record.levelno, _NUMBERS.sub("#", text))
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self.every:
+                seen[1] += 1
+                return False
+            left_out = int(seen[1]) if seen is not None else 0
+            if len(self._seen) >= 1000:  # bounded: a flood of distinct messages forgets the old ones
+                self._seen.clear()
+            self._seen[key] = [now, 0]
+        if left_out:
+            record.msg = f"{text} ({left_out} more like it in the last {self.every:.0f} s were not logged)"
+            record.args = ()
+        return True
+
+
+_NUMBERS = re.compile(r"\d+")
+client_log = logging.getLogger("tailrace.kafka.client")
+"""librdkafka's own log lines and client errors (``logger`` and ``error_cb`` of every
+client), repeats thinned out by :class:`_RepeatFilter`."""
+client_log.addFilter(_RepeatFilter())
 
 
 class _Fetcher:
@@ -129,13 +176,15 @@ class _Fetcher:
     """
 
     KEEP_POLLING_S = 1.0  # while every readable partition is full: consume at least this often
+    CLOSE_PAST_DEADLINE_S = 1.0  # how long a close may take once the stop's deadline passed
 
     def __init__(self, system: KafkaSystem) -> None:
         self.system = system
         self.cond = threading.Condition()
         self.readers: dict[tuple[str, int], _KafkaReader] = {}
         self._pending: list[_Positioning] = []  # positions the fetch thread applies next
-        self._commits: list[_Commit] = []  # group commits the fetch thread runs next
+        self._commits: list[_Commit] = []  # group commits the fetch thread sends next
+        self._inflight: list[_Commit] = []  # sent, waiting for their on_commit (fetch thread)
         self._paused: set[tuple[str, int]] = set()
         self._assigned: set[tuple[str, int]] = set()  # partitions in the consumer's assignment
         self._unpositioned: set[tuple[str, int]] = (
@@ -155,7 +204,9 @@ class _Fetcher:
         with self.cond:
             if self._thread is not None:
                 return
-            self.consumer = _kafka().Consumer(self.system.consumer_config())
+            self.consumer = _kafka().Consumer(
+                {**self.system.consumer_config(), "on_commit": self._on_commit, "logger": client_log}
+            )
             if self.subscription is not None:
                 topics, on_assign, on_revoke, on_lost = self.subscription
                 self.consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
@@ -181,31 +232,94 @@ class _Fetcher:
 
     def commit(self, tps: list[Any], *, wait: bool) -> None:
         """Commit ``tps`` to the group on the fetch thread (confluent-kafka serialises calls
-        on one consumer, so a commit from another thread would wait for ``consume``)."""
-        req = _Commit(tps)
+        on one consumer, so a commit from another thread would wait for ``consume``).
+
+        ``wait``: until the coordinator answers, raising its refusal (KafkaException);
+        at most ``metadata_timeout_s + 30`` s, and no longer than the system's stop
+        deadline once that is due (TimeoutError either way). The commit itself is
+        asynchronous, so a coordinator that is gone never blocks the fetch thread:
+        it goes on consuming, and so serves the group's callbacks (a lost partition)."""
+        req = _Commit(tps, wait=wait)
         with self.cond:
             if self._thread is None or self._stop:
                 return
             self._commits.append(req)
             self.cond.notify_all()
-        if wait:
-            if not req.done.wait(self.system.metadata_timeout_s + 30):
-                raise TimeoutError(f"committing {tps} to the Kafka group took too long")
-            if req.error is not None:
-                raise req.error
+        if not wait:
+            return
+        limit = self.system.metadata_timeout_s + 30
+        give_up = time.monotonic() + limit
+        deadline = self.system.stop_deadline
+        while not req.done.wait(0.05):
+            if deadline is not None and deadline.due():
+                raise TimeoutError(
+                    f"the Kafka group did not answer the commit of {_tps_text(tps)} before the stop's "
+                    f"deadline (task.shutdown.ms)"
+                )
+            if time.monotonic() > give_up:
+                raise TimeoutError(
+                    f"the Kafka group did not answer the commit of {_tps_text(tps)} within {limit:g} s"
+                )
+        if req.error is not None:
+            raise req.error
 
-    def serve_commits(self) -> None:
-        """Run queued group commits (fetch thread: its loop, and rebalance callbacks that wait)."""
+    def serve_commits(self, *, in_callback: bool = False) -> None:
+        """Send queued group commits (fetch thread: its loop, and rebalance callbacks).
+
+        Asynchronous: the answer comes to ``_on_commit`` inside a later ``consume``.
+        ``in_callback`` (a revoke callback that waits for the container's final commit):
+        no ``consume`` can run until the callback returns, so each commit counts as
+        answered at once. That fences nothing away: the partitions are this member's
+        until the callback returns; a refusal that comes later is logged."""
         with self.cond:
             todo, self._commits = self._commits, []
         for req in todo:
             try:
-                self.consumer.commit(offsets=req.tps, asynchronous=False)
+                self.consumer.commit(offsets=req.tps, asynchronous=True)
             except Exception as e:  # noqa: BLE001 - handed to the committer
                 req.error = e
-                log.debug("group commit of %s failed: %r", req.tps, e)
-            finally:
                 req.done.set()
+                log.debug("group commit of %s failed: %r", _tps_text(req.tps), e)
+                continue
+            if req.wait and not in_callback:
+                with self.cond:
+                    self._inflight.append(req)
+            else:
+                req.done.set()
+
+    def _on_commit(self, err: Any, partitions: Sequence[Any] | None) -> None:
+        """The coordinator's answer to a commit (inside ``consume`` or ``close``, on the
+        thread that calls it): hand it to the request with the same offsets."""
+        ck = _kafka()
+        parts = list(partitions or ())
+        error: BaseException | None = None
+        if err is not None:
+            error = ck.KafkaException(err)
+        else:
+            failed = next((tp.error for tp in parts if tp.error is not None), None)
+            if failed is not None:
+                error = ck.KafkaException(failed)
+        key = frozenset((tp.topic, tp.partition, tp.offset) for tp in parts)
+        with self.cond:
+            req = next((r for r in self._inflight if r.key == key), None)
+            if req is None and error is not None and not parts and self._inflight:
+                req = self._inflight[0]  # an error without offsets: the oldest commit's
+            if req is not None:
+                self._inflight.remove(req)
+        if req is None:
+            if error is not None:  # a commit nobody waits for (a plain container's, a revoke's)
+                log.warning("committing %s to the Kafka group failed: %s", _tps_text(parts), error)
+            return
+        req.error = error
+        req.done.set()
+
+    def _fail_commits(self, error: BaseException) -> None:
+        """Answer every queued and unanswered commit with ``error``."""
+        with self.cond:
+            reqs, self._commits, self._inflight = self._commits + self._inflight, [], []
+        for req in reqs:
+            req.error = error
+            req.done.set()
 
     def stop(self) -> None:
         with self.cond:
@@ -215,11 +329,32 @@ class _Fetcher:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=30)
         if self.consumer is not None:
-            try:
-                self.consumer.close()  # leaves the group (a graceful leave, no session timeout)
-            except Exception as e:  # noqa: BLE001 - closing is best effort
-                log.warning("closing the Kafka consumer of %s failed: %r", self.system.name, e)
+            deadline = self.system.stop_deadline
+            if deadline is None or not deadline.due():
+                self._close()
+            else:
+                # librdkafka's close waits for every commit the coordinator has not answered,
+                # and a coordinator that is gone answers none until the session times out:
+                # past the stop's deadline the close gets a moment, then is left behind
+                closer = threading.Thread(target=self._close, name="tailrace-kafka-close", daemon=True)
+                closer.start()
+                closer.join(self.CLOSE_PAST_DEADLINE_S)
+                if closer.is_alive():
+                    log.warning(
+                        "the Kafka consumer of %s did not close within %g s of the stop's deadline (its "
+                        "group coordinator does not answer); left behind, the group drops it when its "
+                        "session times out",
+                        self.system.name,
+                        self.CLOSE_PAST_DEADLINE_S,
+                    )
             self.consumer = None
+        self._fail_commits(TimeoutError("the Kafka consumer closed before the group answered the commit"))
+
+    def _close(self) -> None:
+        try:
+            self.consumer.close()  # leaves the group (a graceful leave, no session timeout)
+        except Exception as e:  # noqa: BLE001 - closing is best effort
+            log.warning("closing the Kafka consumer of %s failed: %r", self.system.name, e)
 
     # -- group callbacks (run on the fetch thread, inside consume) -------------------
     def group_assigned(self, partitions: Sequence[Any]) -> None:
@@ -247,8 +382,9 @@ class _Fetcher:
                 r = self.readers.pop(key, None)
                 if r is not None:
                     r.drop_buffer()
-        if partitions and self.consumer.assignment():
-            self.consumer.incremental_unassign(list(partitions))
+        consumer = self.consumer  # (None once a close left behind past the stop's deadline goes on)
+        if partitions and consumer is not None and consumer.assignment():
+            consumer.incremental_unassign(list(partitions))
 
     # -- the fetch thread ------------------------------------------------------------
     def _apply_positions(self) -> None:
@@ -417,10 +553,7 @@ class _Fetcher:
             with self.cond:
                 self.error = e
                 failed = list(self.readers.values())
-                commits, self._commits = self._commits, []
-            for req in commits:
-                req.error = e
-                req.done.set()
+            self._fail_commits(e)
             for r in failed:
                 r.wake()
 
@@ -601,7 +734,9 @@ class _KafkaProducer(Producer):
 
     def __init__(self, system: KafkaSystem) -> None:
         self._system = system
-        self._producer: Any = _kafka().Producer({**system.producer_config(), "error_cb": self._on_error})
+        self._producer: Any = _kafka().Producer(
+            {**system.producer_config(), "error_cb": self._on_error, "logger": client_log}
+        )
         self._encode_key = system.key_serde.encode
         self._encode_value = system.value_serde.encode
         self._partitions: dict[str, int] = {}
@@ -625,7 +760,7 @@ class _KafkaProducer(Producer):
 
     def _on_error(self, err: Any) -> None:
         if not err.fatal():
-            log.warning("%s producer: %s", self._system.name, err)
+            client_log.warning("%s producer: %s", self._system.name, err)
             return
         with self._lock:  # a fatal error (say, idempotence broken by the broker): nothing more is delivered
             if self._failed is None:
@@ -657,6 +792,7 @@ class _KafkaProducer(Producer):
                 self._producer.poll(0.05)
                 if self._failed is not None:
                     raise self._failed from None
+                self._check_deadline()
             except _kafka().KafkaException as e:  # refused at once: too large, unknown partition, ...
                 raise KafkaDeliveryError(
                     f"producing to {stream}[{partition}] failed: {e.args[0] if e.args else e}",
@@ -668,13 +804,39 @@ class _KafkaProducer(Producer):
             self._producer.poll(0)
 
     def flush(self) -> None:
-        while self._failed is None and self._producer.flush(1.0) > 0:
-            pass
+        """Wait until Kafka acknowledged everything sent so far (rule 21); raise the first
+        failed delivery, or, once the system's stop deadline is due, give up."""
+        while self._failed is None and self._producer.flush(0.1) > 0:
+            self._check_deadline()
         if self._failed is not None:
             raise self._failed
 
+    def pending(self) -> int:
+        """Messages sent and not acknowledged by Kafka yet."""
+        return len(self._producer)
+
+    def _check_deadline(self) -> None:
+        deadline = self._system.stop_deadline
+        if deadline is not None and deadline.due():
+            n = self.pending()
+            raise KafkaDeliveryError(
+                f"{n} message{'s' if n != 1 else ''} sent to Kafka by {self._system.name} not "
+                "acknowledged before the stop's deadline (task.shutdown.ms)",
+                topic="",
+                partition=-1,
+            )
+
     def close(self) -> None:
-        self.flush()
+        try:
+            deadline = self._system.stop_deadline
+            if deadline is not None and deadline.due():  # the final commit gave up already (and said so)
+                self._system.unsent_at_close += self.pending()
+                return
+            self.flush()
+        finally:
+            producers = self._system._producers
+            if self in producers:
+                producers.remove(self)
 
 
 class KafkaSystem(System):
@@ -739,10 +901,11 @@ class KafkaSystem(System):
         self.poll_ms = poll_ms
         self.metadata_timeout_s = metadata_timeout_s
         self.keep_open = False  # a member keeps the consumer across its containers
+        self.stop_deadline: StopDeadline | None = None
+        self._producers: list[_KafkaProducer] = []  # open ones
+        self.unsent_at_close = 0  # messages producers closed with, unacknowledged (a stop gave up)
         self._fetcher = _Fetcher(self)
         self._partitions: dict[str, int] = {}
-        self._admin: Any = None
-        self._admin_lock = threading.Lock()
 
     # -- client settings -----------------------------------------------------------
     def consumer_config(self) -> dict[str, Any]:
@@ -778,24 +941,32 @@ class KafkaSystem(System):
         return cfg
 
     # -- metadata ------------------------------------------------------------------
-    def _admin_client(self) -> Any:
-        with self._admin_lock:
-            if self._admin is None:
-                base = {k: v for k, v in self.producer_config().items() if k not in _PRODUCER_ONLY}
-                self._admin = _kafka().admin.AdminClient(base)
-            return self._admin
+    @contextlib.contextmanager
+    def _admin_client(self) -> Iterator[Any]:
+        """A fresh admin client for one metadata query (they are rare: a topic's partition
+        count once, a bounded reader's end when it starts), dropped after it: one kept
+        idle would go on reconnecting to a broker that is down for as long as it is. Its
+        log lines reach ``logger`` only through ``poll``, called once it is done."""
+        base = {k: v for k, v in self.producer_config().items() if k not in _PRODUCER_ONLY}
+        admin = _kafka().admin.AdminClient({**base, "logger": client_log})
+        try:
+            yield admin
+        finally:
+            admin.poll(0)
 
     def watermarks(self, tps: Sequence[Any]) -> dict[tuple[str, int], tuple[int, int]]:
         """(topic, partition) -> (low, high) watermark offsets of ``tps``, in two requests."""
         ck = _kafka()
-        admin = self._admin_client()
         timeout = self.metadata_timeout_s
         specs = {"low": ck.admin.OffsetSpec.earliest(), "high": ck.admin.OffsetSpec.latest()}
         found: dict[str, dict[tuple[str, int], int]] = {}
-        for which, spec in specs.items():
-            plain = [ck.TopicPartition(tp.topic, tp.partition) for tp in tps]
-            futures = admin.list_offsets({tp: spec for tp in plain}, request_timeout=timeout)
-            found[which] = {(t.topic, t.partition): f.result(timeout + 5).offset for t, f in futures.items()}
+        with self._admin_client() as admin:
+            for which, spec in specs.items():
+                plain = [ck.TopicPartition(tp.topic, tp.partition) for tp in tps]
+                futures = admin.list_offsets({tp: spec for tp in plain}, request_timeout=timeout)
+                found[which] = {
+                    (t.topic, t.partition): f.result(timeout + 5).offset for t, f in futures.items()
+                }
         return {key: (found["low"][key], found["high"][key]) for key in found["high"]}
 
     def topic_partitions(self, topic: str) -> int:
@@ -805,7 +976,8 @@ class KafkaSystem(System):
             return n
         ck = _kafka()
         try:
-            md = self._admin_client().list_topics(topic, timeout=self.metadata_timeout_s)
+            with self._admin_client() as admin:
+                md = admin.list_topics(topic, timeout=self.metadata_timeout_s)
         except ck.KafkaException as e:
             raise InputError(
                 f"no metadata from Kafka at {self.bootstrap_servers} within {self.metadata_timeout_s} s: {e}",
@@ -832,7 +1004,18 @@ class KafkaSystem(System):
         return _KafkaReader(self, ssp, self._fetcher)
 
     def producer(self) -> Producer:
-        return _KafkaProducer(self)
+        p = _KafkaProducer(self)
+        self._producers.append(p)
+        return p
+
+    def use_stop_deadline(self, deadline: StopDeadline) -> None:
+        """Bound a graceful stop (a member's ``task.shutdown.ms``): once ``deadline`` is
+        due, a producer's flush and a group commit that still wait for Kafka give up."""
+        self.stop_deadline = deadline
+
+    def unacknowledged(self) -> int:
+        """Messages its producers sent that Kafka has not acknowledged yet."""
+        return self.unsent_at_close + sum(p.pending() for p in self._producers)
 
     @property
     def fetcher(self) -> _Fetcher:
@@ -876,6 +1059,10 @@ def _serde(name: str, key: str) -> Serde:
         return serde(name)
     except SerdeError as e:
         raise ConfigError(str(e), key=key) from None
+
+
+def _tps_text(tps: Sequence[Any]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in tps)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
