@@ -45,6 +45,30 @@ def test_sqlite_commit_refused_for_a_partition_the_member_lost(tmp_path: Path) -
         store.close()
 
 
+def test_sqlite_commit_refused_for_a_partition_lost_while_the_group_answered(tmp_path: Path) -> None:
+    # rule 28: a group commit's answer can take seconds (a coordinator that is gone answers
+    # at the session timeout, with an error that fences nothing); a partition lost meanwhile
+    # is not written either
+    owned = {P0}
+
+    class SlowGroup(KafkaSystem):
+        def commit_group(self, offsets: object) -> None:
+            owned.discard(P0)  # the lost callback ran on the fetch thread meanwhile
+
+    inner = tailrace.SqliteCheckpointStore(tmp_path / "ckpt.db")
+    slow = SlowGroup("kafka", "127.0.0.1:1")
+    store = KafkaCheckpointStore(inner, {"kafka": slow}, owned=lambda: set(owned))
+    store.open("job")
+    try:
+        with pytest.raises(FencedError) as e:
+            store.write("Partition 0", {P0: 11}, {"counts": {b"k": b"2"}})
+        assert "no longer owns" in str(e.value)
+        assert store.load("Partition 0") == {}
+        assert store.state_get("Partition 0", "counts", b"k") is None
+    finally:
+        store.close()
+
+
 def test_redis_commit_refused_with_a_stale_lease(redis_url: str) -> None:
     # rule 28 across machines: member a still believes it owns P0 (the group has not told
     # it yet: it was paused), but its Redis lease expired and member b took the partition

@@ -8,9 +8,10 @@ Each write
 1. refuses partitions this member does not own (``owned``: what the group
    assigned to it and has not revoked or lost) with FencedError;
 2. commits the low watermarks of the Kafka inputs to the consumer group as
-   ``offset + 1`` (synchronous): a member that the group coordinator no longer
-   counts in the current generation gets ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID or
-   FENCED_INSTANCE_ID, turned into FencedError, and writes nothing to the store;
+   ``offset + 1`` and waits for the answer: a member that the group coordinator no
+   longer counts in the current generation gets ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID
+   or FENCED_INSTANCE_ID, turned into FencedError, and writes nothing to the store;
+   then checks ``owned`` again (a partition lost while the answer was awaited);
 3. writes offsets (and state) to the job's store in its one atomic write.
 
 What this fences, exactly: a member that was told it lost a partition (revoke
@@ -86,24 +87,31 @@ class KafkaCheckpointStore(CheckpointStore):
         offsets: Mapping[SystemStreamPartition, Offset],
         state: StateChanges | None = None,
     ) -> None:
-        if self.owned is not None:
-            owned = self.owned()
-            for ssp in offsets:
-                if ssp.system in self.systems and ssp not in owned:
-                    raise FencedError(
-                        f"{task_name}: this member no longer owns {ssp} (revoked or lost in a rebalance)",
-                        partition=str(ssp),
-                    )
+        self._check_owned(task_name, offsets)
         for system in self.systems.values():
             mine = {s: o for s, o in offsets.items() if s.system == system.name}
             if mine:
                 self._commit_group(system, mine)
+        # again: the group's answer can take seconds (a coordinator that is gone answers
+        # at the session timeout), and the partition may have been lost meanwhile
+        self._check_owned(task_name, offsets)
         if self.redis_ids:
             offsets = {s: (f"0-{int(o)}" if s.system in self.systems else o) for s, o in offsets.items()}
         if state is None:
             self.store.write(task_name, offsets)
         else:
             self.store.write(task_name, offsets, state)
+
+    def _check_owned(self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+        if self.owned is None:
+            return
+        owned = self.owned()
+        for ssp in offsets:
+            if ssp.system in self.systems and ssp not in owned:
+                raise FencedError(
+                    f"{task_name}: this member no longer owns {ssp} (revoked or lost in a rebalance)",
+                    partition=str(ssp),
+                )
 
     def _commit_group(self, system: KafkaSystem, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
         ck = _kafka()
