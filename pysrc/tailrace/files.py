@@ -224,6 +224,7 @@ class FileReader(PartitionReader):
         self.fmt = fmt
         self._capacity = max(1, read_ahead)
         self._skip_bad = skip_bad_lines
+        self._deferred: InputError | None = None  # a bad line found after good ones: raised by the next poll
         self._key_field = key_field
         # the compiled JSON codec itself when there is one: file_decode_lines calls it directly
         self._decode_line: Any = _decode_text if fmt == "text" else _json_codec or _json_decode
@@ -312,6 +313,9 @@ class FileReader(PartitionReader):
         return False
 
     def poll(self, max_messages: int) -> list[Envelope]:
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            raise deferred
         if self._fd < 0:
             return []
         out: list[Envelope] = []
@@ -338,11 +342,19 @@ class FileReader(PartitionReader):
             if self._line_no:
                 self._line_no += lines
             if error is not None:
-                self._bad_line(start, self._line_no - 1 if self._line_no else 0, error)
+                try:
+                    self._bad_line(start, self._line_no - 1 if self._line_no else 0, error)
+                except InputError as e:
+                    if not out:
+                        raise
+                    self._deferred = e  # the lines before it are processed (and committed) first
+                    break
         return out
 
     def at_end(self) -> bool:
         """True once every line was polled; reads ahead one chunk to know (never a guess)."""
+        if self._deferred is not None:
+            return False  # the next poll raises it
         if self._fd < 0:
             return True
         if self._at < self._end:
@@ -379,7 +391,8 @@ class FileReader(PartitionReader):
         what = "not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else f"not valid JSON ({exc})"
         if not self._skip_bad:
             raise InputError(
-                f"line is {what}; set skip_bad_lines = true on the system to skip and count bad lines",
+                f"line is {what}; partition {self.ssp}, offset {start}; set skip_bad_lines = true on "
+                "the system to skip and count bad lines",
                 source=str(self.path),
                 line=line_no,
             )
@@ -467,7 +480,8 @@ class MsgpackReader(FileReader):
                 pass
             except Exception as e:  # noqa: BLE001 - FormatError, StackError, UnicodeDecodeError...: the data
                 raise InputError(
-                    f"bad msgpack data at byte offset {start}: {e!r}", source=str(self.path)
+                    f"bad msgpack data at byte offset {start} (partition {self.ssp}, offset {start}): {e!r}",
+                    source=str(self.path),
                 ) from None
             try:
                 chunk = os.pread(self._fd, _CHUNK, self._read_pos)
@@ -476,7 +490,8 @@ class MsgpackReader(FileReader):
             if not chunk:
                 if self._read_pos > start:
                     raise InputError(
-                        f"truncated msgpack value at byte offset {start} (the file ends inside it)",
+                        f"truncated msgpack value at byte offset {start} (partition {self.ssp}, offset "
+                        f"{start}; the file ends inside it)",
                         source=str(self.path),
                     )
                 return None
@@ -484,11 +499,20 @@ class MsgpackReader(FileReader):
             self._read_pos += len(chunk)
 
     def poll(self, max_messages: int) -> list[Envelope]:
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            raise deferred
         out: list[Envelope] = []
         s = self.ssp
         key_field = self._key_field
         for _ in range(min(max_messages, self._capacity)):
-            got = self._next_value()
+            try:
+                got = self._next_value()
+            except InputError as e:
+                if not out:
+                    raise
+                self._deferred = e  # the values before it are processed (and committed) first
+                break
             if got is None:
                 break
             offset, message = got
@@ -497,6 +521,8 @@ class MsgpackReader(FileReader):
         return out
 
     def at_end(self) -> bool:
+        if self._deferred is not None:
+            return False  # the next poll raises it
         if self._ahead is None:
             self._ahead = self._next_value()
         return self._ahead is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import runpy
 import shutil
 import socket
@@ -258,6 +259,26 @@ def test_bad_input_line_stops_the_job_naming_file_and_line(engine: str, tmp_path
     assert r.returncode == 1
     assert "data/in/partition-0.jsonl:3: line is not valid JSON" in r.stderr
     assert "skip_bad_lines" in r.stderr
+
+
+def test_the_lines_before_a_bad_one_are_processed_and_committed_first(engine: str, tmp_path: Path) -> None:
+    # bad input stops the job after every line before it is processed and committed (rule
+    # 18: never past the bad line), and the error names the partition and offset too: the
+    # line fixed in place, the next run resumes exactly at it (nothing lost, no duplicate)
+    job = write_job(tmp_path, lines='{"a": 1}\n{"a": 2}\n{"a": x}\n{"a": 4}\n')
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 1, r.stderr
+    assert "data/in/partition-0.jsonl:3: line is not valid JSON" in r.stderr
+    assert "partition files.in[0], offset 18" in r.stderr, r.stderr
+    out = tmp_path / "data" / "out" / "partition-0.jsonl"  # (outputs go next to the inputs by default)
+    assert [json.loads(x) for x in out.read_text().splitlines()] == [{"a": 1}, {"a": 2}]
+    shown = run_cli(["checkpoints", "show", str(job)])
+    assert re.search(r"files\.in\[0\] +9\n", shown.stdout), shown.stdout  # line 2 starts at byte 9
+    data = tmp_path / "data" / "in" / "partition-0.jsonl"
+    data.write_text(data.read_text().replace('{"a": x}', '{"a": 3}'))
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["a"] for x in out.read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_skip_bad_lines_is_counted_in_the_summary(engine: str, tmp_path: Path) -> None:

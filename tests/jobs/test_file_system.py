@@ -387,6 +387,33 @@ def test_msgpack_bad_or_truncated_data_names_file_and_byte_offset(tmp_path: Path
         drain(fs.reader(SSP0))
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", pytest.param("msgpack", marks=needs_msgpack)])
+def test_the_values_before_bad_data_are_polled_before_its_error(tmp_path: Path, fmt: str) -> None:
+    # a poll that meets bad data after good values returns the good ones; the next poll
+    # raises (naming partition and offset), and the partition is not at its end meanwhile:
+    # the engine processes and commits everything before the bad data (rule 18)
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    if fmt == "jsonl":
+        good = b'{"a": 1}\n"two"\n'
+        (d / "partition-0.jsonl").write_bytes(good + b"{oops\n[3]\n")
+    else:
+        import msgpack
+
+        good = msgpack.packb({"a": 1}) + msgpack.packb("two")
+        (d / "partition-0.msgpack").write_bytes(good + b"\xc1" + msgpack.packb([3]))
+    reader = FileSystem("files", tmp_path / "in").reader(SSP0)
+    reader.start(None, lambda: None)
+    try:
+        got = reader.poll(10)
+        assert [e.message for e in got] == [{"a": 1}, "two"]
+        assert not reader.at_end()
+        with pytest.raises(InputError, match=rf"partition files.s\[0\], offset {len(good)}"):
+            reader.poll(10)
+    finally:
+        reader.close()
+
+
 @needs_msgpack
 def test_msgpack_output_format_writes_values_and_cuts_a_partial_one(tmp_path: Path) -> None:
     import msgpack

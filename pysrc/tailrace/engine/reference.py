@@ -522,6 +522,8 @@ class ReferenceEngine:
                     return
             else:
                 progress |= self._poll_inputs()
+                if self._failure is not None:
+                    return
                 progress |= self._run_barriers(commit_only=False)
                 self._check_stop()  # requests released by a commit, or from window and timers
                 if not self._draining:
@@ -670,7 +672,12 @@ class ReferenceEngine:
                 held = len(p.order) if t.keyed else len(p.buffer)  # rule 31: from the watermark
                 if p.at_end or held > fill // 2:
                     continue
-                batch = p.reader.poll(fill - held)
+                try:
+                    batch = p.reader.poll(fill - held)
+                    ended = not batch and p.reader.at_end()
+                except Exception as e:  # noqa: BLE001 - bad input: stop, committing what was released (rule 18)
+                    self._fail(e)
+                    return got
                 if batch:
                     p.buffer.extend(batch)
                     if t.keyed:
@@ -678,7 +685,7 @@ class ReferenceEngine:
                     p.read_n += len(batch)
                     p.newest_read = batch[-1].offset
                     got = True
-                elif p.reader.at_end():
+                elif ended:
                     p.at_end = True
         return got
 
