@@ -420,6 +420,8 @@ class KafkaMember:
         try:
             result = container.run()
         except Exception as e:
+            snap = container.metrics()  # what it processed still counts
+            self.result.processed += sum(t.processed for t in snap[0].values()) if snap is not None else 0
             if self.deadline.due():
                 raise CheckpointError(self.gave_up_message(f"{type(e).__name__}: {e}")) from e
             if not isinstance(e, TailraceError) or fenced_cause(e) is None:
