@@ -122,4 +122,35 @@ def uncommitted(t: TaskMetrics) -> list[str]:
     return out
 
 
-__all__ = ["GRACE_S", "StopDeadline", "Stoppable", "arm_backstop", "uncommitted"]
+class _HasMetrics(Protocol):
+    def metrics(self) -> tuple[dict[str, TaskMetrics], object] | None: ...
+
+
+def not_committed(container: _HasMetrics | None, unacknowledged: str | None) -> list[str]:
+    """What ``container`` processed and did not commit, per partition, then
+    ``unacknowledged`` (a line about output the service has not acknowledged), if any."""
+    snap = container.metrics() if container is not None else None
+    out = [line for t in snap[0].values() for line in uncommitted(t)] if snap is not None else []
+    if unacknowledged:
+        out.append(unacknowledged)
+    return out
+
+
+def gave_up_message(who: str, shutdown_ms: int, cause: str, lost: list[str]) -> str:
+    """The error of a member's stop that ran out of ``task.shutdown.ms``."""
+    what = "; ".join(lost) if lost else "nothing (every processed message was committed)"
+    return (
+        f"{who}: stop gave up after task.shutdown.ms = {shutdown_ms} ms ({cause}); "
+        f"not committed, processed again after a restart: {what}"
+    )
+
+
+__all__ = [
+    "GRACE_S",
+    "StopDeadline",
+    "Stoppable",
+    "arm_backstop",
+    "gave_up_message",
+    "not_committed",
+    "uncommitted",
+]

@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._stopping import StopDeadline, arm_backstop, uncommitted
+from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed
 from ..config import Config, parse_config
 from ..container import Container
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
@@ -458,25 +458,15 @@ class KafkaMember:
     def not_committed(self) -> list[str]:
         """What the last (or running) container processed but did not commit, per
         partition, and output Kafka has not acknowledged (for a stop that gave up)."""
-        container = self._container or self._last_container
-        snap = container.metrics() if container is not None else None
-        out: list[str] = []
-        if snap is not None:
-            for t in snap[0].values():
-                out += uncommitted(t)
         pending = sum(s.unacknowledged() for s in self.systems.values() if isinstance(s, KafkaSystem))
-        if pending:
-            out.append(f"{pending} output messages not acknowledged by Kafka (sent again after a restart)")
-        return out
+        unacked = f"{pending} output messages not acknowledged by Kafka (sent again after a restart)"
+        return not_committed(self._container or self._last_container, unacked if pending else None)
 
     def gave_up_message(self, cause: str) -> str:
         """The error of a stop that ran out of ``task.shutdown.ms`` while Kafka (or the
         store) did not answer."""
-        lost = self.not_committed()
-        what = "; ".join(lost) if lost else "nothing (every processed message was committed)"
-        return (
-            f"member of job {self.job!r}: stop gave up after task.shutdown.ms = {self.config.shutdown_ms} ms "
-            f"({cause}); not committed, processed again after a restart: {what}"
+        return gave_up_message(
+            f"member of job {self.job!r}", self.config.shutdown_ms, cause, self.not_committed()
         )
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from .._stopping import StopDeadline, arm_backstop, uncommitted
+from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed
 from ..config import parse_config
 from ..container import Container
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
@@ -435,24 +435,14 @@ class Member:
     def not_committed(self) -> list[str]:
         """What the last (or running) container processed but did not commit, per partition,
         and output Redis has not acknowledged (for a stop that gave up)."""
-        container = self._container or self._last_container
-        snap = container.metrics() if container is not None else None
-        out: list[str] = []
-        if snap is not None:
-            for t in snap[0].values():
-                out += uncommitted(t)
         pending = sum(s.unacknowledged() for s in self._systems if isinstance(s, RedisSystem))
-        if pending:
-            out.append(f"{pending} output entries not acknowledged by Redis (sent again after a restart)")
-        return out
+        unacked = f"{pending} output entries not acknowledged by Redis (sent again after a restart)"
+        return not_committed(self._container or self._last_container, unacked if pending else None)
 
     def gave_up_message(self, cause: str) -> str:
         """The error of a stop that ran out of ``task.shutdown.ms`` while Redis did not answer."""
-        lost = self.not_committed()
-        what = "; ".join(lost) if lost else "nothing (every processed message was committed)"
-        return (
-            f"member {self.id} of job {self.job!r}: stop gave up after task.shutdown.ms = "
-            f"{self.config.shutdown_ms} ms ({cause}); not committed, processed again after a restart: {what}"
+        return gave_up_message(
+            f"member {self.id} of job {self.job!r}", self.config.shutdown_ms, cause, self.not_committed()
         )
 
 
