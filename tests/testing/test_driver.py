@@ -289,3 +289,25 @@ def test_late_window_and_commit_keep_their_period_grid(engine: str) -> None:
             commits.append(d.metrics()[0]["Partition 0"].commits)
     assert windows == [[15], [15, 20], [15, 20], [15, 20, 30], [15, 20, 30, 40]]
     assert commits == [1, 2, 2, 3, 4]
+
+
+class Counts(tailrace.StreamTask):
+    def init(self, context: Any) -> None:
+        self.counts = context.store("counts")
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.counts[envelope.message] = self.counts.get(envelope.message, 0) + 1
+
+
+def test_store_shows_the_committed_contents_during_and_after_the_run(engine: str) -> None:
+    # docs/testing.md: store(task, name) is the committed contents of a state store; what
+    # the final commit wrote is still there once the run ended (close, end of input)
+    d = TestDriver(Counts, inputs={"w": 1}, stores=["counts"], config={"task.commit.ms": 1000}, engine=engine)
+    d.start()
+    d.send_all("w", ["a", "b", "a"])
+    d.advance(1000)
+    during = d.store("Partition 0", "counts")
+    assert during == {b'"a"': b"2", b'"b"': b"1"}
+    d.send("w", "b")
+    d.close()
+    assert d.store("Partition 0", "counts") == {b'"a"': b"2", b'"b"': b"2"}

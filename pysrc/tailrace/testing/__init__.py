@@ -343,7 +343,8 @@ class TestDriver:
         state = getattr(self.checkpoints, "state", None)
         if state is None:
             raise TypeError(f"{type(self.checkpoints).__name__} does not expose store contents")
-        result: dict[bytes, bytes] = state(task, name)
+        # by the job's name: once the run ended the store is closed and knows no open job
+        result: dict[bytes, bytes] = state(task, name, self.container.config.job_name)
         return result
 
     # -- the end ------------------------------------------------------------------
