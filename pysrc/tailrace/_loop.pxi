@@ -156,6 +156,7 @@ cdef class _TaskSlot:
     cdef public long long failed
     cdef public long long ignored
     cdef public long long commits
+    cdef public long long timers  # user timers fired (one TIMER op runs every timer due)
 
     def __init__(self, str name, plan, process, collector, bint is_async, list parts):
         self.name = name

@@ -311,3 +311,28 @@ def test_store_shows_the_committed_contents_during_and_after_the_run(engine: str
     d.send("w", "b")
     d.close()
     assert d.store("Partition 0", "counts") == {b'"a"': b"2", b'"b"': b"2"}
+
+
+class ThreeTimers(tailrace.StreamTask):
+    def init(self, context: Any) -> None:
+        self.context = context
+        self.fired: list[str] = []
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        for key in ("a", "b", "c"):  # all due at the same moment
+            self.context.schedule(key, self.context.now() + 1.0, self.fire)
+
+    def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+        self.fired.append(key)
+
+
+def test_the_timers_metric_counts_every_timer_that_fired(engine: str) -> None:
+    # rule 23 and the metrics: three timers due at once are three timers on both engines
+    d = TestDriver(ThreeTimers, inputs={"w": 1}, engine=engine)
+    d.start()
+    d.send("w", "go")
+    d.advance(1000)
+    assert sorted(d.tasks[0].fired) == ["a", "b", "c"]
+    tasks, _ = d.metrics()
+    assert tasks["Partition 0"].timers == 3
+    d.close()

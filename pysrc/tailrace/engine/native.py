@@ -285,6 +285,7 @@ class NativeEngine:
         requests = 0
         for key, fn in self._timers[i].pop_due(self._clock.time() + _TIMER_SLACK):
             coordinator = Coordinator()
+            s.timers += 1  # each timer counts, as on the reference engine (one op fires all due)
             try:
                 fn(key, s.collector, coordinator)
             except Exception as e:  # noqa: BLE001 - user code
@@ -318,7 +319,7 @@ class NativeEngine:
     # -- metrics -----------------------------------------------------------------------
     def _task_metrics(self, i: int) -> TaskMetrics:
         s = self._slots[i]
-        processed, completed, outstanding, windows, timers = self._runner.task_stats(i)
+        processed, completed, outstanding, windows, _ = self._runner.task_stats(i)
         keys_in_flight, head_of_line_ms = self._runner.key_stats(i)
         m = TaskMetrics(
             task=s.name,
@@ -329,7 +330,7 @@ class NativeEngine:
             outstanding=outstanding,
             windows=windows,
             commits=s.commits,
-            timers=timers,
+            timers=s.timers,
             keys_in_flight=keys_in_flight,
             head_of_line_ms=head_of_line_ms,
         )
