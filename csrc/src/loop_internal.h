@@ -29,8 +29,8 @@
  *            their turn, dispatched before the ready ring once runnable again
  *            (in_ready while in it). Without it the task whose run came first
  *            would take every interval between two timers (rule 5).
- *   ctl    - stack of tasks whose control work (commit > window > timer > end of
- *            stream) is eligible now; emitted before any normal work.
+ *   ctl    - tasks whose control work (commit > window > timer > end of stream)
+ *            is eligible now; emitted before any normal work, in task order.
  *   dirty  - tasks with completions to release.
  *   refill - FIFO ring of partitions whose ring has room and whose reader is active.
  *   heap   - timers: window, commit, user timer, callback timeout (lazy deletion).

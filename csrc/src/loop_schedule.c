@@ -48,6 +48,11 @@ void trl_maybe_ready(tr_loop *L, uint32_t t) {
 }
 
 /* Which control op may run for T now (commit > window > timer > end of stream). */
+static int cmp_task(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
 static int control_kind(const tr_loop *L, const task *T) {
     if (T->in_control || T->done || L->phase >= PH_FINAL)
         return CTL_NONE;
@@ -504,9 +509,15 @@ static void build_batch(tr_loop *L) {
         return;
     }
 
-    /* control work first (rules 8, 9, 11, 23) */
-    while (L->nctl && L->nbatch < BATCH_MAX) {
-        uint32_t t = L->ctl[--L->nctl];
+    /* control work first (rules 8, 9, 11, 23), in task order as the reference
+     * engine runs it: windows, timers and end-of-stream hooks that fall due
+     * together run for task 0 before task 1 (a test comparing the engines' outputs
+     * sees one order) */
+    if (L->nctl > 1)
+        qsort(L->ctl, L->nctl, sizeof *L->ctl, cmp_task);
+    uint32_t taken = 0;
+    while (taken < L->nctl && L->nbatch < BATCH_MAX) {
+        uint32_t t = L->ctl[taken++];
         task *T = &L->tasks[t];
         T->in_ctl = 0;
         int k = control_kind(L, T);
@@ -522,6 +533,10 @@ static void build_batch(tr_loop *L) {
             T->timer_due = 0;
         }
         emit(L, (uint32_t)k, t, 0, 0, 0, 0, 0);
+    }
+    if (taken) { /* the rest (the batch was full) keeps its order */
+        L->nctl -= taken;
+        memmove(L->ctl, L->ctl + taken, L->nctl * sizeof *L->ctl);
     }
     if (L->phase != PH_RUNNING)
         return;

@@ -336,3 +336,37 @@ def test_the_timers_metric_counts_every_timer_that_fired(engine: str) -> None:
     tasks, _ = d.metrics()
     assert tasks["Partition 0"].timers == 3
     d.close()
+
+
+class Flush(tailrace.StreamTask):
+    """Sends what it buffered from its window and at the end of the stream."""
+
+    def init(self, context: Any) -> None:
+        self.name = context.task_name
+        self.seen: list[Any] = []
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.seen.append(envelope.message)
+
+    def window(self, collector: Any, coordinator: Any) -> None:
+        for m in self.seen:
+            collector.send("mem.out", m)
+        self.seen.clear()
+
+    def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+        collector.send("mem.out", f"end of {self.name}")
+
+
+def test_hooks_due_together_run_in_task_order_on_both_engines(engine: str) -> None:
+    # docs/testing.md: the engines fire the same hooks at the same virtual times, so a test
+    # parametrized over both sees the same outputs: hooks of several tasks that fall due
+    # together (windows, end of stream) run in task order
+    d = TestDriver(Flush, inputs={"in": 3}, config={"task.window.ms": 1000}, engine=engine)
+    d.start()
+    for p in (2, 0, 1):
+        d.send("in", f"p{p}", partition=p)
+    d.advance(1000)
+    assert d.outputs("out") == ["p0", "p1", "p2"]
+    d.end_input()
+    assert d.outputs("out")[3:] == [f"end of Partition {p}" for p in range(3)]
+    d.close()
