@@ -199,6 +199,7 @@ class _TaskSlot:
     failed: int
     ignored: int
     commits: int
+    timers: int
     def __init__(
         self, name: str, plan: Any, process: Any, collector: Any, is_async: bool, parts: list[_PartState]
     ) -> None: ...
