@@ -249,6 +249,11 @@ def _handled(args: argparse.Namespace, work: Callable[[], int]) -> int:
         print(f"tailrace: error: {e}", file=sys.stderr)
         return 2
     except TaskError as e:
+        if isinstance(e.original, ConfigError):  # tailrace's refusal, found once the task ran
+            log.debug("config error found while running", exc_info=True)
+            where = f"task {e.task!r}, {e.phase}" + (f" of {e.ssp}" if e.ssp is not None else "")
+            print(f"tailrace: config error: {e.original} (found when {where} first used it)", file=sys.stderr)
+            return 2
         log.debug("job failed", exc_info=True)
         print(describe_task_error(e, getattr(args, "spec", None)), file=sys.stderr)
         return 1

@@ -251,6 +251,12 @@ class Container:
         self._inputs = list(inputs)
         self._factory = task
         self._store = checkpoints if checkpoints is not None else MemoryCheckpointStore()
+        if default_output_system is not None and default_output_system not in self.systems:
+            raise ConfigError(
+                f"default_output_system names unknown system {default_output_system!r}",
+                key="default_output_system",
+                allowed=", ".join(sorted(self.systems)),
+            )
         self._default_output_system = default_output_system
         self._engine: Engine | None = None
         self._plan: JobPlan | None = None

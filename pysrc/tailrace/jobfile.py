@@ -289,6 +289,13 @@ def load_job(
                 allowed=", ".join(sorted(systems)),
                 source=src,
             )
+    if default_output is not None and default_output not in systems:
+        raise ConfigError(
+            f"default_output names unknown system {default_output!r}",
+            key="job.default_output",
+            allowed=", ".join(sorted(systems)),
+            source=src,
+        )
     spec = JobSpec(path, name, task, list(inputs), eng, config, tree, default_output, systems)
     spec.checkpoint_store()  # validate [checkpoints] now, before anything runs
     return spec

@@ -245,6 +245,28 @@ def test_an_option_of_a_table_is_named_with_its_table(tmp_path: Path) -> None:
     assert "config key 'checkpoints.url': 'http://x' is not a Redis URL" in r.stderr
 
 
+def test_config_mistakes_found_only_when_used_are_still_config_errors(tmp_path: Path) -> None:
+    # running-jobs.md: mistakes stop the job naming the key, with exit status 2, not as a
+    # failure of the user's code. An unknown default_output is refused before anything runs
+    job = write_job(tmp_path, extra='default_output = "nosuch"')
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2, r.stderr
+    assert "config key 'job.default_output'" in r.stderr and "'nosuch'" in r.stderr, r.stderr
+    assert "allowed: files" in r.stderr, r.stderr
+    # an output directory that holds more partitions than output_partitions is found at
+    # the first send to it: still a config error naming the key, exit 2
+    job = write_job(tmp_path)
+    three = ["--config", "systems.files.output_partitions=3"]
+    assert run_cli(["run", str(job), "--no-progress", *three]).returncode == 0
+    for p in range(3):
+        (tmp_path / "data" / "out" / f"partition-{p}.jsonl").touch()
+    shutil.rmtree(tmp_path / "state")  # a fresh run over the same output directory
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2, r.stderr
+    assert "tailrace: config error: config key 'systems.files.output_partitions'" in r.stderr, r.stderr
+    assert "in your code" not in r.stderr
+
+
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
     r = run_cli(["run", str(tmp_path)])
     assert r.returncode == 2 and "directory has no job.toml" in r.stderr

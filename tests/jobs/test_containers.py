@@ -419,3 +419,17 @@ def test_progress_lines_come_per_container_and_whole(tmp_path: Path) -> None:
     quiet = make_job(tmp_path / "quiet", messages=2000)
     r = run(quiet, "--containers", "2", "--progress-interval", "0.1", env={"SLOW": "0.001"})
     assert r.returncode == 0 and "progress: " not in r.stderr
+
+
+def test_a_container_refuses_an_unknown_default_output_system() -> None:
+    # a mistake is refused before anything runs, naming the keyword and what is allowed
+    import tailrace
+    from tailrace.errors import ConfigError
+
+    class Copy(tailrace.StreamTask):
+        def process(self, envelope: object, collector: object, coordinator: object) -> None:
+            pass
+
+    mem = tailrace.MemorySystem("mem")
+    with pytest.raises(ConfigError, match=r"default_output_system.*'nosuch'.*allowed: mem"):
+        tailrace.Container(Copy, inputs=["mem.in"], systems=[mem], default_output_system="nosuch")
