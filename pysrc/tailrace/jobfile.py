@@ -112,6 +112,37 @@ STORE_TYPES: dict[str, Callable[[dict[str, Any]], CheckpointStore]] = {
     "redis": _redis_store,
 }
 
+# the class behind each type: its keyword arguments are the table's options
+_TARGETS = {
+    "systems.file": "tailrace.files:FileSystem",
+    "systems.memory": "tailrace.memory:MemorySystem",
+    "systems.redis": "tailrace.redis:RedisSystem",
+    "systems.kafka": "tailrace.kafka:KafkaSystem",
+    "checkpoints.sqlite": "tailrace.sqlite:SqliteCheckpointStore",
+    "checkpoints.memory": "tailrace.memory:MemoryCheckpointStore",
+    "checkpoints.redis": "tailrace.redis:RedisCheckpointStore",
+}
+
+
+def _check_options(target: str, options: Mapping[str, Any], where: str, source: Path) -> None:
+    """Refuse an option the table's class does not take, naming it and the options it does."""
+    try:
+        params = inspect.signature(_import_target(target)).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return  # (the factory itself reports what is missing)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    allowed = [n for n, p in params.items() if p.kind in named and n != "name"]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
+            key=f"{where}.{unknown[0]}",
+            allowed=", ".join(["type", *allowed]),
+            source=str(source),
+        )
+
 
 @dataclass
 class JobSpec:
@@ -143,6 +174,7 @@ class JobSpec:
                 allowed=", ".join(STORE_TYPES),
                 source=str(self.source),
             )
+        _check_options(_TARGETS[f"checkpoints.{kind}"], table, "checkpoints", self.source)
         if kind == "sqlite" and not isinstance(table.get("path"), str):
             raise ConfigError("a sqlite store needs a path", key="checkpoints.path", source=str(self.source))
         for opt in _PATH_OPTIONS:
@@ -269,6 +301,7 @@ def load_job(
                 allowed=", ".join(SYSTEM_TYPES),
                 source=src,
             )
+        _check_options(_TARGETS[f"systems.{kind}"], options, f"systems.{sname}", path)
         for opt in _PATH_OPTIONS:
             if kind == "file" and isinstance(options.get(opt), str):
                 options[opt] = str(path.parent / options[opt])

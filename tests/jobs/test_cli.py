@@ -267,6 +267,21 @@ def test_config_mistakes_found_only_when_used_are_still_config_errors(tmp_path: 
     assert "in your code" not in r.stderr
 
 
+def test_an_unknown_option_of_a_system_or_store_is_named_with_the_options_allowed(tmp_path: Path) -> None:
+    # a misspelt option is refused before anything runs: its key, and what the table takes
+    job = write_job(tmp_path)
+    text = job.read_text()
+    job.write_text(text.replace('path = "data"', 'path = "data"\nskip_bad_line = true'))
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2, r.stderr
+    assert "config key 'systems.files.skip_bad_line': unknown option 'skip_bad_line'" in r.stderr, r.stderr
+    assert "skip_bad_lines" in r.stderr and "output_partitions" in r.stderr, r.stderr
+    job.write_text(text.replace('path = "state/cp.db"', 'pth = "state/cp.db"'))
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2, r.stderr
+    assert "config key 'checkpoints.pth': unknown option 'pth' (allowed: type, path)" in r.stderr, r.stderr
+
+
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
     r = run_cli(["run", str(tmp_path)])
     assert r.returncode == 2 and "directory has no job.toml" in r.stderr
