@@ -364,3 +364,33 @@ def test_a_stop_while_the_broker_is_down_ends_within_task_shutdown_ms(
     assert len(re.findall(r"left: KafkaMemberResult\(processed=[1-9]", text)) == containers, text[-3000:]
     refused = [ln for ln in text.splitlines() if "Connection refused" in ln]
     assert len(refused) < 20 * containers, f"{len(refused)} lines about refused connections"
+
+
+def _run_job(job: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "tailrace", "run", str(job), "--no-progress"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+
+
+def test_a_bounded_job_that_starts_at_latest_ends_at_once(kafka_cluster: Any, tmp_path: Path) -> None:
+    # start = "latest" with bounded = true: each partition starts at the end it has when
+    # read, so the job ends at once (it waited for ever for a message to reach an end it
+    # was already at)
+    cluster = kafka_cluster({"in": 2, "out": 1})
+    cluster.produce("in", _items(10, 2))
+    job = write_job(tmp_path, cluster, 'type = "sqlite"\npath = "state/ckpt.db"')
+    latest = 'type = "kafka"\nbounded = true\nstart = "latest"'
+    job.write_text(job.read_text().replace('type = "kafka"', latest))
+    done = _run_job(job)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "left (end_of_stream)" in done.stdout and " 0 messages processed" in done.stdout, done.stdout
+
+
+def test_a_missing_input_topic_is_an_error_naming_it(kafka_cluster: Any, tmp_path: Path) -> None:
+    # a member subscribing to a topic that does not exist waited for it without a word;
+    # like a plain container, it now fails at start naming the topic
+    cluster = kafka_cluster({"in": 1, "out": 1})
+    job = write_job(tmp_path, cluster, 'type = "sqlite"\npath = "state/ckpt.db"')
+    job.write_text(job.read_text().replace(f'"kafka.{cluster.topics["in"]}"', '"kafka.tr-nosuch"'))
+    done = _run_job(job)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "kafka.tr-nosuch" in done.stderr and "has no topic 'tr-nosuch'" in done.stderr, done.stderr[-3000:]

@@ -335,6 +335,10 @@ class KafkaMember:
             heartbeat = threading.Thread(target=self._heartbeat, name="tailrace-kafka-leases", daemon=True)
             heartbeat.start()
         try:
+            for topic in self.topics[system.name]:
+                # an input topic that is missing (or brokers that do not answer) is an error
+                # now, naming it: a subscription would wait for it without a word
+                system.topic_partitions(topic)
             system.fetcher.ensure_started()
             log.info("member joining group %r for %s", system.group_id, self.spec.inputs)
             while True:

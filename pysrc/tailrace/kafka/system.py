@@ -439,6 +439,8 @@ class _Fetcher:
             todo = [t for t in todo if self.readers.get((t[0].ssp.stream, t[0].ssp.partition)) is t[0]]
         for reader, low, high in todo:
             reader._next = max(reader._next, low)  # (offsets before low were deleted)
+            if reader._from_end:  # start = "latest": it starts at that end, with nothing to read
+                reader._next = max(reader._next, high)
             reader.deliver([], ended_at=high)
 
     def _flow_control(self, consume_due: bool) -> bool:
@@ -573,6 +575,7 @@ class _KafkaReader(PartitionReader):
         self._batch = system.batch
         self._starved = False
         self._ended_at: int | None = None  # with ``bounded``: the partition's end when positioned
+        self._from_end = False  # positioned at the partition's end (start = "latest", no checkpoint)
         self._next = 0  # offset the next delivered message must have at least
         self._error: InputError | None = None
         self._wakeup: Callable[[], None] = lambda: None
@@ -590,6 +593,7 @@ class _KafkaReader(PartitionReader):
                 raise InputError(f"committed offset {after!r} is not a Kafka offset", source=str(self.ssp))
             offset = after + 1
         self._next = max(offset, 0)
+        self._from_end = offset == ck.OFFSET_END
         self._wakeup = wakeup
         self._fetcher.ensure_started()
         self._fetcher.position(self, offset)
@@ -886,6 +890,26 @@ class KafkaSystem(System):
                 raise ConfigError(f"expected an integer >= 1, got {value!r}", key=key)
         if start not in ("earliest", "latest"):
             raise ConfigError(f"unknown start {start!r}", key="start", allowed="earliest, latest")
+        for key, flag in (("headers", headers), ("bounded", bounded)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"expected true or false, got {flag!r}", key=key)
+        if not isinstance(bootstrap_servers, str) or not bootstrap_servers.strip():
+            raise ConfigError(
+                f"expected host:port[,host:port...], got {bootstrap_servers!r}", key="bootstrap_servers"
+            )
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ConfigError(f"expected a group name, got {group_id!r}", key="group_id")
+        if (
+            not isinstance(metadata_timeout_s, (int, float))
+            or isinstance(metadata_timeout_s, bool)
+            or not metadata_timeout_s > 0
+        ):
+            raise ConfigError(
+                f"expected a number of seconds > 0, got {metadata_timeout_s!r}", key="metadata_timeout_s"
+            )
+        for key, table in (("config", config), ("consumer", consumer), ("producer", producer)):
+            if table is not None and not isinstance(table, Mapping):
+                raise ConfigError(f"expected a table of librdkafka settings, got {table!r}", key=key)
         self.key_serde: Serde = _serde(key_serde, "key_serde")
         self.value_serde: Serde = _serde(value_serde, "value_serde")
         self.bootstrap_servers = bootstrap_servers
@@ -906,6 +930,7 @@ class KafkaSystem(System):
         self.unsent_at_close = 0  # messages producers closed with, unacknowledged (a stop gave up)
         self._fetcher = _Fetcher(self)
         self._partitions: dict[str, int] = {}
+        self._check_client_settings()
 
     # -- client settings -----------------------------------------------------------
     def consumer_config(self) -> dict[str, Any]:
@@ -920,13 +945,44 @@ class KafkaSystem(System):
         }
         cfg.update(self.config)
         cfg.update(self.consumer_settings)
-        if cfg.get("enable.auto.commit") in (True, "true"):
+        if not _is_false(cfg["enable.auto.commit"]):
             raise ConfigError(
                 "tailrace commits the low watermark itself; auto commit would commit unfinished work",
-                key="consumer.enable.auto.commit",
+                key=self._setting_key("enable.auto.commit", consumer=True),
                 allowed="false",
             )
         return cfg
+
+    def _setting_key(self, name: str, *, consumer: bool) -> str:
+        """The table a librdkafka setting came from, as a config key: ``consumer.NAME``,
+        ``producer.NAME`` or ``config.NAME``; the client's table alone when neither has it
+        (librdkafka names an alias by its canonical name: linger.ms as queue.buffering.max.ms)."""
+        table = "consumer" if consumer else "producer"
+        if name in (self.consumer_settings if consumer else self.producer_settings):
+            return f"{table}.{name}"
+        return f"config.{name}" if name in self.config else table
+
+    def _check_client_settings(self) -> None:
+        """librdkafka's verdict on the settings, now rather than when a client first starts
+        (a producer starts only once a container runs): a client of each kind is made and
+        dropped at once (a few ms; its log lines, never served, are dropped with it), and a
+        setting it refuses is a ConfigError naming it and its table."""
+        ck = _kafka()
+        for consumer in (True, False):
+            cfg = {**(self.consumer_config() if consumer else self.producer_config()), "logger": client_log}
+            try:
+                client = ck.Consumer(cfg) if consumer else ck.Producer(cfg)
+            except ck.KafkaException as e:
+                text = e.args[0].str() if e.args and isinstance(e.args[0], ck.KafkaError) else str(e)
+                m = re.search(r'"([\w.]+)"', text)  # the setting, quoted in librdkafka's message
+                key = (
+                    self._setting_key(m.group(1), consumer=consumer)
+                    if m
+                    else ("consumer" if consumer else "producer")
+                )
+                raise ConfigError(f"librdkafka refuses it: {text}", key=key) from None
+            if consumer:
+                client.close()
 
     def producer_config(self) -> dict[str, Any]:
         """The producer's librdkafka settings: defaults, then ``config``, then ``producer``."""
@@ -1059,6 +1115,15 @@ def _serde(name: str, key: str) -> Serde:
         return serde(name)
     except SerdeError as e:
         raise ConfigError(str(e), key=key) from None
+
+
+def _is_false(value: Any) -> bool:
+    """A librdkafka boolean that reads as false (librdkafka takes true, t, 1, yes, y, on, any case)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value == 0
+    return isinstance(value, str) and value.strip().lower() in ("false", "f", "0", "no", "n", "off")
 
 
 def _tps_text(tps: Sequence[Any]) -> str:

@@ -1,0 +1,52 @@
+"""A kafka system's options and librdkafka settings are checked when the system is made,
+before anything runs, each mistake named by its key (no broker needed: a client is only
+made and dropped, it connects to nothing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tailrace.errors import ConfigError
+from tailrace.kafka import KafkaSystem
+
+pytest.importorskip("confluent_kafka")
+
+
+def _system(**kw: Any) -> KafkaSystem:
+    return KafkaSystem("kafka", "127.0.0.1:1", **kw)
+
+
+@pytest.mark.parametrize(
+    ("options", "key", "says"),
+    [
+        ({"headers": "false"}, "headers", "expected true or false, got 'false'"),
+        ({"bounded": "no"}, "bounded", "expected true or false, got 'no'"),
+        ({"group_id": 5}, "group_id", "expected a group name, got 5"),
+        ({"metadata_timeout_s": -1}, "metadata_timeout_s", "expected a number of seconds > 0"),
+        ({"metadata_timeout_s": "x"}, "metadata_timeout_s", "expected a number of seconds > 0"),
+        ({"consumer": {"bogus.setting": 1}}, "consumer.bogus.setting", "No such configuration property"),
+        ({"consumer": {"enable.auto.commit": "no"}}, "consumer.enable.auto.commit", "Expected bool value"),
+        ({"consumer": {"session.timeout.ms": "abc"}}, "consumer.session.timeout.ms", "Invalid value"),
+        ({"config": {"session.timeout.ms": "abc"}}, "config.session.timeout.ms", "Invalid value"),
+        ({"producer": {"acks": "most"}}, "producer", "request.required.acks"),  # an alias too
+        ({"producer": {"linger.ms": "soon"}}, "producer", "queue.buffering.max.ms"),  # named by its alias
+        # librdkafka reads true, t, 1, yes, on in any case as true: all refused
+        ({"consumer": {"enable.auto.commit": "True"}}, "consumer.enable.auto.commit", "auto commit"),
+        ({"consumer": {"enable.auto.commit": "1"}}, "consumer.enable.auto.commit", "auto commit"),
+        ({"config": {"enable.auto.commit": "t"}}, "config.enable.auto.commit", "auto commit"),
+    ],
+)
+def test_a_bad_option_or_setting_is_refused_naming_its_key(
+    options: dict[str, Any], key: str, says: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        _system(**options)
+    assert e.value.key == key, e.value
+    assert says in str(e.value), e.value
+
+
+def test_good_settings_pass_and_false_auto_commit_spellings_are_taken() -> None:
+    for off in (False, 0, "false", "False", "0"):
+        _system(consumer={"enable.auto.commit": off, "session.timeout.ms": 6000}, producer={"linger.ms": 1})
