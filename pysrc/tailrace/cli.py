@@ -138,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--progress-interval",
-        type=float,
+        type=_positive_seconds,
         default=5.0,
         metavar="SECONDS",
         help="seconds between progress log lines when not on a terminal (default 5)",
@@ -233,6 +233,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     return _handled(args, lambda: int(args.fn(args)))
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def _handled(args: argparse.Namespace, work: Callable[[], int]) -> int:

@@ -231,7 +231,19 @@ def resolve_job_path(job: str | Path) -> Path:
 def load_job(
     job: str | Path, overrides: Mapping[str, Any] | None = None, engine: str | None = None
 ) -> JobSpec:
-    """Read and validate a job file; ``overrides`` are ``--config`` pairs, ``engine`` wins over the file."""
+    """Read and validate a job file; ``overrides`` are ``--config`` pairs, ``engine`` wins over the file.
+
+    A value refused that came from ``overrides`` is said to come from ``--config``."""
+    try:
+        return _load_job(job, overrides, engine)
+    except ConfigError as e:
+        if e.key is None or not overrides or e.key not in overrides:
+            raise
+        source = f"--config {e.key}={overrides[e.key]!r}" + (f" (over {e.source})" if e.source else "")
+        raise ConfigError(e.reason, key=e.key, allowed=e.allowed, source=source) from e
+
+
+def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: str | None) -> JobSpec:
     path = resolve_job_path(job)
     src = str(path)
     tree = _read_tree(path)

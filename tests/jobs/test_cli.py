@@ -282,6 +282,17 @@ def test_an_unknown_option_of_a_system_or_store_is_named_with_the_options_allowe
     assert "config key 'checkpoints.pth': unknown option 'pth' (allowed: type, path)" in r.stderr, r.stderr
 
 
+def test_a_bad_value_given_with_config_is_said_to_come_from_config(tmp_path: Path) -> None:
+    job = write_job(tmp_path)
+    r = run_cli(["run", str(job), "--no-progress", "--config", "task.window.ms=abc"])
+    assert r.returncode == 2, r.stderr
+    assert "config error: --config task.window.ms='abc' (over " in r.stderr, r.stderr
+    assert "config key 'task.window.ms': expected an integer" in r.stderr, r.stderr
+    for bad in ("0", "-1", "soon"):
+        r = run_cli(["run", str(job), "--progress-interval", bad])
+        assert r.returncode == 2 and "argument --progress-interval: expected a number of seconds" in r.stderr
+
+
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
     r = run_cli(["run", str(tmp_path)])
     assert r.returncode == 2 and "directory has no job.toml" in r.stderr
