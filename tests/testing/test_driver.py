@@ -370,3 +370,24 @@ def test_hooks_due_together_run_in_task_order_on_both_engines(engine: str) -> No
     d.end_input()
     assert d.outputs("out")[3:] == [f"end of Partition {p}" for p in range(3)]
     d.close()
+
+
+class NeverCompletes(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        pass  # the callback is never completed
+
+
+def test_a_drain_that_runs_out_of_task_shutdown_ms_is_logged(engine: str, caplog: Any) -> None:
+    # rule 19: a stop waits task.shutdown.ms for outstanding callbacks, then commits the low
+    # watermarks; both engines say how many callbacks it gave up on
+    config = {"task.max.concurrency": 3, "task.shutdown.ms": 20000}
+    d = TestDriver(NeverCompletes, inputs={"in": 1}, config=config, engine=engine)
+    d.start()
+    d.send_all("in", ["a", "b", "c"])
+    with caplog.at_level("WARNING", logger="tailrace"):
+        result = d.close()
+    assert result is not None and result.committed == {}
+    warned = [r.getMessage() for r in caplog.records if "still outstanding" in r.getMessage()]
+    assert warned == [
+        "shutdown: 3 callbacks still outstanding after task.shutdown.ms=20000; committing low watermarks"
+    ]

@@ -107,6 +107,7 @@ class NativeEngine:
         self._ran = False
         self._failure: BaseException | None = None
         self._reason = "stop"
+        self._final_seen = False  # the final commits began (on_commit)
 
     # -- Engine protocol ---------------------------------------------------------
     def stop(self) -> None:
@@ -258,6 +259,16 @@ class NativeEngine:
         s.commits += 1
 
     def on_commit(self, i: int, final: bool) -> int:
+        if final and not self._final_seen:  # the first of the final commits: the drain is over
+            self._final_seen = True
+            outstanding = sum(self._runner.task_stats(t)[2] for t in range(len(self._slots)))
+            if outstanding and self._failure is None:
+                log.warning(
+                    "shutdown: %d callbacks still outstanding after task.shutdown.ms=%d; "
+                    "committing low watermarks",
+                    outstanding,
+                    self.config.shutdown_ms,
+                )
         try:
             self._commit(i)
         except BaseException as e:  # noqa: BLE001 - recorded; stops the loop
