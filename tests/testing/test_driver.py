@@ -391,3 +391,24 @@ def test_a_drain_that_runs_out_of_task_shutdown_ms_is_logged(engine: str, caplog
     assert warned == [
         "shutdown: 3 callbacks still outstanding after task.shutdown.ms=20000; committing low watermarks"
     ]
+
+
+class Holds(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        pass  # completed by the test
+
+
+def test_a_message_with_a_free_key_that_arrives_later_runs_at_once(engine: str) -> None:
+    # rule 30: a slow message delays only later messages with its own key. a0 is slow and a1
+    # waits for it; b0 and c0 arrive after that, one by one, with free keys: they run at once
+    # (the C loop stopped reading a partition whose buffered keys were all busy)
+    config = {"task.max.concurrency": 3, "task.ordering": "key"}
+    d = TestDriver(Holds, inputs={"in": 1}, config=config, engine=engine)
+    for message, key in [("a0", "a"), ("a1", "a"), ("b0", "b"), ("c0", "c")]:
+        d.send("in", message, key=key)
+    assert [p.message for p in d.pending] == ["a0", "b0", "c0"]
+    d.pending[0].complete()
+    assert sorted(p.message for p in d.pending) == ["a1", "b0", "c0"]
+    for p in list(d.pending):
+        p.complete()
+    d.close()
