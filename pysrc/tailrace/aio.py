@@ -38,6 +38,7 @@ import selectors
 import threading
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
@@ -60,6 +61,8 @@ USE_UVLOOP: bool | None = None
 # How long close() waits for cancelled coroutines to unwind before it gives up on
 # them (a coroutine that swallows CancelledError and keeps awaiting).
 CANCEL_GRACE_S = 5.0
+# coroutines that ignored their cancellation for CANCEL_GRACE_S: abandoned, never waited again
+_ABANDONED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 # How long a loop other than our own selector loop (uvloop) is lent at a time to
 # the dispatch thread for inline steps, while no coroutine of ours is suspended:
@@ -224,6 +227,9 @@ class AsyncioRunner:
                 leftovers = [t for t in asyncio.all_tasks(loop) if not t.done()]
                 for t in leftovers:
                     t.cancel()
+                # coroutines that already ignored a cancellation for CANCEL_GRACE_S (an
+                # adapter's close) are not waited for a second time
+                leftovers = [t for t in leftovers if t not in _ABANDONED]
                 if leftovers:
                     loop.run_until_complete(asyncio.wait(leftovers, timeout=CANCEL_GRACE_S))
                 loop.run_until_complete(loop.shutdown_asyncgens())
@@ -668,6 +674,7 @@ class AsyncioTask(AsyncStreamTask):
             return 0
         log.debug("cancelled %d in-flight coroutine(s) of %r", len(tasks), self.task)
         _, pending = await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
+        _ABANDONED.update(pending)
         return len(pending)
 
     def _abandon(self) -> None:

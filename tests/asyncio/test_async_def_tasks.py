@@ -524,3 +524,41 @@ def test_asyncio_timeout_entered_before_suspending_cancels_the_right_task(engine
     mem = MemorySystem("mem").add_stream("in", [list(range(12))])
     Container(T, inputs=["mem.in"], systems=[mem], engine=engine, task_max_concurrency=12).run()
     assert outcomes == {o: "timed out" if o % 2 else "finished" for o in range(12)}
+
+
+class IgnoresCancellation(AsyncStreamTask):
+    async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        if envelope.offset != 3:
+            return
+        while True:  # swallows every cancellation
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                pass
+
+
+def test_a_coroutine_that_ignores_cancellation_is_waited_for_once(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/asyncio.md: coroutines that ignore cancellation are abandoned after
+    # CANCEL_GRACE_S with a warning; the runner's own shutdown does not wait for them again
+    from tailrace import aio
+
+    monkeypatch.setattr(aio, "CANCEL_GRACE_S", 1.0)
+    mem = MemorySystem().add_live_stream("in", 1)
+    for i in range(6):
+        mem.append("in", 0, i)
+    c = Container(
+        IgnoresCancellation,
+        inputs=["mem.in"],
+        systems=[mem],
+        engine=engine,
+        task_max_concurrency=4,
+        task_shutdown_ms=200,
+    )
+    threading.Timer(0.3, c.stop).start()
+    started = time.monotonic()
+    result = c.run()
+    took = time.monotonic() - started
+    assert result.committed == {ssp(0): 2}  # the low watermark: offset 3 never completed
+    assert took < 0.3 + 0.2 + 2 * 1.0 - 0.2, f"the stop took {took:.2f} s: the coroutine was waited for twice"
