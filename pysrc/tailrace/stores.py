@@ -395,7 +395,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         Dirty entries stay until their commit; when they alone exceed the cache the
         next pass waits until the cache grew by a tenth again (amortised O(1) per write)."""
         size = self._cache_size
-        target = size - size // 10
+        target = size - max(1, size // 10)  # room for the entry about to come in
         entries = self._entries
         excess = len(entries) - target
         if excess > 0:
@@ -410,7 +410,10 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
                 del entries[key]
             if victims:
                 self._complete = False  # evicted entries live only in the backend now
-        self._evict_at = max(size, len(entries) + max(1, size // 10))
+        if len(entries) < size:
+            self._evict_at = size  # (a cache under 10 entries has no tenth to grow by)
+        else:  # dirty entries alone fill it: the next pass once it grew by a tenth (or one)
+            self._evict_at = len(entries) + max(1, size // 10)
 
     def cached(self) -> int:
         """Entries in the cache now (dirty ones included)."""

@@ -195,6 +195,19 @@ def test_eviction_bounds_the_cache_and_reads_through(backend: CheckpointStore) -
     backend.close()
 
 
+@pytest.mark.parametrize("size", [1, 3, 9, 100])
+def test_clean_entries_never_exceed_cache_size_small_or_large(backend: CheckpointStore, size: int) -> None:
+    # docs/state.md: clean entries are evicted beyond cache.size (a cache under 10 entries
+    # held one more: its pass kept 90% of it, and the read that caused it came in on top)
+    stores, s = _store(backend, key_serde="int", value_serde="int", cache_size=size)
+    s.put_all((k, k) for k in range(300))
+    _commit(backend, stores)
+    for k in range(300):
+        assert s.get(k) == k
+        assert s.cached() <= size, (k, s.cached())
+    backend.close()
+
+
 def test_lru_keeps_recently_read_keys(backend: CheckpointStore) -> None:
     stores, s = _store(backend, key_serde="int", value_serde="int", cache_size=10)
     for k in range(10):
