@@ -720,6 +720,7 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
         if (L->bpos == L->nbatch) {
             if (L->phase == PH_FINISHED || L->budget == 0)
                 return 0;
+            bump(&L->iterations); /* a scheduling pass inside a batch is an iteration too */
             trl_build(L);
             if (L->nbatch == 0)
                 return 0;

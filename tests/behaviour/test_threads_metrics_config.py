@@ -255,6 +255,20 @@ def test_metrics_after_a_run(engine: str) -> None:
     assert result.processed == 13
 
 
+def test_loop_iterations_count_the_scheduling_passes_of_a_run(engine: str) -> None:
+    # metrics (SEMANTICS: per container, loop iterations): a run that dispatches thousands
+    # of messages across commits counts more than one pass (the C engine counted 1: its
+    # passes inside a batch were not counted)
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if envelope.offset % 100 == 99:
+                coordinator.commit(Scope.CURRENT_TASK)
+
+    result, _store = run_job(engine, Task, bounded([list(range(2000)), list(range(2000))]))
+    assert result.processed == 4000
+    assert result.container.loop_iterations > 10, result.container
+
+
 def test_live_metrics_show_lag_and_outstanding(engine: str) -> None:
     # metrics: watermark lag (read but not committed) and the outstanding gauge, while running
     release = threading.Event()
