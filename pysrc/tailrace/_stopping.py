@@ -136,6 +136,12 @@ def not_committed(container: _HasMetrics | None, unacknowledged: str | None) -> 
     return out
 
 
+def processed(container: _HasMetrics) -> int:
+    """What ``container`` processed, by its metrics (a run that raised has no result)."""
+    snap = container.metrics()
+    return sum(t.processed for t in snap[0].values()) if snap is not None else 0
+
+
 def gave_up_message(who: str, shutdown_ms: int, cause: str, lost: list[str]) -> str:
     """The error of a member's stop that ran out of ``task.shutdown.ms``."""
     what = "; ".join(lost) if lost else "nothing (every processed message was committed)"
@@ -152,5 +158,6 @@ __all__ = [
     "arm_backstop",
     "gave_up_message",
     "not_committed",
+    "processed",
     "uncommitted",
 ]

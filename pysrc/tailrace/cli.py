@@ -702,7 +702,13 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
 
 
 def _member_argv(args: argparse.Namespace) -> list[str]:
-    argv = [sys.executable, "-m", "tailrace", "--log-level", args.log_level, "run", args.job, "--no-progress"]
+    # a member's output is a pipe: progress lines every --progress-interval, as a file job's
+    # containers log them (none with --no-progress)
+    if args.progress is False:
+        progress = ["--no-progress"]
+    else:
+        progress = ["--progress-interval", repr(args.progress_interval)]
+    argv = [sys.executable, "-m", "tailrace", "--log-level", args.log_level, "run", args.job, *progress]
     if args.engine:
         argv += ["--engine", args.engine]
     for item in args.config:
@@ -726,7 +732,23 @@ def _run_local_containers(args: argparse.Namespace, spec: JobSpec, count: int) -
     if failed:
         log.error("%d of %d containers failed (exit codes %s)", len(failed), count, codes)
     _print_committed(spec, sys.stdout)
-    return max((abs(c) for c in codes), default=0)
+    return _members_exit(codes)
+
+
+def _members_exit(codes: list[int]) -> int:
+    """The parent's exit status from its members' (the statuses of running-jobs.md): 0 when
+    every member ended gracefully; 2 when one refused the configuration; 128+N when the
+    user forced the stop with a second signal N; else 1 (a member failed, or was killed: a
+    kill -9 is -9 here, never an exit status of its own)."""
+    failed = [c for c in codes if c != 0]
+    if not failed:
+        return 0
+    if 2 in failed:
+        return 2
+    forced = [c for c in failed if c in (128 + signal.SIGINT, 128 + signal.SIGTERM)]
+    if forced and _SIGNALS.received > 1:
+        return forced[0]
+    return 1
 
 
 def _metrics_argv(args: argparse.Namespace, i: int) -> list[str]:

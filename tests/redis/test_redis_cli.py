@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from redis_support import RedisServer
@@ -104,3 +108,79 @@ type = "memory"
     done = run_cli("run", str(job), "--containers", "2")
     assert done.returncode == 2
     assert "config key '--containers'" in done.stderr and "not a file input" in done.stderr, done.stderr
+
+
+def test_members_of_local_containers_log_progress_and_a_killed_one_fails_the_run_with_1(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # running-jobs.md: each container logs a progress line every --progress-interval; the
+    # parent's exit status is 1 when a container failed, a kill -9 included (it was 9: the
+    # largest |code| of its members)
+    system = RedisSystem("redis", redis_server.url)
+    system.create_stream("in", 2)
+    system.create_stream("out", 1)
+    for p in range(2):
+        for i in range(150):
+            system.append("in", p, {"p": p, "i": i})
+    system.end_stream("in")
+    job = write_job(tmp_path, redis_server.url)
+    (tmp_path / "forward.py").write_text(TASK + SLOW)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tailrace",
+            "run",
+            str(job),
+            "--containers",
+            "2",
+            "--progress-interval",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        members: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(members) < 2 and time.monotonic() < deadline:
+            members = [
+                int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _parent_of(int(pid)) == proc.pid
+            ]
+            time.sleep(0.05)
+        assert len(members) == 2, members
+        time.sleep(1.0)  # both run a while: progress lines
+        os.kill(members[0], signal.SIGKILL)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert re.search(r"\[container [01]\] .*progress: \d+ processed", err), err[-3000:]
+    assert "1 of 2 containers failed" in err, err[-3000:]
+    system.close()
+
+
+SLOW = """
+
+import time as _time
+
+_plain = Forward.process
+
+
+def _slow(self, envelope, collector, coordinator):
+    _time.sleep(0.01)
+    _plain(self, envelope, collector, coordinator)
+
+
+Forward.process = _slow
+"""
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1

@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed
+from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed, processed
 from ..config import Config, parse_config
 from ..container import Container
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
@@ -424,8 +424,7 @@ class KafkaMember:
         try:
             result = container.run()
         except Exception as e:
-            snap = container.metrics()  # what it processed still counts
-            self.result.processed += sum(t.processed for t in snap[0].values()) if snap is not None else 0
+            self.result.processed += processed(container)  # what it processed still counts
             if self.deadline.due():
                 raise CheckpointError(self.gave_up_message(f"{type(e).__name__}: {e}")) from e
             if not isinstance(e, TailraceError) or fenced_cause(e) is None:

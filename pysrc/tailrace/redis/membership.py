@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed
+from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed, processed
 from ..config import parse_config
 from ..container import Container
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
@@ -399,6 +399,7 @@ class Member:
         try:
             result = container.run()
         except Exception as e:
+            self.result.processed += processed(container)  # what it processed still counts
             if self.deadline.due():
                 raise CheckpointError(self.gave_up_message(f"{type(e).__name__}: {e}")) from e
             if not isinstance(e, TailraceError) or fenced_cause(e) is None:
