@@ -199,9 +199,14 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--format", choices=["jsonl", "text"], help="default: text for .txt, else jsonl")
     load.add_argument("--key-field", metavar="FIELD", help="JSON field whose value is the message key")
     load.add_argument(
-        "--partitions", type=int, metavar="N", help="create the stream with N partitions if Redis lacks it"
+        "--partitions",
+        type=_positive_int,
+        metavar="N",
+        help="create the stream with N partitions if Redis lacks it",
     )
-    load.add_argument("--batch", type=int, default=1000, metavar="N", help="messages per round trip")
+    load.add_argument(
+        "--batch", type=_positive_int, default=1000, metavar="N", help="messages per round trip"
+    )
     load.add_argument("--end", action="store_true", help="then append the end-of-stream marker")
     _log_level_option(load)
     load.set_defaults(fn=cmd_load)
@@ -233,6 +238,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     return _handled(args, lambda: int(args.fn(args)))
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def _positive_seconds(text: str) -> float:
@@ -1293,7 +1309,10 @@ def cmd_load(args: argparse.Namespace) -> int:
         raise SetupError(f"{path}: no such file")
     fmt = args.format or ("text" if path.suffix == ".txt" else "jsonl")
     if args.partitions is not None:
-        system.create_stream(ss.stream, args.partitions, exist_ok=True)
+        try:
+            system.create_stream(ss.stream, args.partitions, exist_ok=True)
+        except ValueError as e:  # the stream exists with another partition count
+            raise ConfigError(str(e), key="--partitions") from None
     started = time.monotonic()
     counts = append_pipelined(
         system, ss.stream, read_messages(path, fmt), key_field=args.key_field, batch=args.batch

@@ -115,6 +115,21 @@ def test_load_run_show_reset(redis_server: RedisServer, tmp_path: Path) -> None:
     system.close()
 
 
+def test_load_refuses_bad_counts_naming_the_option(redis_server: RedisServer, tmp_path: Path) -> None:
+    # usage mistakes are one line and exit 2, never a traceback
+    job = write_job(tmp_path, redis_server.url)
+    assert load(tmp_path, job, 10).returncode == 0  # the stream now has 4 partitions
+    data = str(tmp_path / "clicks.jsonl")
+    other = cli("load", str(job), data, "--partitions", "2")
+    assert other.returncode == 2, other.stderr
+    assert "config key '--partitions'" in other.stderr and "4 partitions" in other.stderr, other.stderr
+    assert "Traceback" not in other.stderr
+    for option, value in (("--partitions", "0"), ("--batch", "0"), ("--batch", "-5")):
+        bad = cli("load", str(job), data, option, value)
+        assert bad.returncode == 2, bad.stderr
+        assert f"argument {option}: expected an integer >= 1" in bad.stderr, bad.stderr
+
+
 def test_load_is_pipelined(redis_server: RedisServer, tmp_path: Path) -> None:
     job = write_job(tmp_path, redis_server.url)
     loaded = load(tmp_path, job, 20000)
