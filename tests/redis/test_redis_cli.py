@@ -59,14 +59,20 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_tailrace_run_with_two_local_containers(redis_server: RedisServer, tmp_path: Path) -> None:
+def bounded_input(redis_server: RedisServer, partitions: int, per_partition: int) -> RedisSystem:
+    """Stream "in" of ``{"p": p, "i": i}`` messages, ended, and an empty one-partition "out"."""
     system = RedisSystem("redis", redis_server.url)
-    system.create_stream("in", 6)
+    system.create_stream("in", partitions)
     system.create_stream("out", 1)
-    for p in range(6):
-        for i in range(100):
+    for p in range(partitions):
+        for i in range(per_partition):
             system.append("in", p, {"p": p, "i": i})
     system.end_stream("in")
+    return system
+
+
+def test_tailrace_run_with_two_local_containers(redis_server: RedisServer, tmp_path: Path) -> None:
+    system = bounded_input(redis_server, 6, 100)
     job = write_job(tmp_path, redis_server.url)
     done = run_cli("run", str(job), "--containers", "2")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -116,13 +122,7 @@ def test_members_of_local_containers_log_progress_and_a_killed_one_fails_the_run
     # running-jobs.md: each container logs a progress line every --progress-interval; the
     # parent's exit status is 1 when a container failed, a kill -9 included (it was 9: the
     # largest |code| of its members)
-    system = RedisSystem("redis", redis_server.url)
-    system.create_stream("in", 2)
-    system.create_stream("out", 1)
-    for p in range(2):
-        for i in range(150):
-            system.append("in", p, {"p": p, "i": i})
-    system.end_stream("in")
+    system = bounded_input(redis_server, 2, 150)
     job = write_job(tmp_path, redis_server.url)
     (tmp_path / "forward.py").write_text(TASK + SLOW)
     proc = subprocess.Popen(
