@@ -269,10 +269,17 @@ class _Fetcher:
         Asynchronous: the answer comes to ``_on_commit`` inside a later ``consume``.
         ``in_callback`` (a revoke callback that waits for the container's final commit):
         no ``consume`` can run until the callback returns, so each commit counts as
-        answered at once. That fences nothing away: the partitions are this member's
-        until the callback returns; a refusal that comes later is logged."""
+        answered at once, and so does every commit sent before the callback began. That
+        fences nothing away: the partitions are this member's until the callback returns;
+        a refusal that comes later is logged."""
         with self.cond:
             todo, self._commits = self._commits, []
+            if in_callback:  # sent before the callback began: their answers cannot come until it returns
+                answered, self._inflight = self._inflight, []
+            else:
+                answered = []
+        for req in answered:
+            req.done.set()
         for req in todo:
             try:
                 self.consumer.commit(offsets=req.tps, asynchronous=True)
