@@ -3,7 +3,6 @@ consumer group (tailrace.kafka.membership), checkpoints shared in Redis."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -66,7 +65,7 @@ bootstrap_servers = "{cluster.bootstrap}"
 
 
 def _outputs(cluster: Cluster) -> list[int]:
-    return [json.loads(m.value())["i"] for m in cluster.read_all("out", 1)[0]]
+    return [v["i"] for v in cluster.json_values("out")]
 
 
 _STARTED: list[subprocess.Popen[bytes]] = []

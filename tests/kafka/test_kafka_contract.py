@@ -234,7 +234,7 @@ def test_kill_9_member_then_resume_loses_nothing(kafka_cluster: Any, tmp_path: A
     ]
 
     def outputs() -> list[int]:
-        return [json.loads(m.value())["i"] for m in cluster.read_all("out", 1)[0]]
+        return [v["i"] for v in cluster.json_values("out")]
 
     first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
