@@ -40,6 +40,7 @@ committed (no checkpoint past output Kafka did not acknowledge, rule 21), and ``
 raises CheckpointError saying which partitions were not committed: what a restart
 processes again. Group commits are asynchronous, so a coordinator that vanished never
 blocks the fetch thread, which keeps serving the group's callbacks.
+
 Guarantee: at least once (rule 20); duplicates are bounded by what a container
 processed after its last commit (a crash, kill -9 or lost membership).
 """
