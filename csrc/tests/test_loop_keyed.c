@@ -223,6 +223,19 @@ static void kh_run_completing(kh *h) {
     pthread_join(completer, NULL);
 }
 
+/* 2000 messages with pseudo-random keys below nkeys, run to the end while they complete in
+ * random order: every one invoked, no ordering error. The keys live until the next call. */
+static void kh_run_random(kh *h, uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys,
+                          uint32_t flags, int64_t commit_ns) {
+    static uint64_t keys[2000];
+    kh_random_keys(keys, seed, nkeys);
+    kh_init_flags(h, keys, 2000, maxc, buffer, flags, commit_ns);
+    h->rng ^= seed;
+    kh_run_completing(h);
+    CHECK(h->errors == 0);
+    CHECK(h->ninvoked == 2000);
+}
+
 /* Nothing completes: the look-ahead takes the first message of each free key. */
 static void test_lookahead_picks_free_keys(void) {
     static const uint64_t keys[] = {1, 1, 2, 3, 2, 4};
@@ -275,14 +288,8 @@ static void test_busy_ring_stops_reading(void) {
 /* Random completion order from another thread; push-time key checks above. */
 static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys,
                                    uint32_t flags) {
-    static uint64_t keys[2000];
-    kh_random_keys(keys, seed, nkeys);
     kh h;
-    kh_init_flags(&h, keys, 2000, maxc, buffer, flags, 0);
-    h.rng ^= seed;
-    kh_run_completing(&h);
-    CHECK(h.errors == 0);
-    CHECK(h.ninvoked == 2000);
+    kh_run_random(&h, seed, maxc, buffer, nkeys, flags, 0);
     if (flags & TR_TASK_INLINE) /* runs, and (room for more than one) look-ahead after an escape */
         CHECK(h.nruns > 0 && (maxc == 1 || h.nprocess > 0));
     else
@@ -301,14 +308,8 @@ static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer
  * settled commits see exactly a released prefix, and the catch-up after an
  * unsettled one (look-ahead off until nothing is ahead) gets settled ones through. */
 static void test_settled_commits(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys) {
-    static uint64_t keys[2000];
-    kh_random_keys(keys, seed, nkeys);
     kh h;
-    kh_init_flags(&h, keys, 2000, maxc, buffer, TR_TASK_KEYED, 200000);
-    h.rng ^= seed;
-    kh_run_completing(&h);
-    CHECK(h.errors == 0);
-    CHECK(h.ninvoked == 2000);
+    kh_run_random(&h, seed, maxc, buffer, nkeys, TR_TASK_KEYED, 200000);
     CHECK(h.ncommits > h.nsettled); /* some found messages taken ahead ... */
     CHECK(h.nsettled > 1);          /* ... and settled ones followed, not only the final one */
     tr_loop_destroy(h.loop);
