@@ -412,3 +412,40 @@ def test_a_message_with_a_free_key_that_arrives_later_runs_at_once(engine: str) 
     for p in list(d.pending):
         p.complete()
     d.close()
+
+
+@pytest.mark.parametrize(("before_ms", "timeout_ms"), [(137, 4000), (18_001, 30_000), (7000, 1001)])
+def test_a_callback_times_out_when_time_lands_exactly_on_its_deadline(
+    engine: str, before_ms: int, timeout_ms: int
+) -> None:  # rule 16: a deadline summed in float seconds stayed 1 ulp above the clock's reading
+    d = TestDriver(Lookup, inputs={"in": 1}, config={"task.callback.timeout.ms": timeout_ms}, engine=engine)
+    d.start()
+    d.advance(before_ms)
+    d.send("in", "slow")
+    d.advance(timeout_ms - 1)
+    assert d.running
+    with pytest.raises(tailrace.CallbackTimeoutError):
+        d.advance(1)
+    assert not d.running
+
+
+@pytest.mark.parametrize("before_ms", [18_001, 48_001, 137])
+def test_close_lets_task_shutdown_ms_pass_at_any_virtual_time(engine: str, before_ms: int) -> None:  # rule 19
+    d = TestDriver(Lookup, inputs={"in": 1}, engine=engine)
+    d.start()
+    d.advance(before_ms)
+    d.send("in", "never")
+    began = time.monotonic()
+    result = d.close()
+    assert result is not None and result.reason == "stop"
+    assert time.monotonic() - began < 10
+
+
+def test_a_100_ms_window_fires_every_100_ms_of_small_steps(engine: str) -> None:  # rule 8
+    # 0.1 + 0.1 + 0.1 > 0.3 in float seconds: each window must still fire at its whole millisecond
+    d = TestDriver(Recorder, inputs={"in": 1}, config={"task.window.ms": 100, "task.commit.ms": 300}, engine=engine)
+    with d:
+        for step in range(1, 31):
+            d.advance(100)
+            (task,) = d.tasks
+            assert len([e for e in task.log if e[0] == "window"]) == step, f"after {step * 100} ms"

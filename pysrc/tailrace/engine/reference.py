@@ -104,12 +104,20 @@ _RUN_MAX = 64
 _RUN_FILL = 256
 
 
+def _after(now: float, seconds: float) -> float:
+    """``now + seconds`` on the whole-nanosecond grid the clocks count in (tailrace.clock,
+    as the C loop): a deadline summed in float seconds can land an ulp past the clock's
+    reading at that very nanosecond (0.1 + 0.2 > 0.3), and a virtual clock stepped exactly
+    to it would then never reach it."""
+    return round((now + seconds) * 1e9) / 1e9
+
+
 def _rearm(when: float, period: float, now: float) -> float:
     """The next firing of a periodic timer that fell due at ``when`` and fired at ``now``:
     on its grid (Samza's fixed rate, as the C loop), or a period after ``now`` when a whole
     period or more was missed (the missed firings coalesce into the one that fired)."""
-    after = when + period
-    return after if after > now else now + period
+    after = _after(when, period)
+    return after if after > now else _after(now, period)
 
 
 def _taken_ahead(t: _Task) -> bool:
@@ -280,8 +288,8 @@ class _Task:
         self.release_stopped = False  # release stopped after a commit request (rule 15)
         # barriers (rules 8, 9, 23)
         self.commit_requested = False
-        self.next_commit = now + cfg.commit_ms / 1000 if cfg.commit_ms > 0 else None
-        self.next_window = now + cfg.window_ms / 1000 if self.window is not None else None
+        self.next_commit = _after(now, cfg.commit_ms / 1000) if cfg.commit_ms > 0 else None
+        self.next_window = _after(now, cfg.window_ms / 1000) if self.window is not None else None
         self.window_due = False  # the window timer fired; the window has not run yet (rule 8)
         self.voted = False
         self.done = False  # end of stream reached and hook run (rule 11)
@@ -656,7 +664,7 @@ class ReferenceEngine:
         log.debug("run loop stopping: %s", reason)
         self._reason = reason
         self._draining = True
-        self._drain_deadline = self._clock.monotonic() + self.config.shutdown_ms / 1000
+        self._drain_deadline = _after(self._clock.monotonic(), self.config.shutdown_ms / 1000)
 
     # -- 4. input -------------------------------------------------------------
     def _poll_inputs(self) -> bool:
@@ -1088,7 +1096,7 @@ class ReferenceEngine:
                 t.catch_up = False
                 t.commit_requested = True  # the commit that found the gap, now it can write
         if self._timeout is not None:
-            cb.deadline = self._clock.monotonic() + self._timeout
+            cb.deadline = _after(self._clock.monotonic(), self._timeout)
         t.unresolved[seq] = cb
         if t.kind == "sync":
             if not self._workers:
