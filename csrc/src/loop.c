@@ -341,12 +341,13 @@ int tr_loop_task_settled(tr_loop *L, uint32_t t) {
     if (t >= L->cfg.ntasks)
         return 0;
     task *T = &L->tasks[t];
-    /* dispatched and not released (a failed message of a run included), less the
-     * ops handed back unrun; a keyed task's handed-back ops may lie behind
-     * messages it released (taken later, by look-ahead): only none settles it */
+    /* dispatched and not released (a failed message of a run included; the ops
+     * handed back unrun are not counted as processed); a keyed task's handed-back
+     * ops may lie behind messages it released (taken later, by look-ahead): only
+     * none settles it */
     uint64_t processed = atomic_load_explicit(&T->processed, TR_RELAXED);
     uint64_t completed = atomic_load_explicit(&T->completed, TR_RELAXED);
-    if (processed - completed != (T->keyed ? 0 : T->redo_count))
+    if (processed != completed || (T->keyed && T->redo_count))
         return 0;
     if (T->keyed && T->kahead) {
         T->kcatchup = 1; /* see key_pick and take_keyed */

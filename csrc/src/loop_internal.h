@@ -331,6 +331,11 @@ static inline void bump_n(_Atomic uint64_t *c, uint64_t n) {
     atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) + n, TR_RELAXED);
 }
 
+/* a pool op handed back unrun was not processed after all (see CQ_UNRUN) */
+static inline void unbump_n(_Atomic uint64_t *c, uint64_t n) {
+    atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) - n, TR_RELAXED);
+}
+
 static inline uint32_t pow2_at_least(uint64_t n) {
     uint64_t p = 2;
     while (p < n && p < (1ull << 30))

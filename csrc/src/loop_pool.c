@@ -46,6 +46,8 @@ static int push_worker(tr_loop *L, task *T, tr_queue *q, const tr_item *items, s
     if (k < n) {
         T->redo_from = items[k].b;
         T->redo_count = (uint32_t)(T->acquired - items[k].b);
+        unbump_n(&T->processed, n - k); /* counted when they went into items */
+        unbump_n(&L->chosen, n - k);
     }
     if (L->internal == TR_OK)
         L->internal = TR_EAGAIN;
@@ -71,6 +73,8 @@ uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget) {
     for (uint32_t i = 0; i < redo; i++) {
         uint64_t seq = T->redo_from + i;
         its[n++] = (tr_item){kt_word(W_RUN, t), seq}; /* its item is still in pitem */
+        bump(&T->processed);
+        bump(&L->chosen);
         if (T->infl) {
             inflight *f = &T->infl[seq & T->infl_mask];
             trl_arm_timeout(L, t, seq, f->handle, f->part);

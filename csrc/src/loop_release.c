@@ -138,6 +138,9 @@ void trl_drain_completions(tr_loop *L) {
                     L->internal = TR_EINVAL; /* cannot happen: a worker keeps seq order */
                 T->redo_count++;
                 T->paused = 1;
+                /* counted again when it is handed out again */
+                unbump_n(&T->processed, 1);
+                unbump_n(&L->chosen, 1);
                 if (T->infl)
                     T->infl[items[i].b & T->infl_mask].done = 2;
                 trl_mark_dirty(L, t);

@@ -255,6 +255,31 @@ def test_metrics_after_a_run(engine: str) -> None:
     assert result.processed == 13
 
 
+@pytest.mark.parametrize("scope", [Scope.ALL_TASKS_IN_CONTAINER, Scope.CURRENT_TASK])
+@pytest.mark.parametrize("pool", [1, 2])
+def test_a_stop_on_the_pool_counts_only_the_messages_process_ran_for(
+    engine: str, scope: Scope, pool: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # metrics: messages the pool had queued when a shutdown request stopped the task were
+    # never processed; nothing is outstanding, so the stop waits for nothing (rule 19)
+    calls: list[int] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            calls.append(envelope.offset)
+            if envelope.offset == 3:
+                coordinator.shutdown(scope)
+
+    caplog.set_level("WARNING", logger="tailrace")
+    result, store = run_job(engine, Task, bounded([list(range(10))]), job_container_thread_pool_size=pool)
+    m = result.tasks["Partition 0"]
+    assert calls == [0, 1, 2, 3]
+    assert (m.processed, m.completed, m.outstanding, m.failed) == (4, 4, 0, 0)
+    assert result.processed == 4 and result.container.envelopes_chosen == 4 and result.reason == "shutdown"
+    assert store.committed("tailrace-job") == {ssp(0): 3}
+    assert not [r for r in caplog.records if "outstanding" in r.getMessage()]
+
+
 def test_loop_iterations_count_the_scheduling_passes_of_a_run(engine: str) -> None:
     # metrics (SEMANTICS: per container, loop iterations): a run that dispatches thousands
     # of messages across commits counts more than one pass (the C engine counted 1: its
