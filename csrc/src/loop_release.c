@@ -253,6 +253,11 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             if (part_used(P, T->keyed) <= P->fill / 2)
                 trl_queue_refill(L, t, p);
         }
+        /* fill_run moved the round robin past every message it put in the run: one
+         * that ended early (a request, a failure, a barrier) rewinds it to the first
+         * message not consumed, whose partition is next (rule 5) */
+        if (consumed < L->run_count)
+            T->rr = L->run_parts[consumed];
     }
     /* ended by tr_loop_run_yield (a barrier or a stop), not by a failure, a request
      * or its end: the task keeps its turn (trl_carry) */

@@ -281,6 +281,24 @@ def test_dispatch_is_fair_across_tasks_and_partitions(engine: str) -> None:
         assert first.count(key) >= 20, (key, first.count(key))
 
 
+@pytest.mark.parametrize("ask", [{0}, {0, 1, 2, 3}, set(range(40))])
+def test_a_commit_request_keeps_a_task_s_partitions_in_turn(engine: str, ask: set[int]) -> None:
+    # rule 5: a task's partitions take turns message by message; a commit request (which
+    # ends the task's run of messages early) must not let one partition run ahead
+    order: list[str] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            order.append(f"{envelope.stream}{envelope.offset}")
+            if envelope.stream == "a" and envelope.offset in ask:
+                coordinator.commit(Scope.CURRENT_TASK)
+
+    n = 40 if len(ask) == 40 else 4
+    system = MemorySystem().add_stream("a", [list(range(n))]).add_stream("b", [list(range(n))])
+    run_job(engine, Task, system, inputs=["mem.a", "mem.b"])
+    assert order == [f"{s}{o}" for o in range(n) for s in "ab"]
+
+
 def test_dispatch_stays_fair_when_commits_are_slow(engine: str) -> None:
     # rule 5 with barriers: both tasks' commits fall due together and take long (a store that
     # waits for a broker), so the loop is busy from one commit to the next; each task still
