@@ -835,10 +835,12 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     }
     T->control_kind = CTL_NONE;
     trl_pool_unhold(L, T);
-    if (requests)
-        trl_apply_requests(L, t, requests & TR_REQ_MASK);
+    /* the last task's end of stream ends the run as such, even when its hook also
+     * requested a shutdown (the first reason wins; as the reference engine) */
     if (T->done)
         settle_check(L);
+    if (requests)
+        trl_apply_requests(L, t, requests & TR_REQ_MASK);
     trl_maybe_ready(L, t);
     trl_maybe_control(L, t);
 }

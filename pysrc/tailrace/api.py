@@ -130,10 +130,14 @@ class TaskContext:
         return self._metrics()
 
     def schedule(self, key: Any, when: float, fn: Callable[[Any, Collector, Coordinator], Any]) -> None:
-        """Run ``fn(key, collector, coordinator)`` once at ``when`` (time.time() seconds)."""
+        """Run ``fn(key, collector, coordinator)`` once at ``when`` (time.time() seconds; a
+        time already past fires at the next chance, ``inf`` never). ValueError for a NaN ``when``."""
         if not callable(fn):
             raise TypeError(f"timer callback for key {key!r} is not callable: {fn!r}")
-        self._timers.schedule(key, float(when), fn)
+        at = float(when)
+        if at != at:  # NaN: neither past nor future (inf is: it never fires)
+            raise ValueError(f"timer for key {key!r}: when is NaN; give a time.time() value")
+        self._timers.schedule(key, at, fn)
 
     def cancel(self, key: Any) -> bool:
         """Remove the timer registered under ``key``; True if there was one."""

@@ -314,3 +314,30 @@ def test_timer_at_infinity_or_centuries_ahead_never_fires_and_runs(engine: str) 
     result, _ = run_job(engine, Task, system, task_max_idle_ms=600000)
     assert fired == ["soon"]
     assert result.reason == "shutdown"
+
+
+def test_a_timer_at_nan_is_refused_and_minus_infinity_fires_at_once(engine: str) -> None:
+    # rule 23: NaN is neither past nor future (one engine fired it at once, the other never)
+    fired: list[str] = []
+    refused: list[str] = []
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            try:
+                context.schedule("nan", float("nan"), self.fire)
+            except ValueError as e:
+                refused.append(str(e))
+            context.schedule("past", float("-inf"), self.fire)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            fired.append(key)
+            coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    system = MemorySystem().add_live_stream("in", 1)
+    result, _ = run_job(engine, Task, system, task_max_idle_ms=600000)
+    assert refused and "'nan'" in refused[0] and "NaN" in refused[0]
+    assert fired == ["past"]
+    assert result.reason == "shutdown" and result.tasks["Partition 0"].timers == 1

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tailrace import AsyncStreamTask, MemoryCheckpointStore, MemorySystem, StreamTask
+from tailrace import AsyncStreamTask, MemoryCheckpointStore, MemorySystem, Scope, StreamTask
 
 from .helpers import WAIT, HeldCallbacks, bounded, run_job, ssp, start, wait_until
 from .live_job import CRASH_MESSAGES, PARTITIONS
@@ -210,3 +210,23 @@ def test_stop_is_bounded_by_shutdown_ms_with_a_stuck_call_on_the_pool(engine: st
     assert took < 0.2 + 0.6, f"run() returned {took:.2f} s after stop() with task.shutdown.ms=200"
     assert result.reason == "stop"
     assert result.committed == {}  # the stuck message is not committed, nor anything after it
+
+
+@pytest.mark.parametrize("scope", [Scope.ALL_TASKS_IN_CONTAINER, Scope.CURRENT_TASK])
+@pytest.mark.parametrize("pool", [0, 1])
+def test_a_shutdown_requested_by_the_last_end_of_stream_ends_the_run_as_end_of_stream(
+    engine: str, scope: Scope, pool: int
+) -> None:  # rules 11, 14: every task is done; the request stops nothing more
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            collector.send("mem.out", "eos")
+            coordinator.shutdown(scope)
+
+    system = bounded([[1, 2]])
+    result, store = run_job(engine, Task, system, job_container_thread_pool_size=pool)
+    assert result.reason == "end_of_stream"
+    assert system.messages("out") == ["eos"]
+    assert store.committed("tailrace-job") == {ssp(0): 1}
