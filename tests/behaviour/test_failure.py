@@ -228,3 +228,36 @@ def test_failure_never_moves_the_watermark_past_the_failed_message(engine: str) 
     for _, offsets in store.history:
         assert offsets[ssp(0)] < 1
     assert store.committed("tailrace-job").get(ssp(0), -1) <= 0
+
+
+def test_no_process_call_after_a_failure_reaches_a_task_on_the_pool(engine: str) -> None:
+    # rules 16, 19: a failure stops dispatch; messages the pool had queued for another task are
+    # not invoked, and no process call runs after that task's close()
+    log: list[str] = []
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            self.p = context.partitions[0].partition
+            self.closed = False
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if self.p == 1:
+                raise RuntimeError("boom")
+            log.append("after close" if self.closed else "process")
+            time.sleep(0.002)
+
+        def close(self) -> None:
+            self.closed = True
+
+    with pytest.raises(TaskError, match="boom"):
+        run_job(
+            engine,
+            Task,
+            bounded([list(range(200)), [0]]),
+            job_container_thread_pool_size=2,
+            task_max_concurrency=4,
+        )
+    calls = len(log)
+    time.sleep(0.2)
+    assert "after close" not in log
+    assert len(log) == calls < 200

@@ -358,3 +358,17 @@ def test_pool_threads_keep_threading_local_for_their_lifetime(engine: str, pool:
     result, _ = run_job(engine, Task, system, **{"job.container.thread.pool.size": pool})
     assert result.processed == 20000
     assert len(opened) == len(set(opened)) <= pool, f"{len(opened)} connections for {pool} threads"
+
+
+def test_a_large_pool_stops_without_calling_idle_threads_stuck(
+    engine: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # rule 19: idle pool threads are not "still inside process", however many there are
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+    caplog.set_level("WARNING", logger="tailrace")
+    result, _ = run_job(engine, Task, bounded([[1, 2, 3]]), job_container_thread_pool_size=1024)
+    assert result.processed == 3
+    assert not [r for r in caplog.records if "pool thread" in r.getMessage()]

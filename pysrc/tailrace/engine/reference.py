@@ -91,6 +91,7 @@ from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.reference")
 _POOL_EXIT_GRACE_S = 0.05  # idle pool threads exit at once; only a stuck one takes longer
+_POOL_IDLE_EXIT_S = 2.0  # more for threads not inside process (a pool of 1024 takes ~0.1 s to exit)
 
 _COMMIT = COMMIT_CURRENT | COMMIT_ALL
 # messages of one task in a row (ReferenceEngine._run), a task's turn (rule 5): the C
@@ -360,6 +361,7 @@ class ReferenceEngine:
         self._vote_count = 0  # tasks that voted for shutdown or are done
         self._workers: list[queue.SimpleQueue[Any]] = []
         self._threads: list[threading.Thread] = []
+        self._busy: list[bool] = []  # per pool thread: inside a process call
         self._metrics = ContainerMetrics()
         self._timeout = (
             self.config.callback_timeout_ms / 1000 if self.config.callback_timeout_ms > 0 else None
@@ -399,8 +401,8 @@ class ReferenceEngine:
                 self._loop()
             self._final_commit()
         finally:
+            self._stop_pool()  # before close(): no process call of a task after its close (rule 19)
             self._close_tasks()
-            self._stop_pool()
             if self._watch is not None:
                 self._watch.close()
             self._clock.forget(self._cv)
@@ -472,20 +474,30 @@ class ReferenceEngine:
         cb.requests = coordinator.take()
         self._resolve(cb, error)
 
-    def _worker_main(self, q: queue.SimpleQueue[Any]) -> None:
+    def _worker_main(self, i: int, q: queue.SimpleQueue[Any]) -> None:
+        busy = self._busy
         while True:
             item = q.get()
             if item is None:
                 return
-            self._run_sync(*item)
+            if self._failure is not None:
+                continue  # the run failed: a queued message is not invoked (as the C loop)
+            busy[i] = True
+            try:
+                self._run_sync(*item)
+            finally:
+                busy[i] = False
 
     # -- start and the loop ---------------------------------------------------
     def _start(self) -> None:
         n = self.config.thread_pool_size
         for i in range(n):
             q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            th = threading.Thread(target=self._worker_main, args=(q,), name=f"tailrace-pool-{i}", daemon=True)
+            th = threading.Thread(
+                target=self._worker_main, args=(i, q), name=f"tailrace-pool-{i}", daemon=True
+            )
             self._workers.append(q)
+            self._busy.append(False)
             self._threads.append(th)
             th.start()
         for t in self._tasks:
@@ -1179,8 +1191,12 @@ class ReferenceEngine:
             q.put(None)
         deadline = time.monotonic() + _POOL_EXIT_GRACE_S
         stuck = 0
-        for th in self._threads:
+        idle_deadline = deadline + _POOL_IDLE_EXIT_S
+        for i, th in enumerate(self._threads):
             th.join(timeout=max(0.0, deadline - time.monotonic()))
+            if th.is_alive() and not self._busy[i]:
+                # idle, on its way out: a large pool takes longer than the grace to exit
+                th.join(timeout=max(0.0, idle_deadline - time.monotonic()))
             stuck += th.is_alive()
         if stuck:
             log.warning(
