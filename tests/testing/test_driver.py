@@ -443,7 +443,9 @@ def test_close_lets_task_shutdown_ms_pass_at_any_virtual_time(engine: str, befor
 
 def test_a_100_ms_window_fires_every_100_ms_of_small_steps(engine: str) -> None:  # rule 8
     # 0.1 + 0.1 + 0.1 > 0.3 in float seconds: each window must still fire at its whole millisecond
-    d = TestDriver(Recorder, inputs={"in": 1}, config={"task.window.ms": 100, "task.commit.ms": 300}, engine=engine)
+    d = TestDriver(
+        Recorder, inputs={"in": 1}, config={"task.window.ms": 100, "task.commit.ms": 300}, engine=engine
+    )
     with d:
         for step in range(1, 31):
             d.advance(100)
