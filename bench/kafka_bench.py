@@ -33,7 +33,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tailrace.container import EngineName
 
 ROOT = Path(__file__).resolve().parent.parent
 MOKAPI = ROOT / "build" / "npm" / "node_modules" / ".bin" / "mokapi"
@@ -134,7 +137,7 @@ def bare(bootstrap: str, topic: str, n: int, partitions: int, batch: int) -> tup
     return dt, cpu
 
 
-def framework(bootstrap: str, topic: str, n: int, batch: int, engine: str) -> tuple[float, float]:
+def framework(bootstrap: str, topic: str, n: int, batch: int, engine: EngineName) -> tuple[float, float]:
     import tailrace
     from tailrace.kafka import KafkaSystem
 

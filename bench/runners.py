@@ -15,9 +15,12 @@ import importlib.metadata
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workloads import KEYS, Workload, payload, split
+
+if TYPE_CHECKING:
+    from tailrace.container import EngineName
 
 FLOOR_BLOCK = 200_000  # envelopes built once and replayed by the floor loop
 STREAM = "in"
@@ -70,8 +73,9 @@ class TailraceRunner(Runner):
 
     kind = "engine"
 
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: EngineName) -> None:
         self.name = engine
+        self.engine: EngineName = engine
 
     def unavailable(self) -> str | None:
         try:
@@ -101,7 +105,7 @@ class TailraceRunner(Runner):
                 inputs=[f"{SYSTEM}.{STREAM}"],
                 systems=[mem],
                 config=dict(workload.config),
-                engine=self.name,
+                engine=self.engine,
             )
             fired = threading.Event()
 

@@ -6,7 +6,8 @@ class StoreLock:
     def __exit__(self, *exc: object) -> None: ...
 
 class Encoded:
-    data: bytes
+    @property
+    def data(self) -> bytes: ...  # read-only at run time
     def __init__(self, data: bytes) -> None: ...
 
 ABSENT: object

@@ -42,6 +42,7 @@ _SHOWN_PARTITIONS = 16  # partitions listed in the live display
 
 
 _LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+_MAX_PORT = 65535
 _KEYS_EPILOG = (
     'config keys: the job file\'s [config] table, keys quoted ("task.window.ms" = 1000),\n'
     "or --config KEY=VALUE. The job's name is [job] name (or --config job.name=NAME).\n"
@@ -120,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config key (or job.*, systems.<name>.*, checkpoints.* entry); repeatable",
+        help="override a config key (or a job.*, systems.<name>.*, stores.<name>.* or checkpoints.* entry); "
+        "repeatable",
     )
     prog = run.add_mutually_exclusive_group()
     prog.add_argument(
@@ -153,10 +155,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         metavar="PORT",
         help="serve Prometheus metrics on this port (needs the extra: pip install 'tailrace[prometheus]'); "
-        "with --containers N, container i serves on PORT+i",
+        "with --containers N, container i serves on PORT+i; 0: a free port, each container its own",
     )
     run.add_argument(
         "--metrics-host",
@@ -248,6 +250,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}") from None
+    if not 0 <= value <= _MAX_PORT:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
     return value
 
 
@@ -767,15 +780,22 @@ def _members_exit(codes: list[int]) -> int:
     return 1
 
 
+def _container_port(port: int, i: int) -> int:
+    """Container ``i``'s metrics port: PORT + i; with PORT 0, 0 for each (a free port each)."""
+    return port + i if port else 0
+
+
 def _metrics_argv(args: argparse.Namespace, i: int) -> list[str]:
-    """``--metrics-port`` of container ``i``: PORT + i."""
+    """``--metrics-port`` of container ``i``."""
     if args.metrics_port is None:
         return []
-    return ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
+    return ["--metrics-port", str(_container_port(args.metrics_port, i)), "--metrics-host", args.metrics_host]
 
 
 def _log_metrics_ports(args: argparse.Namespace, count: int) -> None:
-    if args.metrics_port is not None:
+    if args.metrics_port == 0:
+        log.info("Prometheus metrics of each container on a free port (each container logs its own)")
+    elif args.metrics_port is not None:
         log.info(
             "Prometheus metrics of container i on http://%s:%d+i/metrics (ports %d..%d)",
             args.metrics_host,
@@ -1344,13 +1364,22 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def _container_count(args: argparse.Namespace, spec: JobSpec) -> int:
-    """``--containers`` when given (it wins), else the job's ``job.container.count``."""
+    """``--containers`` when given (it wins), else the job's ``job.container.count``;
+    ConfigError when container i of them could not serve its metrics on ``--metrics-port`` + i."""
     n = args.containers
     if n is None:
-        return spec.config.container_count
-    if n < 1 or n > 1024:
+        n = spec.config.container_count
+    elif n < 1 or n > 1024:
         raise ConfigError(
             f"{n} is not a container count", key="--containers", allowed="an integer from 1 to 1024"
+        )
+    port = args.metrics_port
+    if port and port + n - 1 > _MAX_PORT:
+        raise ConfigError(
+            f"{port} leaves no port for container {n - 1} of {n} ({_count_key(args)} {n}: "
+            f"container i serves on PORT+i, up to {port + n - 1})",
+            key="--metrics-port",
+            allowed=f"0 (a free port each) or 1 to {_MAX_PORT - n + 1}",
         )
     return int(n)
 
@@ -1482,7 +1511,7 @@ def _container_main(
     # progress lines on a pipe (never a live view), unless --no-progress
     own.progress = None if args.progress is not False else False
     if args.metrics_port is not None:
-        own.metrics_port = args.metrics_port + index
+        own.metrics_port = _container_port(args.metrics_port, index)
     return _handled(own, lambda: _run_file_container(own, spec, index, count, parent, result_fd))
 
 
@@ -1695,10 +1724,12 @@ def _serve_prometheus(source: Any, port: int, host: str, job: str) -> None:
     registry = CollectorRegistry()
     registry.register(ContainerCollector(source, job=job))
     try:
-        start_http_server(port, addr=host, registry=registry)
+        started = start_http_server(port, addr=host, registry=registry)
     except OSError as e:
         raise SetupError(f"cannot serve metrics on {host}:{port}: {e.strerror or e}") from None
-    log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
+    # prometheus-client >= 0.20 returns (server, thread): for port 0, the port the server took
+    server = started[0] if isinstance(started, tuple) else None
+    log.info("Prometheus metrics on http://%s:%d/metrics", host, getattr(server, "server_port", port))
 
 
 if __name__ == "__main__":  # pragma: no cover

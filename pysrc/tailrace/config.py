@@ -9,10 +9,12 @@ naming the key and the allowed values. Nothing starts with a half-valid config.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec
 
 from .errors import ConfigError
 
@@ -439,3 +441,60 @@ def describe_keys(skip: tuple[str, ...] = ()) -> str:
     for option, doc in STORE_OPTIONS.items():
         lines.append(f"  {'stores.NAME.' + option:<{width}}  {doc}")
     return "\n".join(lines)
+
+
+@functools.cache
+def _keywords(target: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The names ``target`` takes by keyword, in order (None: any name, or not inspectable)."""
+    try:
+        params = inspect.signature(target).parameters
+    except (ValueError, TypeError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(n for n, p in params.items() if p.kind in named and n != "self")
+
+
+def check_options(
+    target: Callable[..., Any],
+    options: Iterable[str],
+    *,
+    where: str | None = None,
+    also: Sequence[str] = (),
+    skip: Sequence[str] = (),
+    source: str | None = None,
+) -> None:
+    """Refuse an option that ``target`` (a class, or its ``__init__``) does not take by
+    keyword: ConfigError naming it (``where.option``, or the option alone) and listing the
+    options it takes, ``also`` first and ``skip`` left out. The one check of a job file
+    table's options and of the keywords of the classes behind them."""
+    names = _keywords(target)
+    if names is None:
+        return
+    allowed = [n for n in names if n not in skip]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
+            key=f"{where}.{unknown[0]}" if where else unknown[0],
+            allowed=", ".join([*also, *allowed]),
+            source=source,
+        )
+
+
+_P = ParamSpec("_P")
+
+
+def options_checked(init: Callable[_P, None]) -> Callable[_P, None]:
+    """Decorate the ``__init__`` of a class that a job file table configures (a system, a
+    checkpoint store): an unknown keyword raises ConfigError naming it and listing the
+    options (docs/python-jobs.md), as in a job file, instead of Python's TypeError."""
+
+    @functools.wraps(init)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        if kwargs:
+            check_options(init, kwargs)
+        init(*args, **kwargs)
+
+    return checked

@@ -12,7 +12,7 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .api import TaskContext, TimerService, check_task_class, task_kind
 from .clock import SYSTEM_CLOCK, Clock
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tailrace")
 
 TaskFactory = Callable[[], Any]
+EngineName = Literal["c", "python"]  # the keys of ENGINES
 
 ENGINES: dict[str, str] = {
     "c": "tailrace.engine.native:NativeEngine",
@@ -230,7 +231,7 @@ class Container:
         systems: Sequence[System] | Mapping[str, System],
         config: Mapping[str, Any] | Config | None = None,
         checkpoints: CheckpointStore | None = None,
-        engine: str = "c",
+        engine: EngineName = "c",
         default_output_system: str | None = None,
         stores: Mapping[str, Mapping[str, Any] | None] | Sequence[str] | None = None,
         clock: Clock | None = None,
@@ -246,6 +247,12 @@ class Container:
             self.systems = dict(systems)
         else:
             self.systems = {s.name: s for s in systems}
+        if isinstance(inputs, (str, bytes)):
+            raise ConfigError(
+                f"expected a list of 'system.stream' names or SystemStreamPartitions, got {inputs!r} "
+                f"(one input is [{inputs!r}])",
+                key="inputs",
+            )
         if not inputs:
             raise ConfigError("a container needs at least one input", key="inputs")
         self._inputs = list(inputs)

@@ -58,6 +58,7 @@ from typing import Any, BinaryIO
 
 from ._core import Envelope, FileOutput, FileSink, file_decode_lines
 from ._digest import sha256
+from .config import options_checked
 from .errors import ConfigError, InputError
 from .interfaces import PartitionReader, Producer, System
 from .serdes import _json_codec, _json_decode, _json_encode  # the raw functions: errors stay the codec's own
@@ -755,6 +756,7 @@ class FileSystem(System):
     the format their files' extension names.
     """
 
+    @options_checked
     def __init__(
         self,
         name: str,
@@ -769,6 +771,14 @@ class FileSystem(System):
     ) -> None:
         super().__init__(name)
         where = f"systems.{name}"
+        for option, value in (("path", path), ("output_path", output_path)):
+            if value is None and option == "output_path":
+                continue  # (the default: path)
+            if not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(
+                    f"expected a directory path (a string), got {type(value).__name__} {value!r}",
+                    key=f"{where}.{option}",
+                )
         if not isinstance(skip_bad_lines, bool):
             raise ConfigError(
                 f"expected true or false, got {skip_bad_lines!r}", key=f"{where}.skip_bad_lines"

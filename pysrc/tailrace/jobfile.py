@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from .api import check_task_class
-from .config import KEYS, Config, parse_config
-from .container import ENGINES, Container, load_engine
+from .config import KEYS, Config, check_options, parse_config
+from .container import ENGINES, Container, EngineName, load_engine
 from .errors import ConfigError
 from .interfaces import CheckpointStore, System
 from .types import SystemStreamPartition
@@ -127,21 +127,10 @@ _TARGETS = {
 def _check_options(target: str, options: Mapping[str, Any], where: str, source: Path) -> None:
     """Refuse an option the table's class does not take, naming it and the options it does."""
     try:
-        params = inspect.signature(_import_target(target)).parameters
-    except (ImportError, AttributeError, ValueError, TypeError):
+        cls = _import_target(target)
+    except (ImportError, AttributeError):
         return  # (the factory itself reports what is missing)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    allowed = [n for n, p in params.items() if p.kind in named and n != "name"]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
-            key=f"{where}.{unknown[0]}",
-            allowed=", ".join(["type", *allowed]),
-            source=str(source),
-        )
+    check_options(cls, options, where=where, also=("type",), skip=("name",), source=str(source))
 
 
 @dataclass
@@ -152,7 +141,7 @@ class JobSpec:
     name: str
     task: Any  # "file.py:Class" / "module:Class" or a class/factory
     inputs: list[str]
-    engine: str
+    engine: EngineName
     config: Config
     tree: dict[str, Any]
     default_output: str | None = None
@@ -229,7 +218,7 @@ def resolve_job_path(job: str | Path) -> Path:
 
 
 def load_job(
-    job: str | Path, overrides: Mapping[str, Any] | None = None, engine: str | None = None
+    job: str | Path, overrides: Mapping[str, Any] | None = None, engine: EngineName | None = None
 ) -> JobSpec:
     """Read and validate a job file; ``overrides`` are ``--config`` pairs, ``engine`` wins over the file.
 
@@ -243,7 +232,7 @@ def load_job(
         raise ConfigError(e.reason, key=e.key, allowed=e.allowed, source=source) from e
 
 
-def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: str | None) -> JobSpec:
+def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: EngineName | None) -> JobSpec:
     path = resolve_job_path(job)
     src = str(path)
     tree = _read_tree(path)
@@ -356,12 +345,23 @@ def _read_tree(path: Path) -> dict[str, Any]:
             )
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in job.items()}
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"not valid TOML: {e}", source=str(path)) from None
+        data = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read: {e}", source=str(path)) from None
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(
+            f"not valid UTF-8 (TOML files must be): byte 0x{data[e.start]:02x} at line {line}, "
+            f"column {column} (byte offset {e.start})",
+            source=str(path),
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", source=str(path)) from None
 
 
 def _refuse_unquoted_keys(config_t: Mapping[str, Any], src: str) -> None:

@@ -10,9 +10,33 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ._core import make_envelopes
+from .config import options_checked
 from .errors import InputError
 from .interfaces import CheckpointStore, PartitionReader, Producer, StateChanges, System
 from .types import Offset, SystemStreamPartition
+
+_TEXT = (str, bytes, bytearray)  # sequences, but never a partition or a list of partitions
+
+
+def partition_lists(stream: str, partitions: Iterable[Sequence[Any]]) -> list[list[Any]]:
+    """``partitions`` as lists, one of messages per partition. TypeError naming the stream
+    for a str or bytes given as the partitions or as one partition: taken as a sequence, it
+    would be its characters."""
+    if isinstance(partitions, _TEXT):
+        raise TypeError(
+            f"stream {stream!r}: expected a list of partitions, each a list of messages, got "
+            f"{partitions!r} (a stream of one partition is [[m1, m2, ...]])"
+        )
+    return [_partition(stream, p, part, "messages") for p, part in enumerate(partitions)]
+
+
+def _partition(stream: str, p: int, part: Iterable[Any], what: str) -> list[Any]:
+    if isinstance(part, _TEXT):
+        raise TypeError(
+            f"stream {stream!r} partition {p}: expected a list of {what}, got {part!r} "
+            "(a stream of one partition is [[m1, m2, ...]])"
+        )
+    return list(part)
 
 
 class _LivePartition:
@@ -132,6 +156,7 @@ class MemorySystem(System):
     back with ``messages(stream, partition)``.
     """
 
+    @options_checked
     def __init__(self, name: str = "mem", *, output_partitions: int = 1) -> None:
         super().__init__(name)
         self._bounded: dict[str, tuple[list[Sequence[Any]], list[Sequence[Any] | None]]] = {}
@@ -148,12 +173,15 @@ class MemorySystem(System):
         partitions: Sequence[Sequence[Any]],
         keys: Sequence[Sequence[Any] | None] | None = None,
     ) -> MemorySystem:
-        """A bounded input stream: ``partitions[p]`` is the list of messages of partition p."""
+        """A bounded input stream: ``partitions[p]`` is the list of messages of partition p
+        (any sequence but a str or bytes: TypeError naming the stream)."""
         self._check_new(stream)
-        parts: list[Sequence[Any]] = [list(p) for p in partitions]
-        ks: list[Sequence[Any] | None] = (
-            [None] * len(parts) if keys is None else [None if k is None else list(k) for k in keys]
-        )
+        parts: list[Sequence[Any]] = list(partition_lists(stream, partitions))
+        ks: list[Sequence[Any] | None] = [None] * len(parts)
+        if keys is not None:
+            if isinstance(keys, _TEXT):
+                raise TypeError(f"stream {stream!r}: expected a list of key lists, got {keys!r}")
+            ks = [None if k is None else _partition(stream, p, k, "keys") for p, k in enumerate(keys)]
         if len(ks) != len(parts):
             raise ValueError(f"stream {stream!r}: {len(parts)} partitions but {len(ks)} key lists")
         for p, (m, k) in enumerate(zip(parts, ks)):
@@ -275,6 +303,7 @@ class MemoryCheckpointStore(CheckpointStore):
     ``write`` atomic for readers on other threads.
     """
 
+    @options_checked
     def __init__(self, history_limit: int | None = 1000) -> None:
         if history_limit is not None and history_limit < 0:
             raise ValueError(f"history_limit must be >= 0 or None, got {history_limit}")

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from ._digest import blake2b
+from .config import options_checked
 from .errors import CheckpointError
 from .interfaces import CheckpointStore, StateChanges
 from .types import Offset, SystemStreamPartition
@@ -308,6 +309,7 @@ def _claim_name(fd: int, name: str) -> bool:
 class SqliteCheckpointStore(CheckpointStore):
     """Committed offsets in a SQLite file (see module doc). Loop-thread use only."""
 
+    @options_checked
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._conn: sqlite3.Connection | None = None

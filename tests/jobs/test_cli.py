@@ -301,6 +301,94 @@ def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
     assert r.returncode == 2 and "job.toml: not valid TOML" in r.stderr
 
 
+def test_a_job_file_that_is_not_utf8_is_a_config_error_naming_where(tmp_path: Path) -> None:
+    # TOML is UTF-8: a Latin-1 byte (0xE9, "é") in a comment is one line naming the file and
+    # where the byte is, exit 2, for every command that reads the job (not a traceback)
+    job = write_job(tmp_path)
+    job.write_bytes(b"# caf\xe9\n" + job.read_bytes())
+    for args in (["run", str(job), "--no-progress"], ["checkpoints", "show", str(job)]):
+        r = run_cli(args)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().splitlines() == [
+            f"tailrace: config error: {job}: not valid UTF-8 (TOML files must be): byte 0xe9 at line 1, "
+            "column 6 (byte offset 5)"
+        ], r.stderr
+    # a task file with such a byte where Python reads it is a config error naming it too
+    job = write_job(tmp_path)
+    (tmp_path / "copy.py").write_bytes(b'NAME = "caf\xe9"\n' + (tmp_path / "copy.py").read_bytes())
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2, r.stderr
+    assert f"tailrace: config error: {tmp_path / 'copy.py'}: cannot load: SyntaxError" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_file_system_option_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    job = write_job(tmp_path)
+    for option, value in (("path", "5"), ("output_path", "[1]")):
+        r = run_cli(["run", str(job), "--no-progress", "--config", f"systems.files.{option}={value}"])
+        assert r.returncode == 2, r.stderr
+        assert f"config key 'systems.files.{option}': expected a directory path (a string), got" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (
+            ["--metrics-port", "70000"],
+            "argument --metrics-port: expected a port number from 0 to 65535, got '70000'",
+        ),
+        (
+            ["--metrics-port", "-1"],
+            "argument --metrics-port: expected a port number from 0 to 65535, got '-1'",
+        ),
+        (
+            ["--metrics-port", "http"],
+            "argument --metrics-port: expected a port number from 0 to 65535, got 'http'",
+        ),
+        (
+            ["--containers", "2", "--metrics-port", "65535"],
+            "config key '--metrics-port': 65535 leaves no port for container 1 of 2 (--containers 2: "
+            "container i serves on PORT+i, up to 65536) (allowed: 0 (a free port each) or 1 to 65534)",
+        ),
+    ],
+)
+def test_a_metrics_port_out_of_range_is_a_usage_error(tmp_path: Path, argv: list[str], needle: str) -> None:
+    # refused before anything runs (no traceback from bind, no container failing with 70)
+    job = write_job(tmp_path)
+    r = run_cli(["run", str(job), "--no-progress", *argv])
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "data" / "out").exists()
+
+
+def test_a_metrics_port_range_past_the_last_port_is_refused_for_the_config_count_too(tmp_path: Path) -> None:
+    job = write_job(tmp_path, config='"job.container.count" = 3')
+    r = run_cli(["run", str(job), "--no-progress", "--metrics-port", "65534"])
+    assert r.returncode == 2, r.stderr
+    assert "65534 leaves no port for container 2 of 3 (job.container.count 3: " in r.stderr, r.stderr
+
+
+def test_metrics_port_0_gives_each_container_a_free_port(tmp_path: Path) -> None:
+    # PORT+i would be ports 0, 1, ...: port 0 is "any free port", for every container
+    pytest.importorskip("prometheus_client")
+    job = write_job(tmp_path)
+    (tmp_path / "data" / "in" / "partition-1.jsonl").write_text('{"a": 3}\n')
+    argv = ["--containers", "2", "--metrics-port", "0", "--metrics-host", "127.0.0.1"]
+    r = run_cli(["run", str(job), "--no-progress", *argv])
+    assert r.returncode == 0, r.stderr
+    ports = [int(p) for p in re.findall(r"Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics", r.stderr)]
+    assert len(ports) == 2 and len(set(ports)) == 2 and min(ports) > 1024, r.stderr
+
+
+def test_the_config_option_help_names_every_table_it_overrides() -> None:
+    r = run_cli(["run", "--help"])
+    assert r.returncode == 0
+    found = re.search(r"override a config key \(([^)]*)\)", " ".join(r.stdout.split()))
+    assert found, r.stdout
+    for table in ("job.*", "systems.<name>.*", "stores.<name>.*", "checkpoints.*"):
+        assert table in found.group(1), found.group(1)
+
+
 def test_bad_input_line_stops_the_job_naming_file_and_line(engine: str, tmp_path: Path) -> None:
     job = write_job(tmp_path, lines='{"a": 1}\n{"a": 2}\n{"a": \n{"a": 4}\n')
     r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])

@@ -60,7 +60,7 @@ from typing import Any
 
 from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed, processed
 from ..config import Config, parse_config
-from ..container import Container
+from ..container import Container, EngineName
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
 from ..interfaces import CheckpointStore, System
 from ..memory import MemoryCheckpointStore
@@ -87,7 +87,7 @@ class KafkaMemberSpec:
     systems: Sequence[System]
     checkpoints: CheckpointStore | None = None
     config: Mapping[str, Any] | Config = field(default_factory=dict)
-    engine: str = "c"
+    engine: EngineName = "c"
     default_output_system: str | None = None
 
 

@@ -61,6 +61,7 @@ from typing import Any, NamedTuple
 
 from .._core import Envelope, kafka_envelopes, kafka_split
 from .._stopping import StopDeadline
+from ..config import options_checked
 from ..errors import ConfigError, InputError, TailraceError
 from ..interfaces import PartitionReader, Producer, System
 from ..serdes import Serde, SerdeError, serde
@@ -871,6 +872,7 @@ class KafkaSystem(System):
     table with ``type = "kafka"``.
     """
 
+    @options_checked
     def __init__(
         self,
         name: str = "kafka",

@@ -37,7 +37,8 @@ def envelopes(
 def pack(args: Sequence[bytes | str | int | float]) -> bytes: ...
 
 class Batch:
-    count: int
+    @property
+    def count(self) -> int: ...  # read-only at run time
     def __init__(
         self,
         kind: int,

@@ -42,6 +42,7 @@ from functools import partial
 from typing import Any
 
 from .._stopping import StopDeadline
+from ..config import options_checked
 from ..errors import CheckpointError, ConfigError, FencedError
 from ..interfaces import CheckpointStore, StateChanges
 from ..types import Offset, SystemStreamPartition
@@ -219,6 +220,7 @@ class RedisCheckpointStore(CheckpointStore):
     docstring for the layout, docs/redis.md for the cluster rules).
     """
 
+    @options_checked
     def __init__(
         self,
         url: str = DEFAULT_URL,

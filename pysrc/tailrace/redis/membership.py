@@ -42,7 +42,7 @@ from typing import Any
 
 from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed, processed
 from ..config import parse_config
-from ..container import Container
+from ..container import Container, EngineName
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
 from ..interfaces import System
 from ..types import SystemStreamPartition, parse_system_stream
@@ -85,7 +85,7 @@ class MemberSpec:
     cluster: bool = False
     prefix: str = "tr"
     config: Mapping[str, Any] = field(default_factory=dict)
-    engine: str = "c"
+    engine: EngineName = "c"
     default_output_system: str | None = None
     lease_ms: int = 10000
     heartbeat_ms: int | None = None  # default: lease_ms / 3, at most 1000

@@ -29,6 +29,7 @@ from typing import Any
 
 from .._core import Envelope
 from .._stopping import StopDeadline
+from ..config import options_checked
 from ..errors import ConfigError, InputError
 from ..interfaces import PartitionReader, Producer, System
 from ..serdes import SerdeError, _json_encode, serde
@@ -575,6 +576,7 @@ class RedisSystem(System):
     table with ``type = "redis"``. Raises InputError naming the URL when Redis does not answer at start.
     """
 
+    @options_checked
     def __init__(
         self,
         name: str = "redis",

@@ -29,10 +29,10 @@ from typing import Any
 from ..api import task_kind
 from ..clock import ManualClock
 from ..config import Config, parse_config
-from ..container import Container
+from ..container import Container, EngineName
 from ..errors import ConfigError, TailraceError
 from ..interfaces import CheckpointStore
-from ..memory import MemoryCheckpointStore, MemorySystem
+from ..memory import MemoryCheckpointStore, MemorySystem, partition_lists
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
 from ..types import Offset, SystemStreamPartition
 
@@ -100,7 +100,7 @@ class TestDriver:
         *,
         inputs: Mapping[str, int | Sequence[Sequence[Any]]],
         config: Mapping[str, Any] | Config | None = None,
-        engine: str = "python",
+        engine: EngineName = "python",
         checkpoints: CheckpointStore | None = None,
         stores: Any = None,
         system: str = "mem",
@@ -123,7 +123,7 @@ class TestDriver:
         self._streams = list(inputs)
         self._shutdown_s = parsed.shutdown_ms / 1000
         for stream, spec in inputs.items():
-            initial = [[]] * spec if isinstance(spec, int) else [list(p) for p in spec]
+            initial = [[]] * spec if isinstance(spec, int) else partition_lists(stream, spec)
             self.system.add_live_stream(stream, len(initial))
             for partition, messages in enumerate(initial):
                 for message in messages:
@@ -152,6 +152,7 @@ class TestDriver:
         self._error: BaseException | None = None
         self._error_reported = False
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     @classmethod
     def from_job(
@@ -160,7 +161,7 @@ class TestDriver:
         *,
         inputs: Mapping[str, int | Sequence[Sequence[Any]]] | None = None,
         overrides: Mapping[str, Any] | None = None,
-        engine: str | None = None,
+        engine: EngineName | None = None,
         checkpoints: CheckpointStore | None = None,
     ) -> TestDriver:
         """A driver for the task and config of a job file (``tailrace run``'s TOML or .py).
@@ -225,7 +226,14 @@ class TestDriver:
 
     # -- running ----------------------------------------------------------------
     def start(self) -> TestDriver:
-        """Start the run loop (``init`` hooks run) and wait until it is idle. Idempotent."""
+        """Start the run loop (``init`` hooks run) and wait until it is idle. Idempotent.
+        Raises ValueError once the driver is closed (as every call that feeds the run or
+        moves its clock does)."""
+        if self._closed:
+            raise ValueError(
+                "the driver is closed: a closed driver takes no input and moves no time "
+                "(its outputs, committed offsets, metrics and result stay readable)"
+            )
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="tailrace-test-driver", daemon=True)
             self._thread.start()
@@ -350,7 +358,9 @@ class TestDriver:
     # -- the end ------------------------------------------------------------------
     def close(self) -> RunResult | None:
         """Stop the run gracefully (final commit, ``close()`` hooks) and return its result;
-        raises the run's error if it stopped with one not yet raised. Idempotent."""
+        raises the run's error if it stopped with one not yet raised. Idempotent. Afterwards
+        ``start``, ``send``, ``send_all``, ``end_input`` and ``advance`` raise ValueError."""
+        self._closed = True
         thread = self._thread
         if thread is None:
             return None

@@ -1,0 +1,139 @@
+"""Misuse of the Python API is refused where it is made, in one clear line naming what is
+wrong: by the type checker (read-only envelope fields, engine names) and at run time (a str
+where a list is expected, an option a system does not take, an option of the wrong type)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tailrace
+from tailrace.errors import ConfigError
+
+TYPED = """
+import tailrace
+from tailrace.testing import TestDriver
+
+
+class T(tailrace.StreamTask):
+    def process(
+        self, envelope: tailrace.Envelope, collector: tailrace.Collector, coordinator: tailrace.Coordinator
+    ) -> None:
+        collector.send("mem.out", (envelope.system, envelope.partition, envelope.offset, envelope.key))
+        envelope.message = 3  # read-only
+        envelope.offset = 1  # read-only
+
+
+mem = tailrace.MemorySystem("mem").add_stream("w", [["a", "b"]])
+tailrace.Container(T, inputs=["mem.w"], systems=[mem], engine="python")
+tailrace.Container(T, inputs=["mem.w"], systems=[mem], engine="java")  # not an engine
+TestDriver(T, inputs={"w": 1}, engine="c")
+TestDriver(T, inputs={"w": 1}, engine="jvm")  # not an engine
+"""
+
+
+def test_mypy_refuses_writes_to_envelope_fields_and_unknown_engines(tmp_path: Path) -> None:
+    pytest.importorskip("mypy")
+    src = tmp_path / "misuse.py"
+    src.write_text(TYPED)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    errors = [x for x in done.stdout.splitlines() if ": error:" in x]
+    lines = TYPED.splitlines()
+    flagged = {i + 1 for i, x in enumerate(lines) if "# read-only" in x or "# not an engine" in x}
+    assert {int(x.split(":")[1]) for x in errors} == flagged, done.stdout
+    assert 'Property "message" defined in "Envelope" is read-only' in done.stdout, done.stdout
+    assert 'Property "offset" defined in "Envelope" is read-only' in done.stdout, done.stdout
+    assert done.stdout.count("\"Literal['c', 'python']\"") == 2, done.stdout
+
+
+def test_envelope_fields_are_read_only_at_run_time() -> None:
+    # what the stub now says: the fields the type checker refuses to write, the run refuses too
+    envelope = tailrace.Envelope("mem", "w", 0, 5, "k", "m")
+    for field in ("system", "stream", "partition", "offset", "key", "message"):
+        with pytest.raises(AttributeError):
+            setattr(envelope, field, 3)
+
+
+class Echo(tailrace.StreamTask):
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        collector.send("mem.out", envelope.message)
+
+
+@pytest.mark.parametrize("partitions", [["hello", "world"], "hello", [b"ab"], [["ok"], "no"]])
+def test_add_stream_refuses_a_str_where_a_partition_is_expected(partitions: Any) -> None:
+    # each str would be a partition of characters: refused, naming the stream
+    with pytest.raises(TypeError, match=r"^stream 'w'.*expected a list of") as e:
+        tailrace.MemorySystem("mem").add_stream("w", partitions)
+    assert "[[m1, m2, ...]]" in str(e.value)
+    with pytest.raises(TypeError, match=r"^stream 'w' partition 0: expected a list of keys"):
+        tailrace.MemorySystem("mem").add_stream("w", [["a", "b"]], keys=["xy"])
+
+
+def test_add_stream_takes_any_other_sequence() -> None:
+    mem = tailrace.MemorySystem("mem").add_stream("w", (("a", "b"), range(2)), keys=[None, ["k", "l"]])
+    result = tailrace.Container(Echo, inputs=["mem.w"], systems=[mem], engine="python").run()
+    assert result.processed == 4 and sorted(map(str, mem.messages("out"))) == ["0", "1", "a", "b"]
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_container_refuses_one_str_as_its_inputs(engine: Any) -> None:
+    mem = tailrace.MemorySystem("mem").add_stream("w", [["a"]])
+    with pytest.raises(
+        ConfigError, match=r"config key 'inputs': expected a list of 'system.stream' names"
+    ) as e:
+        tailrace.Container(Echo, inputs="mem.w", systems=[mem], engine=engine)
+    assert "(one input is ['mem.w'])" in str(e.value)
+
+
+def test_file_system_options_of_the_wrong_type_are_config_errors_naming_them(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"config key 'systems.f.path': expected a directory path \(a string\)"
+    ):
+        tailrace.FileSystem("f", 5)
+    with pytest.raises(ConfigError, match=r"config key 'systems.f.output_path': expected a directory path"):
+        tailrace.FileSystem("f", tmp_path, output_path=["out"])
+    assert tailrace.FileSystem("f", tmp_path, output_path=str(tmp_path)).output_path == tmp_path
+
+
+@pytest.mark.parametrize(
+    ("make", "allowed"),
+    [
+        (
+            lambda: tailrace.FileSystem("f", "data", bogus=1),
+            "name, path, output_path, output_partitions, skip_bad_lines, key_field, read_ahead, "
+            "output_format",
+        ),
+        (lambda: tailrace.MemorySystem("m", bogus=1), "name, output_partitions"),
+        (lambda: tailrace.SqliteCheckpointStore("cp.db", bogus=1), "path"),
+        (lambda: tailrace.MemoryCheckpointStore(bogus=1), "history_limit"),
+    ],
+)
+def test_an_unknown_option_from_python_is_a_config_error_naming_it(make: Any, allowed: str) -> None:
+    # docs/python-jobs.md: the keywords are the job file's keys, with the same checks
+    with pytest.raises(ConfigError) as e:
+        make()
+    assert str(e.value) == f"config key 'bogus': unknown option 'bogus' (allowed: {allowed})"
+
+
+def test_a_wrong_positional_call_is_still_pythons_type_error() -> None:
+    with pytest.raises(TypeError, match="positional"):
+        tailrace.MemoryCheckpointStore(1, 2)
