@@ -342,12 +342,12 @@ int tr_loop_task_settled(tr_loop *L, uint32_t t) {
         return 0;
     task *T = &L->tasks[t];
     /* dispatched and not released (a failed message of a run included; the ops
-     * handed back unrun are not counted as processed); a keyed task's handed-back
-     * ops may lie behind messages it released (taken later, by look-ahead): only
-     * none settles it */
+     * handed back unrun are not counted as processed). A pool task takes its
+     * messages in offset order (key_pick), so its handed-back ops are a plain
+     * tail, keyed or not */
     uint64_t processed = atomic_load_explicit(&T->processed, TR_RELAXED);
     uint64_t completed = atomic_load_explicit(&T->completed, TR_RELAXED);
-    if (processed != completed || (T->keyed && T->redo_count))
+    if (processed != completed)
         return 0;
     if (T->keyed && T->kahead) {
         T->kcatchup = 1; /* see key_pick and take_keyed */
@@ -373,7 +373,10 @@ void tr_loop_task_stats(const tr_loop *L, uint32_t t, tr_task_stats *out) {
     if (t >= L->cfg.ntasks)
         return;
     const task *T = &L->tasks[t];
-    out->processed = atomic_load_explicit(&T->processed, TR_RELAXED);
+    /* a pool task's processed: the ops its worker started (queued ones were not
+     * invoked, so they are not outstanding either: rule 2) */
+    out->processed =
+        atomic_load_explicit((T->flags & TR_TASK_POOL) ? &T->invoked : &T->processed, TR_RELAXED);
     out->completed = atomic_load_explicit(&T->completed, TR_RELAXED);
     out->outstanding = out->processed >= out->completed ? out->processed - out->completed : 0;
     out->windows = atomic_load_explicit(&T->windows, TR_RELAXED);

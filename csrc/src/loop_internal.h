@@ -188,6 +188,10 @@ typedef struct task {
     _Atomic uint32_t timer_pending; /* 1 while a CQ_TIMER item is queued */
     /* counters: written by the loop thread, read relaxed by any thread */
     _Atomic uint64_t processed, completed, windows, commits, timers;
+    /* TR_TASK_POOL: ops its worker started (written by that worker only, read
+     * relaxed by any thread): the processed metric, where `processed` counts the
+     * ops handed to the worker, queued ones included */
+    _Atomic uint64_t invoked;
     _Atomic uint32_t done_pub;
     /* TR_TASK_KEYED only: busy[bucket(hash)] is 1 while a message with a key in
      * that bucket is outstanding (invoked, its completion not yet seen by the

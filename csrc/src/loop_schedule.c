@@ -239,13 +239,18 @@ static uint32_t fill_run(tr_loop *L, uint32_t t, uint32_t max) {
  * then every later one of that key is skipped too (rule 30). 0: none. */
 static int key_pick(task *T, uint32_t *p_out, uint64_t *pos_out) {
     uint32_t p = T->rr;
+    /* a pool task's one worker runs what it is handed one at a time, in that
+     * order: handed over in offset order, one key's messages complete in order
+     * with one outstanding at a time, and nothing is ever taken ahead (a stop
+     * that hands queued ops back leaves a plain tail, so its state commits) */
+    int pool = (T->flags & TR_TASK_POOL) != 0;
     for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
         const part *P = &T->parts[p];
         for (uint64_t pos = P->head; pos != P->tail; pos++) {
             uint32_t s = (uint32_t)(pos & P->mask);
             if (P->kst[s] & KS_TAKEN)
                 continue;
-            if (T->busy[key_bucket(T, P->khash[s])]) {
+            if (!pool && T->busy[key_bucket(T, P->khash[s])]) {
                 if (T->kcatchup)
                     break; /* only the head (never a taken slot) while catching up */
                 continue;

@@ -106,11 +106,9 @@ void trl_fire_timers(tr_loop *L) {
         }
         if (T->done || L->phase != PH_RUNNING)
             continue;
-        /* a keyed task's commit lets its worker finish what it holds: ops handed
-         * back could lie behind released messages, which would keep its state
-         * from settling (tr_loop_task_settled) */
-        if ((T->flags & TR_TASK_POOL) &&
-            (e.kind != H_COMMIT || !(L->cfg.async_commit || T->keyed)) &&
+        /* a pool task's worker hands its queued ops back (a plain tail in seq
+         * order: key_pick takes a pool task's messages in offset order) */
+        if ((T->flags & TR_TASK_POOL) && (e.kind != H_COMMIT || !L->cfg.async_commit) &&
             (e.kind != H_USER || e.gen == T->timer_gen))
             atomic_store_explicit(&T->hold, 1, TR_RELAXED); /* see task.hold */
         if (e.kind == H_WINDOW) {

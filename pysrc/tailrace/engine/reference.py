@@ -1075,13 +1075,18 @@ class ReferenceEngine:
         raise AssertionError("choose called on a task with empty buffers")
 
     def _choose_keyed(self, t: _Task) -> tuple[_Partition, Envelope] | None:
-        """The first buffered message whose key is free, partitions round robin (rule 30)."""
+        """The first buffered message whose key is free, partitions round robin (rule 30).
+
+        A sync task on the pool takes its messages in offset order: its one pool thread
+        runs them one at a time in that order, so one key's messages complete in order
+        with one outstanding at a time, and nothing is taken ahead (as the C loop)."""
         parts = t.parts
         k = len(parts)
+        in_order = t.kind == "sync" and bool(self._workers)
         for i in range(k):
             p = parts[(t.part_rr + i) % k]
             for j, env in enumerate(p.buffer):
-                if key_identity(env.key) not in t.busy:
+                if in_order or key_identity(env.key) not in t.busy:
                     t.part_rr = (t.part_rr + i + 1) % k
                     del p.buffer[j]
                     return p, env
