@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +23,7 @@ from tailrace import (
     SystemStreamPartition,
 )
 
-from .helpers import bounded, live_metric, run_job, ssp, start, wait_until
+from .helpers import WAIT, bounded, live_metric, run_job, ssp, start, wait_until
 
 
 def test_process_window_commit_never_overlap_at_concurrency_1(engine: str) -> None:
@@ -278,6 +279,39 @@ def test_a_stop_on_the_pool_counts_only_the_messages_process_ran_for(
     assert result.processed == 4 and result.container.envelopes_chosen == 4 and result.reason == "shutdown"
     assert store.committed("tailrace-job") == {ssp(0): 3}
     assert not [r for r in caplog.records if "outstanding" in r.getMessage()]
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_the_outstanding_gauge_of_a_pool_task_counts_only_invoked_messages(
+    engine: str, concurrency: int
+) -> None:
+    # rule 2 / metrics: messages queued for a pool thread are not invoked, so not outstanding
+    # (the C engine counted its whole queue: 128 at max concurrency 1)
+    started = threading.Event()
+    release = threading.Event()
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if envelope.offset == 0:
+                started.set()
+                release.wait(WAIT)
+
+    bg, _store = start(
+        engine,
+        Task,
+        bounded([list(range(500))]),
+        job_container_thread_pool_size=2,
+        task_max_concurrency=concurrency,
+    )
+    try:
+        assert started.wait(WAIT)
+        time.sleep(0.05)  # the loop hands the pool thread whatever it may queue
+        assert live_metric(bg, "Partition 0", "outstanding") == 1
+        assert live_metric(bg, "Partition 0", "processed") == 1
+    finally:
+        release.set()
+    result = bg.join(WAIT)
+    assert result.tasks["Partition 0"].processed == 500
 
 
 def test_loop_iterations_count_the_scheduling_passes_of_a_run(engine: str) -> None:

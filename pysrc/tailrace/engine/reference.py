@@ -310,6 +310,7 @@ class _Task:
         self.run_left = 0  # what a run cut by a barrier left of its turn (0: a new turn)
         # metrics
         self.processed = 0
+        self.started = 0  # on the pool: the process calls its pool thread began (the metric)
         self.completed = 0
         self.failed = 0
         self.ignored = 0
@@ -483,6 +484,7 @@ class ReferenceEngine:
             if self._failure is not None:
                 continue  # the run failed: a queued message is not invoked (as the C loop)
             busy[i] = True
+            item[0].started += 1  # one pool thread per task: the only writer
             try:
                 self._run_sync(*item)
             finally:
@@ -1222,13 +1224,19 @@ class ReferenceEngine:
         return max(0.0, (self._clock.monotonic() - cb.started) * 1000.0)
 
     def _task_metrics(self, t: _Task) -> TaskMetrics:
+        processed, outstanding = t.processed, max(0, t.outstanding)
+        if t.kind == "sync" and self._workers:
+            # messages queued for the task's pool thread were not invoked yet (rule 2);
+            # those begun and not yet released are outstanding
+            processed = t.started
+            outstanding = max(0, min(outstanding, t.started - (t.processed - outstanding)))
         m = TaskMetrics(
             task=t.name,
-            processed=t.processed,
+            processed=processed,
             completed=t.completed,
             failed=t.failed,
             ignored=t.ignored,
-            outstanding=max(0, t.outstanding),
+            outstanding=outstanding,
             keys_in_flight=len(t.busy),
             head_of_line_ms=self._head_of_line_ms(t),
             windows=t.windows,
