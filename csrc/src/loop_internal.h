@@ -306,6 +306,9 @@ struct tr_loop {
     int64_t drain_deadline;
     uint32_t final_cursor;
     uint32_t done_count, settled_count;
+    /* an end-of-stream hook requested shutdown ALL: the drain begins at the next
+     * build, once the hooks that fell due with it have run (tr_loop_control_done) */
+    uint8_t eos_shutdown;
     uint32_t nidle;
     int64_t next_idle_poll;
     int progress, tick, ran;

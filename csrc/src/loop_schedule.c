@@ -488,6 +488,10 @@ static void build_batch(tr_loop *L) {
     /* new_timer: set after the drain above read its CQ_TIMER item */
     set_run_until(L, new_timer < until ? new_timer : until);
     /* acquire: pairs with tr_loop_stop's release store */
+    if (L->eos_shutdown) {
+        L->eos_shutdown = 0;
+        begin_drain(L, L->done_count == L->cfg.ntasks ? TR_STOP_END_OF_STREAM : TR_STOP_SHUTDOWN);
+    }
     if (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_ACQUIRE))
         begin_drain(L, TR_STOP_EXTERNAL);
     if (L->phase == PH_RUNNING && L->nidle && L->now >= L->next_idle_poll) {
@@ -815,6 +819,14 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     if (!T->in_control)
         return;
     T->in_control = 0;
+    if (T->control_kind == CTL_EOS && (requests & TR_REQ_SHUTDOWN_ALL)) {
+        /* as the reference engine, which decides a stop after the hooks that fell
+         * due together: the end-of-stream hooks of this batch run first, and a run
+         * whose every task is then done ends as end_of_stream (build_batch) */
+        L->eos_shutdown = 1;
+        L->progress = 1; /* build again at once */
+        requests &= ~(uint32_t)TR_REQ_SHUTDOWN_ALL;
+    }
     switch (T->control_kind) {
     case CTL_COMMIT:
         bump(&T->commits);
