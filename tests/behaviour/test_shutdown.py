@@ -232,42 +232,36 @@ def test_a_shutdown_requested_by_the_last_end_of_stream_ends_the_run_as_end_of_s
     assert store.committed("tailrace-job") == {ssp(0): 1}
 
 
+class _EndShutsAllDown(StreamTask):
+    """Its end_of_stream sends a line and, on partition 0, asks every task to shut down."""
+
+    def init(self, context: Any) -> None:
+        self.p = context.partitions[0].partition
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        pass
+
+    def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+        collector.send("mem.out", f"eos {self.p}")
+        if self.p == 0:
+            coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+
 def test_a_shutdown_requested_by_one_of_the_ends_of_stream_that_fall_due_together(engine: str) -> None:
     # rules 11, 14: both tasks reach end of stream together; task 0's hook asks for a
     # shutdown of all: task 1's hook still runs, and every task is done (end_of_stream)
-    class Task(StreamTask):
-        def init(self, context: Any) -> None:
-            self.p = context.partitions[0].partition
-
-        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
-            pass
-
-        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
-            collector.send("mem.out", f"eos {self.p}")
-            if self.p == 0:
-                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
-
     for _ in range(10):
         system = bounded([[1], [1]])
-        result, _store = run_job(engine, Task, system)
+        result, _store = run_job(engine, _EndShutsAllDown, system)
         assert sorted(system.messages("out")) == ["eos 0", "eos 1"]
         assert result.reason == "end_of_stream"
 
 
 def test_a_shutdown_requested_by_an_end_of_stream_stops_the_tasks_still_running(engine: str) -> None:
     # rule 14: shutdown ALL from task 0's end_of_stream stops task 1, whose input has not ended
-    class Task(StreamTask):
-        def init(self, context: Any) -> None:
-            self.p = context.partitions[0].partition
-
-        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
-            pass
-
-        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
-            coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
-
     system = MemorySystem().add_live_stream("in", 2)
     system.append("in", 0, "x")
     system.end("in", 0)
-    result, _store = run_job(engine, Task, system, task_max_idle_ms=600000)
+    result, _store = run_job(engine, _EndShutsAllDown, system, task_max_idle_ms=600000)
     assert result.reason == "shutdown"
+    assert system.messages("out") == ["eos 0"]

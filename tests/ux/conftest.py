@@ -72,3 +72,28 @@ path = "data"
 """
     )
     return job
+
+
+def mypy_strict(tmp_path: Path, source: str) -> tuple[str, set[int]]:
+    """Type-check ``source`` (a user's module) with ``mypy --strict`` against the installed
+    package: mypy's output and the line numbers it reports errors on."""
+    src = tmp_path / "typed_user_module.py"
+    src.write_text(source)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    errors = [x for x in done.stdout.splitlines() if ": error:" in x]
+    return done.stdout, {int(x.split(":")[1]) for x in errors}

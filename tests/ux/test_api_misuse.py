@@ -4,8 +4,6 @@ where a list is expected, an option a system does not take, an option of the wro
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,8 @@ import pytest
 
 import tailrace
 from tailrace.errors import ConfigError
+
+from .conftest import mypy_strict
 
 TYPED = """
 import tailrace
@@ -38,31 +38,13 @@ TestDriver(T, inputs={"w": 1}, engine="jvm")  # not an engine
 
 def test_mypy_refuses_writes_to_envelope_fields_and_unknown_engines(tmp_path: Path) -> None:
     pytest.importorskip("mypy")
-    src = tmp_path / "misuse.py"
-    src.write_text(TYPED)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--no-incremental",
-            "--cache-dir",
-            str(tmp_path / "c"),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    errors = [x for x in done.stdout.splitlines() if ": error:" in x]
+    out, errors = mypy_strict(tmp_path, TYPED)
     lines = TYPED.splitlines()
     flagged = {i + 1 for i, x in enumerate(lines) if "# read-only" in x or "# not an engine" in x}
-    assert {int(x.split(":")[1]) for x in errors} == flagged, done.stdout
-    assert 'Property "message" defined in "Envelope" is read-only' in done.stdout, done.stdout
-    assert 'Property "offset" defined in "Envelope" is read-only' in done.stdout, done.stdout
-    assert done.stdout.count("\"Literal['c', 'python']\"") == 2, done.stdout
+    assert errors == flagged, out
+    assert 'Property "message" defined in "Envelope" is read-only' in out, out
+    assert 'Property "offset" defined in "Envelope" is read-only' in out, out
+    assert out.count("\"Literal['c', 'python']\"") == 2, out
 
 
 def test_envelope_fields_are_read_only_at_run_time() -> None:

@@ -3,14 +3,14 @@ them), without defining them: engines still run only the hooks a task defines.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import tailrace
 from tailrace.api import HOOKS, hook
+
+from .conftest import mypy_strict
 
 TYPED = """
 import tailrace
@@ -50,34 +50,13 @@ def use(task: tailrace.StreamTask, c: tailrace.Collector, k: tailrace.Coordinato
 
 def test_mypy_sees_the_hooks_of_the_base_classes(tmp_path: Path) -> None:
     pytest.importorskip("mypy")
-    src = tmp_path / "tasks.py"
-    src.write_text(TYPED)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--no-incremental",
-            "--cache-dir",
-            str(tmp_path / "c"),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    errors = [x for x in done.stdout.splitlines() if ": error:" in x]
-    assert len(errors) == 2, done.stdout
-    assert 'Signature of "window" incompatible with supertype "tailrace.api.StreamTask"' in done.stdout
-    assert (
-        'Argument 2 of "end_of_stream" is incompatible with supertype "tailrace.api.StreamTask"'
-        in done.stdout
-    )
+    out, errors = mypy_strict(tmp_path, TYPED)
+    assert len(errors) == 2, out
+    assert 'Signature of "window" incompatible with supertype "tailrace.api.StreamTask"' in out
+    assert 'Argument 2 of "end_of_stream" is incompatible with supertype "tailrace.api.StreamTask"' in out
     lines = TYPED.splitlines()
     bad = {i + 1 for i, x in enumerate(lines) if "# coordinator missing" in x or "# wrong type" in x}
-    assert {int(x.split(":")[1]) for x in errors} == bad, done.stdout
+    assert errors == bad, out
 
 
 def test_declared_hooks_are_not_defined_at_run_time() -> None:
