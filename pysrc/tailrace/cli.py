@@ -1331,8 +1331,12 @@ def cmd_load(args: argparse.Namespace) -> int:
     if args.partitions is not None:
         try:
             system.create_stream(ss.stream, args.partitions, exist_ok=True)
-        except ValueError as e:  # the stream exists with another partition count
+        except ValueError as e:  # the stream exists, or is declared, with another partition count
             raise ConfigError(str(e), key="--partitions") from None
+    else:
+        # the job file's count (checked against Redis), recorded: a job that later declares
+        # another count is refused rather than reading only some of the partitions
+        system.create_stream(ss.stream, system.partitions(ss.stream), exist_ok=True)
     started = time.monotonic()
     counts = append_pipelined(
         system, ss.stream, read_messages(path, fmt), key_field=args.key_field, batch=args.batch

@@ -41,11 +41,14 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server in ``dir``: AOF with fsync on every write, no RDB snapshots."""
 
-    def __init__(self, dir: Path, *, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, dir: Path, *, port: int | None = None, extra: tuple[str, ...] = (), password: str | None = None
+    ) -> None:
         self.dir = dir
         self.port = port
         self.sock = None if port is not None else str(dir / "redis.sock")
-        self.extra = extra
+        self.password = password  # requirepass; ``url`` leaves it out
+        self.extra = extra + (("--requirepass", password) if password is not None else ())
         self.proc: subprocess.Popen[bytes] | None = None
         dir.mkdir(parents=True, exist_ok=True)
 
@@ -85,7 +88,7 @@ class RedisServer:
     def client(self) -> Any:
         import redis
 
-        return redis.Redis.from_url(self.url)
+        return redis.Redis.from_url(self.url, password=self.password)
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

@@ -184,3 +184,56 @@ def _parent_of(pid: int) -> int:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def _with_streams(job: Path, line: str) -> None:
+    job.write_text(job.read_text().replace("batch = 100\n", f"batch = 100\n{line}\n", 1))
+
+
+def test_a_partition_count_that_differs_from_redis_is_refused_not_half_read(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # docs/redis.md (streams): 4 declared while Redis records 8 read partitions 0-3 only and
+    # said "finished"; the run must refuse, naming the key and both counts
+    job = write_job(tmp_path, redis_server.url)
+    _with_streams(job, "streams = { in = 4 }")
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(80)))
+    done = run_cli("load", str(job), str(data), "--stream", "redis.in", "--partitions", "8", "--end")
+    assert done.returncode == 2, done.stdout + done.stderr  # the job file says 4
+    assert "streams" in done.stderr and "4" in done.stderr, done.stderr
+    RedisSystem("redis", redis_server.url).create_stream("in", 8)  # as another job's load would
+    done = run_cli("run", str(job), "--no-progress")
+    assert done.returncode == 2, done.stderr
+    assert "systems.redis.streams.in" in done.stderr and "records 8" in done.stderr, done.stderr
+
+
+def test_load_records_the_job_file_s_partition_count(redis_server: RedisServer, tmp_path: Path) -> None:
+    # a later job that declares another count is then refused instead of missing partitions
+    job = write_job(tmp_path, redis_server.url)
+    _with_streams(job, "streams = { in = 3 }")
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(30)))
+    done = run_cli("load", str(job), str(data), "--stream", "redis.in", "--end")
+    assert done.returncode == 0, done.stderr
+    assert RedisSystem("redis", redis_server.url).partitions("in") == 3
+    _with_streams(job, "streams = { out = 1 }")  # the run now reads the count from Redis
+    job.write_text(job.read_text().replace("streams = { in = 3 }\n", ""))
+    done = run_cli("run", str(job), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "30 messages processed" in done.stderr + done.stdout
+
+
+def test_a_refused_login_is_said_so_at_once_without_the_password(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", password="s3cret-pw").start()
+    try:
+        for url in (server.url + "&password=wrong-pw", server.url):
+            job = write_job(tmp_path, url)
+            began = time.monotonic()
+            done = run_cli("run", str(job), "--no-progress")
+            assert done.returncode == 1, done.stderr
+            assert "refused the login" in done.stderr and "unreachable" not in done.stderr, done.stderr
+            assert "wrong-pw" not in done.stderr and "s3cret" not in done.stderr, done.stderr
+            assert time.monotonic() - began < 20  # not retried as an outage
+    finally:
+        server.kill()

@@ -102,14 +102,39 @@ def abort_client(client: Any) -> None:
                 rc.connection_pool.disconnect(inuse_connections=True)
 
 
+_USERINFO_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*):[^@/?#]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+
+
+def redact(url: str) -> str:
+    """``url`` for messages and logs: a password in it (``redis://user:pw@host``, or the
+    ``password`` query parameter) as ``***``; the rest as written."""
+    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1:***@", url, count=1))
+
+
+def auth_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "Redis refused the login": not an outage, never retried (redis-py
+    makes AuthenticationError a ConnectionError)."""
+    r = _redis()
+    errs: list[type[BaseException]] = [r.exceptions.AuthenticationError]
+    cls = getattr(r.exceptions, "AuthenticationWrongNumberOfArgsError", None)
+    if cls is not None:
+        errs.append(cls)
+    return tuple(errs)
+
+
 def check(client: Any, url: str, error: Callable[[str], BaseException]) -> None:
     """PING the server; raise ``error(message naming the URL)`` when it does not answer."""
     try:
         client.ping()
+    except auth_errors() as e:
+        raise error(
+            f"Redis at {redact(url)} refused the login (the user and password in the URL): {e}"
+        ) from e
     except connection_errors() as e:
-        raise error(f"Redis at {url} is unreachable: {e}") from e
+        raise error(f"Redis at {redact(url)} is unreachable: {e}") from e
     except _redis().exceptions.RedisError as e:
-        raise error(f"Redis at {url} refused PING: {e}") from e
+        raise error(f"Redis at {redact(url)} refused PING: {e}") from e
 
 
 def retrying(
@@ -124,6 +149,7 @@ def retrying(
     Any other error is raised at once. ``stop()`` true aborts the wait early, and
     once it is true no attempt is started at all (a ConnectionError saying so)."""
     errors = connection_errors()
+    refused = auth_errors()
     delay = 0.01
     give_up = time.monotonic() + deadline_s
     warned = False
@@ -132,6 +158,8 @@ def retrying(
             raise _redis().exceptions.ConnectionError(f"{what}: gave up waiting for Redis (stopping)")
         try:
             return fn()
+        except refused:
+            raise  # a login Redis refuses stays refused: no outage to wait out
         except errors as e:
             if time.monotonic() + delay > give_up or (stop is not None and stop()):
                 raise

@@ -55,6 +55,7 @@ from ._io import (
     connect,
     connection_errors,
     entry_id,
+    redact,
     retrying,
     text,
 )
@@ -238,6 +239,7 @@ class RedisCheckpointStore(CheckpointStore):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
                 raise ConfigError(f"expected a number >= {low}, got {value!r}", key=key)
         self.url = url
+        self.where = redact(url)  # the URL in messages: no password
         self.cluster = cluster
         self.keys = Keys(prefix)
         self.retry_s = retry_s
@@ -289,7 +291,7 @@ class RedisCheckpointStore(CheckpointStore):
                 leases.release_all()
                 raise CheckpointError(
                     f"job {job_name!r}: partition {ssp} is leased by another container "
-                    f"(Redis at {self.url}; a crashed container's lease expires after {self.lease_ms} ms)"
+                    f"(Redis at {self.where}; a crashed container's lease expires after {self.lease_ms} ms)"
                 )
         self._own_leases = leases
         self._values = leases.held()
@@ -322,7 +324,7 @@ class RedisCheckpointStore(CheckpointStore):
         try:
             values = retrying(get_all, "reading checkpoints", deadline_s=self.retry_s) if keys else []
         except connection_errors() as e:
-            raise CheckpointError(f"Redis at {self.url} is unreachable: {e}") from e
+            raise CheckpointError(f"Redis at {self.where} is unreachable: {e}") from e
         out: dict[SystemStreamPartition, Offset] = {}
         for ssp, raw in zip(self._inputs, values):
             if raw is None:
@@ -331,7 +333,7 @@ class RedisCheckpointStore(CheckpointStore):
             try:
                 entry_id(value, f"checkpoint of {ssp}")
             except ValueError as e:
-                raise CheckpointError(f"corrupt checkpoint in Redis at {self.url}: {e}") from None
+                raise CheckpointError(f"corrupt checkpoint in Redis at {self.where}: {e}") from None
             out[ssp] = value
         out.update(self._read_task_offsets(job))
         return out
@@ -395,7 +397,7 @@ class RedisCheckpointStore(CheckpointStore):
                 stop=self._giving_up,
             )
         except connection_errors() as e:
-            raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
+            raise CheckpointError(f"task {task_name!r}: Redis at {self.where} is unreachable: {e}") from e
         code = int(reply[0])
         if code == 0:
             if self._committed is not None:
@@ -485,7 +487,7 @@ class RedisCheckpointStore(CheckpointStore):
                 stop=self._giving_up,
             )
         except connection_errors() as e:
-            raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
+            raise CheckpointError(f"task {task_name!r}: Redis at {self.where} is unreachable: {e}") from e
         if old is None:
             return  # no state written yet: nothing to find elsewhere
         if text(old) != here:
@@ -512,7 +514,7 @@ class RedisCheckpointStore(CheckpointStore):
                     stop=self._giving_up,
                 )
             except connection_errors() as e:
-                raise CheckpointError(f"Redis at {self.url} is unreachable: {e}") from e
+                raise CheckpointError(f"Redis at {self.where} is unreachable: {e}") from e
             fields = {text(k): text(v) for k, v in raw.items()}
             for ssp in layout.remote:
                 value = fields.get(f"{ssp.stream}:{ssp.partition}")
@@ -521,7 +523,7 @@ class RedisCheckpointStore(CheckpointStore):
                 try:
                     entry_id(value, f"checkpoint of {ssp}")
                 except ValueError as e:
-                    raise CheckpointError(f"corrupt checkpoint in Redis at {self.url}: {e}") from None
+                    raise CheckpointError(f"corrupt checkpoint in Redis at {self.where}: {e}") from None
                 out[ssp] = value
         return out
 
@@ -594,7 +596,7 @@ class RedisCheckpointStore(CheckpointStore):
             # A retry after a lost reply re-applies the same changes: same checks, same values.
             replies = retrying(run, f"committing {task_name}", deadline_s=self.retry_s, stop=self._giving_up)
         except connection_errors() as e:
-            raise CheckpointError(f"task {task_name!r}: Redis at {self.url} is unreachable: {e}") from e
+            raise CheckpointError(f"task {task_name!r}: Redis at {self.where} is unreachable: {e}") from e
         reply = next((r for r in replies if int(r[0]) != 0), replies[0])
         code = int(reply[0])
         if code == 0:
@@ -670,7 +672,7 @@ class RedisCheckpointStore(CheckpointStore):
             )
         except connection_errors() as e:
             raise CheckpointError(
-                f"task {task_name!r} store {store!r}: Redis at {self.url} is unreachable: {e}"
+                f"task {task_name!r} store {store!r}: Redis at {self.where} is unreachable: {e}"
             ) from e
         return None if value is None else bytes(value)
 
@@ -699,7 +701,7 @@ class RedisCheckpointStore(CheckpointStore):
                 )
             except connection_errors() as e:
                 raise CheckpointError(
-                    f"task {task_name!r} store {store!r}: Redis at {self.url} is unreachable: {e}"
+                    f"task {task_name!r} store {store!r}: Redis at {self.where} is unreachable: {e}"
                 ) from e
             for key, value in zip(keys, values):
                 if value is not None:  # (a key without a value: only by tampering)

@@ -54,6 +54,7 @@ from ._io import (
     check,
     connect,
     connection_errors,
+    redact,
     retrying,
     text,
 )
@@ -342,9 +343,9 @@ class Member:
                 self._run_container(owned)
         except connection_errors() as e:
             if self.deadline.due():
-                raise CheckpointError(self.gave_up_message(f"Redis at {self.spec.url}: {e}")) from e
+                raise CheckpointError(self.gave_up_message(f"Redis at {redact(self.spec.url)}: {e}")) from e
             raise CheckpointError(
-                f"Redis at {self.spec.url} stayed unreachable for {self.spec.retry_s} s: {e}"
+                f"Redis at {redact(self.spec.url)} stayed unreachable for {self.spec.retry_s} s: {e}"
             ) from e
         finally:
             self._hb_stop.set()

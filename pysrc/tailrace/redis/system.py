@@ -45,6 +45,7 @@ from ._io import (
     connect,
     connection_errors,
     entry_id,
+    redact,
     retrying,
     text,
 )
@@ -610,6 +611,7 @@ class RedisSystem(System):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"expected an integer >= 1, got {value!r}", key=key)
         self.url = url
+        self.where = redact(url)  # the URL in messages: no password
         self.cluster = cluster
         self.keys = Keys(prefix)
         self.codec = codec
@@ -617,7 +619,8 @@ class RedisSystem(System):
         self.buffer = max(buffer, batch)
         self.block_ms = block_ms
         self.retry_s = retry_s
-        self._streams = dict(streams or {})
+        self._declared = dict(streams or {})  # the 'streams' option: checked against Redis at first use
+        self._streams: dict[str, int] = {}  # partition counts known (declared and checked, or read)
         self._default_output_partitions = output_partitions
         self._fetcher: _Fetcher | None = None
         self._fetchers: list[_Fetcher] = []
@@ -633,17 +636,26 @@ class RedisSystem(System):
         if n is not None:
             return n
         raw = retrying(lambda: self.client.get(self.keys.partitions(stream)), f"reading metadata of {stream}")
-        if raw is None:
-            return None
-        n = int(raw)
-        self._streams[stream] = n
+        recorded = None if raw is None else int(raw)
+        declared = self._declared.get(stream)
+        if declared is not None and recorded is not None and declared != recorded:
+            # reading 4 of 8 partitions would skip half the stream without a word
+            raise ConfigError(
+                f"stream {stream!r} has {declared} partitions here, but Redis at {self.where} "
+                f"records {recorded} (made by RedisSystem.create_stream or tailrace load "
+                "--partitions); they must agree",
+                key=f"systems.{self.name}.streams.{stream}",
+            )
+        n = declared if declared is not None else recorded
+        if n is not None:
+            self._streams[stream] = n
         return n
 
     def partitions(self, stream: str) -> int:
         n = self._known_partitions(stream)
         if n is None:
             raise InputError(
-                f"Redis at {self.url} has no stream {stream!r} (create it with RedisSystem.create_stream "
+                f"Redis at {self.where} has no stream {stream!r} (create it with RedisSystem.create_stream "
                 f"or give its partition count in the system's 'streams' table)",
                 source=f"{self.name}.{stream}",
             )
@@ -663,6 +675,11 @@ class RedisSystem(System):
         with another count, or at all unless ``exist_ok``)."""
         if partitions < 1:
             raise ValueError("partitions must be >= 1")
+        declared = self._declared.get(stream)
+        if declared is not None and declared != partitions:
+            raise ValueError(
+                f"stream {stream!r} has {declared} partitions in the 'streams' option of system {self.name!r}"
+            )
         key = self.keys.partitions(stream)
         created = retrying(lambda: self.client.set(key, partitions, nx=True), f"creating {stream}")
         if not created:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import CheckpointError, InputError
 from ..types import Offset, SystemStreamPartition
-from ._io import Keys, connect, connection_errors, text
+from ._io import Keys, connect, connection_errors, redact, text
 
 
 def committed_offsets(
@@ -26,7 +26,7 @@ def committed_offsets(
         names = [keys.checkpoint(s.stream, s.partition, job) for s in ssps]
         values = [client.get(k) for k in names] if cluster else (list(client.mget(names)) if names else [])
     except connection_errors() as e:
-        raise CheckpointError(f"Redis at {url} is unreachable: {e}") from e
+        raise CheckpointError(f"Redis at {redact(url)} is unreachable: {e}") from e
     finally:
         client.close()
     return {s: text(v) for s, v in zip(ssps, values) if v is not None}
@@ -60,7 +60,7 @@ def reset_checkpoints(
         client.delete(keys.anchors(job))
         return deleted
     except connection_errors() as e:
-        raise CheckpointError(f"Redis at {url} is unreachable: {e}") from e
+        raise CheckpointError(f"Redis at {redact(url)} is unreachable: {e}") from e
     finally:
         client.close()
 
