@@ -201,8 +201,11 @@ cdef class AsyncioStepper:
                 adapter._suspended(*suspended, callback, envelope, deadline, standin)
                 self._suspended = True
                 self._signal()  # parked: its Task must run now
-            # a stand-in nobody kept and that saw no cancel() serves the next step too
+            # a stand-in nobody kept and that saw no cancel() serves the next step too;
+            # a kept one of a finished step says so (done())
             if suspended is not None or Py_REFCNT(standin) != refs or standin._cancel_msgs:
+                if suspended is None:
+                    standin._finished = True
                 self.standin = self._new_standin(loop)
             if self.selector and not self._woken and (loop._ready or len(scheduled) != n_scheduled):
                 self._woken = True

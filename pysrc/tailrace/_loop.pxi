@@ -183,6 +183,9 @@ cdef class Callback:
     cdef uint64_t _seq
     cdef uint32_t _task
     cdef bint _inline  # completed on the loop thread inside its batch
+    # with task.callback.timeout.ms: while its process_async call runs on the loop thread,
+    # the monotonic time past which a completion is late (0: not in that call)
+    cdef double _late_after
     # In a run (_run_async) a callback has no sequence number until it escapes:
     # _rstate RUN_PENDING / RUN_DONE / RUN_FAILED (with the requests in _rreq),
     # changed only with the GIL held; 0 once sequenced (complete() goes to C).
@@ -492,12 +495,16 @@ cdef class LoopRunner:
                         while True:
                             cb = self._new_callback(env, op.task)
                             cb._seq = op.seq
+                            if self._cb_timeout_s > 0:
+                                cb._late_after = _time.monotonic() + self._cb_timeout_s
                             try:
                                 slot.process(env, slot.collector, cb._coordinator, cb)
                             except Exception as e:
                                 slot.failed += 1
                                 self._post(_TaskError(slot.name, env.ssp, env.offset, e))
                                 break
+                            finally:
+                                cb._late_after = 0
                             if not cb._inline or not capi.tr_loop_next_of_task(loop, op.task, &op):
                                 break
                             env = _take_item(op.item, slot)
@@ -599,6 +606,8 @@ cdef class LoopRunner:
                 consumed += 1
                 cb = self._new_callback(env, t)
                 cb._rstate = RUN_PENDING
+                if self._cb_timeout_s > 0:
+                    cb._late_after = _time.monotonic() + self._cb_timeout_s
                 try:
                     process(env, collector, cb._coordinator, cb)
                 except Exception as e:
@@ -607,6 +616,8 @@ cdef class LoopRunner:
                     slot.failed += 1
                     self._post(_TaskError(slot.name, env.ssp, env.offset, e))
                     break
+                finally:
+                    cb._late_after = 0
                 if cb._rstate == RUN_DONE:
                     completed = consumed
                     req = cb._rreq
@@ -887,7 +898,22 @@ cdef class LoopRunner:
         cdef capi.tr_status st
         cdef int req = cb._coordinator._requests
         cdef _TaskSlot slot = <_TaskSlot>self._slotv[cb._task]
+        cdef double late
+        cdef object error = None
         cb._coordinator._requests = 0
+        if exc is None and cb._late_after:
+            late = _time.monotonic() - cb._late_after
+            if late > 0:
+                # rules 3, 16: completed during its own process_async call, which held
+                # the loop thread past the deadline (nothing could time it out meanwhile):
+                # it fails, as a sync call that returns late does
+                cb._late_after = 0
+                ms = int(self._cb_timeout_s * 1000 + 0.5)
+                exc = TimeoutError(f"callback completed after {(late + self._cb_timeout_s) * 1000:.0f} ms, "
+                                   f"past task.callback.timeout.ms={ms}")
+                error = _CallbackTimeoutError(slot.name, cb._env.ssp, cb._env.offset, exc)
+        if exc is not None and error is None:
+            error = _TaskError(slot.name, cb._env.ssp, cb._env.offset, exc)
         if cb._rstate:  # a callback of a run, not sequenced (see _run_async)
             what = "completed" if exc is None else "failed"
             if cb._rstate != RUN_PENDING:
@@ -899,7 +925,7 @@ cdef class LoopRunner:
             else:
                 cb._rstate = RUN_FAILED
                 slot.failed += 1
-                self._post(_TaskError(slot.name, cb._env.ssp, cb._env.offset, exc))
+                self._post(error)
             return
         if exc is None:
             if self._in_batch and PyThread_get_thread_ident() == self._loop_thread:
@@ -914,7 +940,7 @@ cdef class LoopRunner:
             st = capi.tr_loop_fail(self._loop, cb._task, cb._seq)
             if st == capi.TR_OK:
                 slot.failed += 1
-                self._post(_TaskError(slot.name, cb._env.ssp, cb._env.offset, exc))
+                self._post(error)
                 return
             what = "failed"
         if st == capi.TR_EALREADY:

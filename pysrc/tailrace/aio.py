@@ -35,9 +35,9 @@ import importlib
 import inspect
 import logging
 import selectors
+import sys
 import threading
 import time
-import types
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
@@ -321,16 +321,23 @@ class AsyncioRunner:
             adapter, envelope, collector, coordinator, callback, deadline = popleft()
             if adapter._closing:
                 continue  # never started: close() came first; the engine stopped waiting
+            refs = sys.getrefcount(standin)
             try:
                 suspended = _first_step(adapter._process, envelope, collector, coordinator, loop, standin)
             except BaseException as exc:  # noqa: BLE001 - any failure belongs to this message (rule 16)
+                suspended = None
                 _resolve(callback, exc, envelope)
-                continue
-            if suspended is None:
-                _resolve(callback, None, envelope)
-                continue
-            adapter._suspended(*suspended, callback, envelope, deadline, standin)
-            standin = _TaskStandIn(loop)  # the old one now stands for that Task
+            else:
+                if suspended is None:
+                    _resolve(callback, None, envelope)
+                else:
+                    adapter._suspended(*suspended, callback, envelope, deadline, standin)
+            # as AsyncioStepper.try_step: a stand-in nobody kept and that saw no cancel()
+            # serves the next message too; one kept stands for this message alone
+            if suspended is not None or sys.getrefcount(standin) != refs or standin._cancel_msgs:
+                if suspended is None:
+                    standin._finished = True  # its message is done: done() says so
+                standin = _TaskStandIn(loop)
         if not self._stepper.selector and not self._park_scheduled:
             self._park_scheduled = True
             loop.call_soon(self._park)
@@ -369,15 +376,20 @@ class _TaskStandIn:
     Task methods are forwarded once that Task exists.
     """
 
-    __slots__ = ("_cancel_msgs", "_loop", "_task", "_uncancels")
+    __slots__ = ("_cancel_msgs", "_finished", "_loop", "_task", "_uncancels")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._task: asyncio.Task[Any] | None = None
         self._cancel_msgs: list[Any] = []
         self._uncancels = 0
+        self._finished = False  # its coroutine ended in its first step
 
     def _bind(self, task: asyncio.Task[Any]) -> None:
+        """The Task continuing the coroutine exists: replay the cancellations asked
+        for meanwhile. The Task has not taken its first step yet; _Continuation
+        delivers a cancellation that arrives now to the coroutine's await, as
+        asyncio does for a Task waiting on a future."""
         self._task = task
         for msg in self._cancel_msgs:
             task.cancel(msg)
@@ -407,7 +419,7 @@ class _TaskStandIn:
         return self._loop
 
     def done(self) -> bool:
-        return False if self._task is None else self._task.done()
+        return self._finished if self._task is None else self._task.done()
 
     def cancelled(self) -> bool:
         return False if self._task is None else self._task.cancelled()
@@ -425,34 +437,87 @@ class _TaskStandIn:
         return f"<tailrace task stand-in for {self._task!r}>"
 
 
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, Any]:
-    """Continue an already-started coroutine inside a Task: hand the Task what the
-    coroutine yielded (first ``first``, the future it suspended on), forward what
-    the Task sends or throws (cancellation), and return the coroutine's result.
+class _Continuation(Coroutine[Any, Any, None]):
+    """What the Task that continues a suspended ``process`` coroutine runs.
 
-    StopIteration is caught here and turned into a return (PEP 479 would otherwise
-    make it a RuntimeError).
+    It forwards what the Task sends or throws to that coroutine, which has already
+    started: its first ``send`` hands the Task the future the coroutine suspended on.
+    A cancellation that reaches the Task before its first step (one replayed from the
+    stand-in, or asyncio.timeout(0) expiring first) is thrown in at the coroutine's
+    await, as asyncio does for a Task waiting on a future; a coroutine function would
+    die of it unstarted and leave its message unresolved for ever. When the coroutine
+    ends, it resolves the message's callback; the Task itself ends with None.
     """
-    value = first
-    send = coro.send
-    throw = coro.throw
-    while True:
+
+    __slots__ = ("_adapter", "_coro", "_first", "_inf")
+
+    def __init__(
+        self, adapter: AsyncioTask, inf: _Inflight, coro: Coroutine[Any, Any, Any], first: Any
+    ) -> None:
+        self._adapter = adapter
+        self._inf = inf
+        self._coro = coro
+        self._first = first
+
+    def send(self, value: Any) -> Any:
+        first = self._first
+        if first is not None:
+            self._first = None
+            return first
+        return self._step(self._coro.send, value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        exc = typ if isinstance(typ, BaseException) else (val if isinstance(val, BaseException) else typ())
+        first = self._first
+        if first is not None:  # never waited on by the Task: cancel it as the Task would have
+            self._first = None
+            if isinstance(exc, asyncio.CancelledError) and isinstance(first, asyncio.Future):
+                first.cancel()
+        return self._step(self._coro.throw, exc)
+
+    def close(self) -> None:
+        self._first = None
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self  # its own iterator, as a Task drives it
+
+    def __iter__(self) -> _Continuation:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def _step(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         try:
-            sent = yield value
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine, which decides
-            try:
-                value = throw(exc)
-            except StopIteration as stop:
-                return stop.value
-            continue
-        try:
-            value = send(sent)
-        except StopIteration as stop:
-            return stop.value
+            return fn(arg)
+        except StopIteration:
+            self._end(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the engine through the callback
+            self._end(e)
+        raise StopIteration
+
+    def _end(self, exc: BaseException | None) -> None:
+        inf = self._inf
+        self._adapter._inflight.discard(inf)
+        if inf.handle is not None:
+            inf.handle.cancel()
+        if inf.cancelled:
+            if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                log.debug("cancelled coroutine for %r ended with %r", inf.envelope, exc)
+            return  # the engine timed it out or stopped waiting: never resolve twice (rule 17)
+        _resolve(inf.callback, exc, inf.envelope)
+
+    @property
+    def __qualname__(self) -> str:  # asyncio's Task repr: the user's coroutine
+        return str(getattr(self._coro, "__qualname__", "process"))
+
+    @property
+    def __name__(self) -> str:
+        return str(getattr(self._coro, "__name__", "process"))
+
+    def __repr__(self) -> str:
+        return f"<tailrace continuation of {self._coro!r}>"
 
 
 class _Inflight:
@@ -595,10 +660,11 @@ class AsyncioTask(AsyncStreamTask):
                 left = runner.run(self._cancel_all())
                 if left:
                     log.warning(
-                        "%d coroutine(s) of %r ignored cancellation for %.0f s; abandoning them",
+                        "%d in-flight coroutine(s) ignored cancellation for %.0f s (closing %r); "
+                        "abandoning them",
                         left,
-                        self.task,
                         CANCEL_GRACE_S,
+                        self.task,
                     )
             user = getattr(self.task, "close", None)
             if callable(user):
@@ -624,28 +690,12 @@ class AsyncioTask(AsyncStreamTask):
         inf = _Inflight(callback, envelope)
         loop = self.runner._loop
         assert loop is not None
-        task = loop.create_task(self._continue(inf, coro, fut), context=ctx)
+        task: asyncio.Task[None] = loop.create_task(_Continuation(self, inf, coro, fut), context=ctx)
         inf.task = task
         standin._bind(task)
         self._inflight.add(inf)
         if deadline:
             inf.handle = loop.call_at(deadline - time.monotonic() + loop.time(), self._expire, inf)
-
-    async def _continue(self, inf: _Inflight, coro: Coroutine[Any, Any, Any], fut: Any) -> None:
-        exc: BaseException | None = None
-        try:
-            await _resume(coro, fut)
-        except BaseException as e:  # noqa: BLE001 - handed to the engine through the callback
-            exc = e
-        finally:
-            self._inflight.discard(inf)
-            if inf.handle is not None:
-                inf.handle.cancel()
-        if inf.cancelled:
-            if exc is not None and not isinstance(exc, asyncio.CancelledError):
-                log.debug("cancelled coroutine for %r ended with %r", inf.envelope, exc)
-            return  # the engine timed it out or stopped waiting: never resolve twice (rule 17)
-        _resolve(inf.callback, exc, inf.envelope)
 
     def _expire(self, inf: _Inflight) -> None:
         """Deadline reached (task.callback.timeout.ms): cancel the coroutine. The
@@ -658,21 +708,24 @@ class AsyncioTask(AsyncStreamTask):
         inf.task.cancel(f"tailrace: task.callback.timeout.ms expired for {inf.envelope!r}")
 
     async def _cancel_all(self) -> int:
-        """Cancel every coroutine still in flight and wait (bounded) for them to
-        unwind; returns how many did not finish."""
-        self._closing = True
+        """Cancel every coroutine still in flight and wait (bounded) for them to unwind;
+        returns how many did not finish. The engine closes its tasks one after another:
+        the first to close cancels the coroutines of every task of the runner, so those
+        that ignore cancellation cost one CANCEL_GRACE_S in all, not one per task."""
         tasks = []
-        for inf in list(self._inflight):
-            inf.cancelled = True
-            if inf.handle is not None:
-                inf.handle.cancel()
-                inf.handle = None
-            if inf.task is not None and not inf.task.done():
-                inf.task.cancel("tailrace: task closed while this message was in flight")
-                tasks.append(inf.task)
+        for adapter in (self, *(a for a in self.runner._adapters if a is not self and not a._closed)):
+            adapter._closing = True
+            for inf in list(adapter._inflight):
+                inf.cancelled = True
+                if inf.handle is not None:
+                    inf.handle.cancel()
+                    inf.handle = None
+                if inf.task is not None and not inf.task.done() and inf.task not in _ABANDONED:
+                    inf.task.cancel("tailrace: task closed while this message was in flight")
+                    tasks.append(inf.task)
         if not tasks:
             return 0
-        log.debug("cancelled %d in-flight coroutine(s) of %r", len(tasks), self.task)
+        log.debug("cancelled %d in-flight coroutine(s) closing %r", len(tasks), self.task)
         _, pending = await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
         _ABANDONED.update(pending)
         return len(pending)

@@ -237,7 +237,9 @@ def task_kind(task: object) -> str:
     if isinstance(task, StreamTask):
         if proc is StreamTask.process:
             raise TypeError(f"{cls.__qualname__} must define process()")
-        return "sync"
+        # an async def process runs on the container's loop whatever the base class:
+        # called as a sync process it would only make a coroutine that nothing awaits
+        return "asyncio" if _is_coroutine_function(proc) else "sync"
     if hasattr(task, "process_async"):
         return "async"
     if proc is not None:

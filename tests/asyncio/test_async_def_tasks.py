@@ -484,7 +484,7 @@ def test_only_suspending_coroutines_get_an_asyncio_task(engine: str) -> None:
             loop = asyncio.get_running_loop()
 
             def factory(lp: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
-                created.append(getattr(coro, "__qualname__", repr(coro)))
+                created.append(type(coro).__name__)
                 return asyncio.Task(coro, loop=lp, **kw)
 
             loop.set_task_factory(factory)  # type: ignore[arg-type]
@@ -501,7 +501,7 @@ def test_only_suspending_coroutines_get_an_asyncio_task(engine: str) -> None:
     Container(T, inputs=["mem.in"], systems=[mem], engine=engine, task_max_concurrency=16).run()
     assert sorted(mem.messages("out")) == list(range(200))
     assert all(current)
-    continued = [q for q in created if q.endswith("_continue")]
+    continued = [q for q in created if q == "_Continuation"]
     assert len(continued) == 20, (
         "one Task per message that suspended (offsets 0, 10, ..., 190), none for the rest"
     )
@@ -562,3 +562,157 @@ def test_a_coroutine_that_ignores_cancellation_is_waited_for_once(
     took = time.monotonic() - started
     assert result.committed == {ssp(0): 2}  # the low watermark: offset 3 never completed
     assert took < 0.3 + 0.2 + 2 * 1.0 - 0.2, f"the stop took {took:.2f} s: the coroutine was waited for twice"
+
+
+def _run_within(container: Container, seconds: float = 20.0) -> Any:
+    """container.run() on a thread; a run that does not end in ``seconds`` fails the test."""
+    out: dict[str, Any] = {}
+
+    def main() -> None:
+        try:
+            out["result"] = container.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            out["error"] = e
+
+    th = threading.Thread(target=main, daemon=True)
+    th.start()
+    th.join(seconds)
+    if th.is_alive():
+        container.stop()
+        raise AssertionError(f"the run did not end within {seconds} s (a message never completed)")
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+@pytest.mark.parametrize("how", ["timeout0", "self_cancel"])
+def test_a_cancellation_before_the_task_s_first_step_reaches_the_await(engine: str, how: str) -> None:
+    # docs/asyncio.md: asyncio.timeout() and current_task() work from the first line; a
+    # cancellation that reached the continuing Task before its first step killed it
+    # unstarted: the message never completed and the container never ended
+    seen: list[tuple[str, int]] = []
+
+    class T(AsyncStreamTask):
+        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            if how == "timeout0":
+                try:
+                    async with asyncio.timeout(0):
+                        await asyncio.sleep(1)
+                except TimeoutError:
+                    seen.append(("timed out", env.offset))
+            else:
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()
+                try:
+                    await asyncio.sleep(1)
+                except asyncio.CancelledError:
+                    seen.append(("cancelled", env.offset))
+                    task.uncancel()
+            collector.send("mem.out", env.offset)
+
+    mem = MemorySystem("mem").add_stream("in", [[0, 1, 2]])
+    result = _run_within(Container(T, inputs=["mem.in"], systems=[mem], engine=engine))
+    assert result.reason == "end_of_stream"
+    assert mem.messages("out") == [0, 1, 2]
+    assert [o for _, o in seen] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("style", ["async_def", "callback"])
+def test_a_call_that_holds_the_loop_thread_past_the_callback_timeout_fails(engine: str, style: str) -> None:
+    # rule 16: a message completed inline, after blocking before any await, is as late as
+    # a sync call that returns late (only the await path was timed out)
+    if style == "async_def":
+
+        class T(AsyncStreamTask):
+            async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+                if env.offset == 1:
+                    time.sleep(0.3)
+    else:
+
+        class T(AsyncStreamTask):  # type: ignore[no-redef]
+            def process_async(self, env: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+                if env.offset == 1:
+                    time.sleep(0.3)
+                callback.complete()
+
+    mem = MemorySystem("mem").add_stream("in", [[0, 1, 2]])
+    store = MemoryCheckpointStore()
+    with pytest.raises(CallbackTimeoutError) as info:
+        Container(
+            T,
+            inputs=["mem.in"],
+            systems=[mem],
+            checkpoints=store,
+            engine=engine,
+            task_callback_timeout_ms=100,
+        ).run()
+    assert info.value.offset == 1 and "task.callback.timeout.ms=100" in str(info.value)
+    assert store.committed("tailrace-job").get(ssp(0)) in (None, 0)
+
+
+def test_a_stream_task_with_async_def_process_runs_on_the_loop(engine: str) -> None:
+    # docs/asyncio.md: a task whose process is a coroutine function runs on the container's
+    # loop; a StreamTask subclass ran it as a sync process (coroutines never awaited, their
+    # offsets committed: the messages were lost)
+    from tailrace import StreamTask
+
+    class T(StreamTask):
+        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:  # type: ignore[override]
+            await asyncio.sleep(0)
+            collector.send("mem.out", env.message)
+
+    mem = MemorySystem("mem").add_stream("in", [["a", "b", "c"]])
+    result = Container(T, inputs=["mem.in"], systems=[mem], engine=engine).run()
+    assert mem.messages("out") == ["a", "b", "c"]
+    assert result.committed == {ssp(0): 2}
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_each_message_has_its_own_current_task_which_is_done_once_it_is(engine: str, debug: bool) -> None:
+    # docs/asyncio.md: current_task() works from the first line of process; the queued path
+    # (always taken in asyncio debug mode) gave every message that finished without suspending
+    # the same object, never done
+    seen: list[tuple[int, bool, bool | None]] = []
+
+    class T(AsyncStreamTask):
+        async def init(self, context: TaskContext) -> None:
+            asyncio.get_running_loop().set_debug(debug)
+            self.prev: Any = None
+
+        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            me = asyncio.current_task()
+            prev = self.prev
+            seen.append((env.offset, prev is me, None if prev is None else prev.done()))
+            self.prev = me
+
+    mem = MemorySystem("mem").add_stream("in", [[0, 1, 2, 3]])
+    Container(T, inputs=["mem.in"], systems=[mem], engine=engine, task_max_concurrency=4).run()
+    assert seen == [(0, False, None), (1, False, True), (2, False, True), (3, False, True)]
+
+
+def test_coroutines_that_ignore_cancellation_cost_one_grace_for_all_tasks(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/asyncio.md: abandoned after CANCEL_GRACE_S; each of N tasks waited its own grace
+    from tailrace import aio
+
+    monkeypatch.setattr(aio, "CANCEL_GRACE_S", 0.5)
+
+    class Stubborn(AsyncStreamTask):
+        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            while True:
+                try:
+                    await asyncio.sleep(10)
+                except asyncio.CancelledError:
+                    pass
+
+    mem = MemorySystem("mem").add_live_stream("in", 4)
+    for p in range(4):
+        mem.append("in", p, "x")
+    c = Container(Stubborn, inputs=["mem.in"], systems=[mem], engine=engine, task_shutdown_ms=100)
+    threading.Timer(0.3, c.stop).start()
+    began = time.monotonic()
+    result = c.run()
+    assert result.reason == "stop"
+    assert time.monotonic() - began < 0.3 + 0.1 + 0.5 + 0.6  # one grace, not four (2 s)

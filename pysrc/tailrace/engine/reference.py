@@ -146,6 +146,7 @@ class _Callback:
         "entry",
         "ignored",
         "key",
+        "late_after",
         "offset",
         "part",
         "requests",
@@ -167,6 +168,9 @@ class _Callback:
         self.requests = 0  # sync: requests harvested after process returned
         self.ignored = False
         self.deadline = 0.0
+        # with task.callback.timeout.ms, while its process_async call runs on the loop
+        # thread: the real time past which a completion is late (0.0: not in that call)
+        self.late_after = 0.0
         self.key: Any = None  # task.ordering = key: the key identity it holds busy
         self.entry: list[Any] | None = None  # task.ordering = key: its _Partition.order entry
         self.started = 0.0  # the clock's monotonic time at invocation (head-of-line metric)
@@ -341,7 +345,8 @@ class ReferenceEngine:
         # thread while that thread holds the lock.
         self._clock = plan.clock  # every deadline of the run comes from it (tailrace.clock)
         self._cv = self._clock.condition(threading.RLock())
-        self._events: deque[tuple[str, _Callback, BaseException | None]] = deque()
+        # (kind, callback, exception; for "late": how late, in seconds)
+        self._events: deque[tuple[str, _Callback, Any]] = deque()
         self._signalled = False  # reader wakeup / timer change since the last wait
         self._stop_flag = False
         # set by stop() and by a timer scheduled: a run in progress ends after its
@@ -427,9 +432,13 @@ class ReferenceEngine:
 
     def _resolve(self, cb: _Callback, exc: BaseException | None) -> None:
         """complete()/fail() from any thread: exactly one resolution wins (rule 17)."""
+        late_by = time.monotonic() - cb.late_after if cb.late_after and exc is None else 0.0
         with self._cv:
             if cb._done:
                 self._events.append(("twice", cb, exc))
+            elif late_by > 0:
+                cb._done = True
+                self._events.append(("late", cb, late_by))
             else:
                 cb._done = True
                 self._events.append(("done", cb, exc))
@@ -578,6 +587,24 @@ class ReferenceEngine:
             t.unresolved.pop(cb.seq, None)
             if t.keyed:
                 t.busy.discard(cb.key)  # rule 30: the next message of this key may start
+            if kind == "late":
+                # rules 3, 16: completed during its own process_async call, which held the
+                # loop thread past the deadline (nothing could time it out meanwhile): it
+                # fails, as a sync call that returns late does
+                t.failed += 1
+                ms = self.config.callback_timeout_ms
+                took = exc * 1000 + ms  # exc: how late, in seconds
+                self._fail(
+                    CallbackTimeoutError(
+                        t.name,
+                        cb.part.ssp,
+                        cb.offset,
+                        TimeoutError(
+                            f"callback completed after {took:.0f} ms, past task.callback.timeout.ms={ms}"
+                        ),
+                    )
+                )
+                continue
             if exc is not None:
                 t.failed += 1
                 self._fail(TaskError(t.name, cb.part.ssp, cb.offset, exc))
@@ -1125,11 +1152,15 @@ class ReferenceEngine:
             self._workers[t.worker].put((t, cb, env, t.coordinator))
             return
         cb.coordinator = Coordinator()
+        if self._timeout is not None:
+            cb.late_after = time.monotonic() + self.config.callback_timeout_ms / 1000  # real time, as sync
         try:
             t.process(env, t.collector, cb.coordinator, cb)
         except Exception as e:  # noqa: BLE001 - user code
             t.failed += 1
             self._fail(TaskError(t.name, part.ssp, env.offset, e))
+        finally:
+            cb.late_after = 0.0
 
     # -- 8. waiting -----------------------------------------------------------
     def _wait(self) -> None:
