@@ -198,7 +198,7 @@ typedef struct tr_loop_hooks {
 
 /* Per-task counters (a snapshot; any thread). */
 typedef struct tr_task_stats {
-    uint64_t processed; /* messages dispatched (less pool ops handed back unrun) */
+    uint64_t processed; /* messages dispatched (a pool task: the ops its worker started) */
     uint64_t completed; /* completions released in order */
     uint64_t outstanding;
     uint64_t windows;
