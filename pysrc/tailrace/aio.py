@@ -509,12 +509,8 @@ class _Continuation(Coroutine[Any, Any, None]):
         _resolve(inf.callback, exc, inf.envelope)
 
     @property
-    def __qualname__(self) -> str:  # asyncio's Task repr: the user's coroutine
+    def __name__(self) -> str:  # asyncio's Task repr: the user's coroutine
         return str(getattr(self._coro, "__qualname__", "process"))
-
-    @property
-    def __name__(self) -> str:
-        return str(getattr(self._coro, "__name__", "process"))
 
     def __repr__(self) -> str:
         return f"<tailrace continuation of {self._coro!r}>"
