@@ -468,18 +468,7 @@ class ReferenceEngine:
                 with self._cv:
                     cb._done = True
                 t.unresolved.pop(cb.seq, None)
-                t.failed += 1
-                self._fail(
-                    CallbackTimeoutError(
-                        t.name,
-                        cb.part.ssp,
-                        cb.offset,
-                        TimeoutError(
-                            f"process returned after {took * 1000:.0f} ms, "
-                            f"past task.callback.timeout.ms={watch.timeout_ms}"
-                        ),
-                    )
-                )
+                self._fail_late(cb, "process returned", took)
                 return
         cb.requests = coordinator.take()
         self._resolve(cb, error)
@@ -591,19 +580,7 @@ class ReferenceEngine:
                 # rules 3, 16: completed during its own process_async call, which held the
                 # loop thread past the deadline (nothing could time it out meanwhile): it
                 # fails, as a sync call that returns late does
-                t.failed += 1
-                ms = self.config.callback_timeout_ms
-                took = exc * 1000 + ms  # exc: how late, in seconds
-                self._fail(
-                    CallbackTimeoutError(
-                        t.name,
-                        cb.part.ssp,
-                        cb.offset,
-                        TimeoutError(
-                            f"callback completed after {took:.0f} ms, past task.callback.timeout.ms={ms}"
-                        ),
-                    )
-                )
+                self._fail_late(cb, "callback completed", exc + self.config.callback_timeout_ms / 1000)
                 continue
             if exc is not None:
                 t.failed += 1
@@ -615,6 +592,21 @@ class ReferenceEngine:
                 cb.requests = cb.coordinator.take()
             t.held[cb.seq] = cb
         return True
+
+    def _fail_late(self, cb: _Callback, what: str, took: float) -> None:
+        """Rules 3, 16: a call held the loop thread past task.callback.timeout.ms (nothing
+        could time it out meanwhile) and its message completed only then (``took`` seconds
+        after its start): it fails, as a callback the deadline caught does."""
+        cb.task.failed += 1
+        ms = self.config.callback_timeout_ms
+        self._fail(
+            CallbackTimeoutError(
+                cb.task.name,
+                cb.part.ssp,
+                cb.offset,
+                TimeoutError(f"{what} after {took * 1000:.0f} ms, past task.callback.timeout.ms={ms}"),
+            )
+        )
 
     def _check_deadlines(self) -> None:
         """Callback timeout (rule 16): the oldest unresolved callback of each task."""
