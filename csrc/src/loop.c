@@ -132,16 +132,25 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
             /* runs only while nothing is outstanding and no slot past head is
              * taken (loop_schedule.c): then the ring from head is plain order */
             T->keyed = 1;
-            /* 64 buckets per possible outstanding key: few unrelated keys share one */
+            /* the busy set: short probes (64 slots per message a task may have
+             * invoked and not completed, up to 2^20) and at least twice as many
+             * slots as seqs outstanding, so that it never fills (key_find) */
             uint64_t nb = (uint64_t)cfg->max_concurrency * 64u;
             if (nb < 1024u)
                 nb = 1024u;
-            uint32_t bsize = pow2_at_least(nb > (1u << 20) ? (1u << 20) : nb);
-            T->busy = calloc(bsize, 1);
+            if (nb > (1u << 20))
+                nb = 1u << 20;
+            if (nb < 2u * (uint64_t)wsize)
+                nb = 2u * (uint64_t)wsize;
+            uint32_t bsize = pow2_at_least(nb);
+            if (bsize <= T->limit)
+                goto fail; /* a window of 2^30 seqs: more than the rings can hold */
+            T->bkey = calloc(bsize, sizeof *T->bkey);
+            T->bcount = calloc(bsize, sizeof *T->bcount);
             T->bmask = bsize - 1;
             T->skey = calloc(wsize, sizeof *T->skey);
             T->sdisp = calloc(wsize, sizeof *T->sdisp);
-            if (!T->busy || !T->skey || !T->sdisp)
+            if (!T->bkey || !T->bcount || !T->skey || !T->sdisp)
                 goto fail;
         }
         if (infl_size) {
@@ -217,7 +226,8 @@ static void loop_free(tr_loop *L) {
             free(T->infl);
             free(T->pitem);
             free(T->spart);
-            free(T->busy);
+            free(T->bkey);
+            free(T->bcount);
             free(T->skey);
             free((void *)T->sdisp);
             if (T->parts) {

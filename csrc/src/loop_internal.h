@@ -193,9 +193,14 @@ typedef struct task {
      * ops handed to the worker, queued ones included */
     _Atomic uint64_t invoked;
     _Atomic uint32_t done_pub;
-    /* TR_TASK_KEYED only: busy[bucket(hash)] is 1 while a message with a key in
-     * that bucket is outstanding (invoked, its completion not yet seen by the
-     * loop); skey[seq & smask] the hash of each outstanding seq; kblocked: the
+    /* TR_TASK_KEYED only: bkey/bcount, the busy keys: an open-addressing set
+     * (linear probing from key_slot, backward-shift deletion) of the hashes of
+     * the keys with a message outstanding (invoked, its completion not yet seen
+     * by the loop), each with how many (1, except a pool task's queued ops);
+     * it has at least twice as many slots as a task can have seqs outstanding,
+     * so a probe always ends at an empty slot. Keys are told apart by their
+     * whole 64-bit hash: keys that only share a slot never wait for each other
+     * (rule 30). skey[seq & smask] the hash of each outstanding seq; kblocked: the
      * last look-ahead found every buffered message's key busy (cleared by a
      * completion or new input). sdisp: dispatch time per seq slot (metrics,
      * written by the loop thread, read relaxed by any thread) */
@@ -204,17 +209,41 @@ typedef struct task {
      * look-ahead past each ring's head until kahead is 0, then a commit is due */
     uint8_t kcatchup;
     uint64_t kahead; /* slots taken by look-ahead at positions >= their ring's head */
-    uint8_t *busy;
+    uint64_t *bkey;
+    uint32_t *bcount; /* 0: an empty slot */
     uint32_t bmask;
     uint64_t *skey;
     _Atomic int64_t *sdisp;
     _Atomic uint32_t kinflight;
 } task;
 
-/* The busy bucket of a key hash (Fibonacci hashing of the binding's hash). */
-static inline uint32_t key_bucket(const task *T, uint64_t h) {
+/* Where a key hash's probe starts in the busy set (Fibonacci hashing of the
+ * binding's hash). */
+static inline uint32_t key_slot(const task *T, uint64_t h) {
     return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 40) & T->bmask;
 }
+
+/* The busy set's slot of hash h, or the empty slot where its probe ends. */
+static inline uint32_t key_find(const task *T, uint64_t h) {
+    uint32_t i = key_slot(T, h);
+    while (T->bcount[i] && T->bkey[i] != h)
+        i = (i + 1) & T->bmask;
+    return i;
+}
+
+/* Is a message with key hash h outstanding (rule 30)? */
+static inline int key_busy(const task *T, uint64_t h) {
+    return T->bcount[key_find(T, h)] != 0;
+}
+
+/* A message with key hash h is outstanding now. */
+static inline void key_hold(task *T, uint64_t h) {
+    uint32_t i = key_find(T, h);
+    T->bkey[i] = h;
+    T->bcount[i]++;
+}
+
+void trl_key_release(task *T, uint64_t h);
 
 typedef struct hent {
     int64_t when;

@@ -219,7 +219,7 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             /* outstanding now: its key is busy, its slot stays until released */
             uint64_t h = P->khash[pos & P->mask];
             P->kst[pos & P->mask] = KS_TAKEN;
-            T->busy[key_bucket(T, h)] = 1;
+            key_hold(T, h);
             T->skey[*seq & T->smask] = h;
             atomic_store_explicit(&T->sdisp[*seq & T->smask], L->now, TR_RELAXED); /* metric */
             atomic_store_explicit(&T->kinflight,

@@ -235,7 +235,7 @@ static uint32_t fill_run(tr_loop *L, uint32_t t, uint32_t max) {
  * at most each partition's ring (rule 31), partitions round robin (rule 5).
  * Scanning in offset order and marking a key busy as soon as one of its
  * messages is dispatched keeps one key's messages in offset order: an earlier
- * message of a key is skipped only while that key (its bucket) is busy, and
+ * message of a key is skipped only while that key is busy, and
  * then every later one of that key is skipped too (rule 30). 0: none. */
 static int key_pick(task *T, uint32_t *p_out, uint64_t *pos_out) {
     uint32_t p = T->rr;
@@ -250,7 +250,7 @@ static int key_pick(task *T, uint32_t *p_out, uint64_t *pos_out) {
             uint32_t s = (uint32_t)(pos & P->mask);
             if (P->kst[s] & KS_TAKEN)
                 continue;
-            if (!pool && T->busy[key_bucket(T, P->khash[s])]) {
+            if (!pool && key_busy(T, P->khash[s])) {
                 if (T->kcatchup)
                     break; /* only the head (never a taken slot) while catching up */
                 continue;
@@ -283,7 +283,7 @@ static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t 
     P->kst[s] = KS_TAKEN;
     if (pos != P->head)
         T->kahead++;
-    T->busy[key_bucket(T, h)] = 1;
+    key_hold(T, h);
     /* relaxed: a metric, single writer */
     atomic_store_explicit(&T->kinflight, atomic_load_explicit(&T->kinflight, TR_RELAXED) + 1,
                           TR_RELAXED);
@@ -321,10 +321,31 @@ static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t 
     return seq;
 }
 
+/* One outstanding message with key hash h is done: the key is free once none
+ * is left. Emptying a slot shifts back the entries after it that probed past
+ * it (linear probing keeps every entry reachable from its key_slot with no
+ * empty slot between). */
+void trl_key_release(task *T, uint64_t h) {
+    uint32_t i = key_find(T, h);
+    if (T->bcount[i] == 0 || --T->bcount[i] != 0)
+        return; /* (not held cannot happen) */
+    for (uint32_t j = (i + 1) & T->bmask; T->bcount[j]; j = (j + 1) & T->bmask) {
+        /* j's entry may fill the hole at i when i lies on its probe path: from
+         * its key_slot to j, cyclically */
+        uint32_t home = key_slot(T, T->bkey[j]);
+        if (((j - home) & T->bmask) >= ((j - i) & T->bmask)) {
+            T->bkey[i] = T->bkey[j];
+            T->bcount[i] = T->bcount[j];
+            T->bcount[j] = 0;
+            i = j;
+        }
+    }
+}
+
 /* Loop thread: the loop saw seq's completion: its key is free again (rule 30). */
 void trl_key_free(tr_loop *L, uint32_t t, uint64_t seq) {
     task *T = &L->tasks[t];
-    T->busy[key_bucket(T, T->skey[seq & T->smask])] = 0;
+    trl_key_release(T, T->skey[seq & T->smask]);
     T->kblocked = 0;
     atomic_store_explicit(&T->kinflight, atomic_load_explicit(&T->kinflight, TR_RELAXED) - 1,
                           TR_RELAXED);

@@ -5,7 +5,9 @@
  * key is free; a ring holding only busy keys stops reading (rule 31); taken
  * slots are not handed back by drain_items; and with completions from another
  * thread in random order, per key invocation order = offset order, never two
- * outstanding, and the watermark is a gap-free prefix of completions.
+ * outstanding, and the watermark is a gap-free prefix of completions. With
+ * `spread`, the key hashes pushed are chosen to crowd the loop's busy-key set
+ * (see kh_spread_hash): keys that share a slot must not wait for each other.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,7 +37,17 @@ typedef struct kh {
     uint64_t nruns, nprocess;    /* ops of each kind seen (loop thread) */
     uint64_t ncommits, nsettled; /* commit ops, and those tr_loop_task_settled allowed */
     uint64_t rng;
+    int spread; /* push kh_spread_hash(key) instead of the key */
 } kh;
+
+/* A 64-bit hash for key k < 64 that the busy-key set (loop_internal.h:
+ * key_slot, bits 40.. of hash * 0x9E3779B97F4A7C15) puts in slot k & 3 of any
+ * set of fewer than 2^20 slots: 16 distinct hashes per slot, whose probes
+ * overlap, so that freeing one shifts others back. */
+static uint64_t kh_spread_hash(uint64_t k) {
+    const uint64_t inverse = 0xF1DE83E19937733Dull; /* of 0x9E3779B97F4A7C15 mod 2^64 */
+    return ((((k & 3) << 40) | ((k >> 2) << 60)) * inverse);
+}
 
 static uint64_t kh_rand(kh *h) {
     h->rng ^= h->rng << 13;
@@ -68,7 +80,8 @@ static int kh_batch(void *ctx, tr_loop *loop) {
             while (m < op.handle && m < 64 && h->next_read < h->n) {
                 items[m] = h->next_read + 1;
                 handles[m] = h->next_read;
-                hashes[m] = h->keys[h->next_read];
+                hashes[m] =
+                    h->spread ? kh_spread_hash(h->keys[h->next_read]) : h->keys[h->next_read];
                 m++;
                 h->next_read++;
             }
@@ -226,21 +239,25 @@ static void kh_run_completing(kh *h) {
 /* 2000 messages with pseudo-random keys below nkeys, run to the end while they complete in
  * random order: every one invoked, no ordering error. The keys live until the next call. */
 static void kh_run_random(kh *h, uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys,
-                          uint32_t flags, int64_t commit_ns) {
+                          uint32_t flags, int64_t commit_ns, int spread) {
     static uint64_t keys[2000];
     kh_random_keys(keys, seed, nkeys);
     kh_init_flags(h, keys, 2000, maxc, buffer, flags, commit_ns);
+    h->spread = spread;
     h->rng ^= seed;
     kh_run_completing(h);
     CHECK(h->errors == 0);
     CHECK(h->ninvoked == 2000);
 }
 
-/* Nothing completes: the look-ahead takes the first message of each free key. */
-static void test_lookahead_picks_free_keys(void) {
-    static const uint64_t keys[] = {1, 1, 2, 3, 2, 4};
+/* Nothing completes: the look-ahead takes the first message of each free key
+ * (spread: keys 1, 5 and 9 share a slot of the busy set, 2 and 6 another). */
+static void test_lookahead_picks_free_keys(int spread) {
+    static const uint64_t plain[] = {1, 1, 2, 3, 2, 4};
+    static const uint64_t crowded[] = {1, 1, 5, 9, 5, 6};
     kh h;
-    kh_init(&h, keys, 6, 8, 16);
+    kh_init(&h, spread ? crowded : plain, 6, 8, 16);
+    h.spread = spread;
     pthread_t stopper;
     CHECK(pthread_create(&stopper, NULL, kh_stopper, h.loop) == 0);
     tr_loop_hooks hooks = {.ctx = &h, .run_batch = kh_batch};
@@ -287,9 +304,9 @@ static void test_busy_ring_stops_reading(void) {
 
 /* Random completion order from another thread; push-time key checks above. */
 static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys,
-                                   uint32_t flags) {
+                                   uint32_t flags, int spread) {
     kh h;
-    kh_run_random(&h, seed, maxc, buffer, nkeys, flags, 0);
+    kh_run_random(&h, seed, maxc, buffer, nkeys, flags, 0, spread);
     if (flags & TR_TASK_INLINE) /* runs, and (room for more than one) look-ahead after an escape */
         CHECK(h.nruns > 0 && (maxc == 1 || h.nprocess > 0));
     else
@@ -309,7 +326,7 @@ static void test_random_completion(uint64_t seed, uint32_t maxc, uint32_t buffer
  * unsettled one (look-ahead off until nothing is ahead) gets settled ones through. */
 static void test_settled_commits(uint64_t seed, uint32_t maxc, uint32_t buffer, int nkeys) {
     kh h;
-    kh_run_random(&h, seed, maxc, buffer, nkeys, TR_TASK_KEYED, 200000);
+    kh_run_random(&h, seed, maxc, buffer, nkeys, TR_TASK_KEYED, 200000, 0);
     CHECK(h.ncommits > h.nsettled); /* some found messages taken ahead ... */
     CHECK(h.nsettled > 1);          /* ... and settled ones followed, not only the final one */
     tr_loop_destroy(h.loop);
@@ -317,17 +334,21 @@ static void test_settled_commits(uint64_t seed, uint32_t maxc, uint32_t buffer, 
 }
 
 int main(void) {
-    test_lookahead_picks_free_keys();
+    test_lookahead_picks_free_keys(0);
+    test_lookahead_picks_free_keys(1);
     test_busy_ring_stops_reading();
     const uint32_t K = TR_TASK_KEYED, KI = TR_TASK_KEYED | TR_TASK_INLINE;
-    test_random_completion(1, 8, 32, 5, K);
-    test_random_completion(2, 64, 1024, 40, K);
-    test_random_completion(3, 1, 4, 3, K);
-    test_random_completion(4, 16, 8, 2, K);
-    /* runs (loop-thread tasks) mixed with look-ahead once one escapes */
-    test_random_completion(5, 8, 32, 5, KI);
-    test_random_completion(6, 64, 256, 40, KI);
-    test_random_completion(7, 1, 4, 3, KI);
+    for (int spread = 0; spread < 2; spread++) {
+        test_random_completion(1, 8, 32, 5, K, spread);
+        test_random_completion(2, 64, 1024, 40, K, spread);
+        test_random_completion(3, 1, 4, 3, K, spread);
+        test_random_completion(4, 16, 8, 2, K, spread);
+        test_random_completion(10, 64, 1024, 64, K, spread);
+        /* runs (loop-thread tasks) mixed with look-ahead once one escapes */
+        test_random_completion(5, 8, 32, 5, KI, spread);
+        test_random_completion(6, 64, 256, 40, KI, spread);
+        test_random_completion(7, 1, 4, 3, KI, spread);
+    }
     test_settled_commits(8, 8, 32, 5);
     test_settled_commits(9, 64, 256, 40);
     printf("test_loop_keyed: ok\n");
