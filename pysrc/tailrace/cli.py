@@ -657,14 +657,21 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
         _serve_prometheus(view, args.metrics_port, args.metrics_host, spec.name)
     started = time.monotonic()
     result = _run_watched(args, spec, view, member.run, member.stop, lambda done: arm_backstop(member, done))
+    seconds = time.monotonic() - started
     print(
-        f"member {result.member} of job {spec.name!r} left ({result.reason}) after "
-        f"{time.monotonic() - started:.2f} s: {result.processed:,} messages processed in {result.runs} "
-        f"container runs; partitions finished here: {sorted(result.done)}",
+        f"member {result.member} of job {spec.name!r} left ({result.reason}) after {seconds:.2f} s: "
+        f"{_rate_text(result.processed, seconds)} in {result.runs} container runs; partitions "
+        f"finished here: {sorted(result.done)}\n  {result.skipped:,} bad lines skipped",
         flush=True,
     )
     _print_committed(spec, sys.stdout)
     return 0
+
+
+def _rate_text(processed: int, seconds: float) -> str:
+    """``N messages processed (R msg/s)``: the summaries' first figures."""
+    rate = processed / seconds if seconds > 0 else 0.0
+    return f"{processed:,} messages processed ({rate:,.0f} msg/s)"
 
 
 def _kafka_systems(spec: JobSpec) -> set[str]:
@@ -719,11 +726,12 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
     )
     started = time.monotonic()
     result = _run_watched(args, spec, view, member.run, member.stop, lambda done: arm_backstop(member, done))
+    seconds = time.monotonic() - started
     print(
-        f"member of job {spec.name!r} left ({result.reason}) after {time.monotonic() - started:.2f} s: "
-        f"{result.processed:,} messages processed in {result.runs} container runs; partitions "
+        f"member of job {spec.name!r} left ({result.reason}) after {seconds:.2f} s: "
+        f"{_rate_text(result.processed, seconds)} in {result.runs} container runs; partitions "
         f"assigned {result.assigned}, handed over {result.revoked}, lost {result.lost}, "
-        f"commits refused {result.fenced}",
+        f"commits refused {result.fenced}\n  {result.skipped:,} bad lines skipped",
         flush=True,
     )
     _print_committed(spec, sys.stdout)
@@ -1158,13 +1166,11 @@ def _partitions(t: TaskMetrics) -> set[SystemStreamPartition]:
 def _print_summary(
     spec: JobSpec, container: Container, result: RunResult, seconds: float, out: TextIO
 ) -> None:
-    processed = result.processed
     skipped = container.skipped()
-    rate = processed / seconds if seconds > 0 else 0.0
     # short lines: the summary stays readable at 80 columns
     out.write(
         f"job {spec.name!r} finished ({result.reason}) in {seconds:.2f} s: "
-        f"{processed:,} messages processed ({rate:,.0f} msg/s)\n"
+        f"{_rate_text(result.processed, seconds)}\n"
     )
     failed = sum(t.failed for t in result.tasks.values())
     ignored = sum(t.ignored for t in result.tasks.values())
@@ -1689,10 +1695,9 @@ def _print_containers_summary(
     processed = sum(int(r.get("processed", 0)) for r in reports.values())
     # no report: the container was stopped while it started (before it ran anything)
     reasons = sorted({str(r.get("reason", "stopped while starting")) for r in reports.values()})
-    rate = processed / seconds if seconds > 0 else 0.0
     out.write(
         f"job {spec.name!r} finished ({', '.join(reasons)}) in {seconds:.2f} s: "
-        f"{processed:,} messages processed ({rate:,.0f} msg/s) by {len(reports)} containers\n"
+        f"{_rate_text(processed, seconds)} by {len(reports)} containers\n"
     )
     skipped: dict[str, int] = {}
     for r in reports.values():

@@ -8,6 +8,18 @@ from typing import Any
 from .types import Offset, SystemStreamPartition
 
 
+def partition_lag(newest_read: Offset | None, committed: Offset | None, unread: int) -> int:
+    """SEMANTICS "watermark lag": the newest offset read minus the committed one, where
+    offsets are integers (memory and Kafka: messages; files: bytes, the offsets of line
+    starts); nothing committed counts as -1, nothing read as no lag. Offsets that cannot be
+    subtracted (Redis entry ids) give ``unread``: the messages read and not yet committed."""
+    if newest_read is None:
+        return 0
+    if type(newest_read) is int and (committed is None or type(committed) is int):
+        return max(newest_read - (-1 if committed is None else committed), 0)
+    return unread
+
+
 @dataclass
 class TaskMetrics:
     """Per-task counters and gauges (a snapshot)."""
@@ -29,7 +41,7 @@ class TaskMetrics:
     committed: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
     low_watermark: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
     newest_read: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
-    # messages read but not yet committed, per partition (the watermark lag)
+    # the watermark lag per partition: newest offset read minus committed (see partition_lag)
     lag: dict[SystemStreamPartition, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from tailrace import (
     AsyncStreamTask,
     ConfigError,
     Container,
+    FileSystem,
     MemoryCheckpointStore,
     MemorySystem,
     Producer,
@@ -254,6 +257,51 @@ def test_metrics_after_a_run(engine: str) -> None:
     assert result.container.envelopes_chosen == 13
     assert result.container.loop_iterations >= 1
     assert result.processed == 13
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_lag_is_the_newest_offset_read_minus_the_committed_one(
+    engine: str, kind: str, tmp_path: Path
+) -> None:
+    # "Metrics that must exist": watermark lag = newest offset read minus committed. A file's
+    # offsets are the byte offsets of line starts, so its lag is in bytes (it was a count of
+    # messages); before the first commit, nothing committed counts as offset -1
+    seen: list[tuple[Any, Any, int]] = []
+    box: dict[str, Container] = {}
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if envelope.message["n"] in (3, 5, 20):
+                snap = box["c"].metrics()
+                assert snap is not None
+                m = snap[0]["Partition 0"]
+                (part,) = m.newest_read
+                seen.append((m.newest_read[part], m.committed.get(part), m.lag[part]))
+            if envelope.message["n"] == 5:
+                coordinator.commit()
+
+    messages = [{"n": i} for i in range(30)]
+    if kind == "file":
+        (tmp_path / "in").mkdir()
+        lines = "".join(json.dumps(m, separators=(",", ":")) + "\n" for m in messages)
+        (tmp_path / "in" / "partition-0.jsonl").write_text(lines)
+        system: Any = FileSystem("files", str(tmp_path))
+        inputs = ["files.in"]
+    else:
+        system = MemorySystem("mem").add_stream("in", [messages])
+        inputs = ["mem.in"]
+    box["c"] = c = Container(
+        Task, inputs=inputs, systems=[system], checkpoints=MemoryCheckpointStore(), engine=engine
+    )
+    result = c.run()
+    assert result.processed == 30
+    assert len(seen) == 3
+    for newest, committed, lag in seen:
+        assert lag == newest - (-1 if committed is None else committed)
+    assert seen[0][1] is None and seen[2][1] is not None and seen[2][2] > 0
+    if kind == "file":
+        assert seen[2][1] == 5 * len('{"n":0}\n')  # the byte offset of line 5, committed
+        assert seen[2][2] > 15  # more than the messages read ahead of the commit: bytes
 
 
 @pytest.mark.parametrize("scope", [Scope.ALL_TASKS_IN_CONTAINER, Scope.CURRENT_TASK])

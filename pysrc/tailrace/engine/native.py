@@ -28,7 +28,7 @@ from ..api import hook
 from ..clock import Clock, ManualClock
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
-from ..metrics import ContainerMetrics, RunResult, TaskMetrics
+from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from .timers import TimerHeap
 from .watchdog import StuckCallWatch
 
@@ -354,7 +354,7 @@ class NativeEngine:
                 m.low_watermark[p.ssp] = low
             if p.newest_read is not None:
                 m.newest_read[p.ssp] = p.newest_read
-            m.lag[p.ssp] = p.read_n - p.committed_n
+            m.lag[p.ssp] = partition_lag(p.newest_read, p.committed, p.read_n - p.committed_n)
         return m
 
 

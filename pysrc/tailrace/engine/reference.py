@@ -83,7 +83,7 @@ from ..api import hook
 from ..clock import Clock
 from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
-from ..metrics import ContainerMetrics, RunResult, TaskMetrics
+from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..ordering import key_identity
 from ..types import Offset, SystemStreamPartition
 from .timers import TimerHeap
@@ -1273,7 +1273,7 @@ class ReferenceEngine:
                 m.low_watermark[p.ssp] = p.low_watermark
             if p.newest_read is not None:
                 m.newest_read[p.ssp] = p.newest_read
-            m.lag[p.ssp] = p.read_n - p.committed_n
+            m.lag[p.ssp] = partition_lag(p.newest_read, p.committed, p.read_n - p.committed_n)
         return m
 
 

@@ -96,6 +96,7 @@ class KafkaMemberResult:
     """What :meth:`KafkaMember.run` returns."""
 
     processed: int = 0  # messages processed by this member's containers
+    skipped: int = 0  # bad input its containers skipped (skip_bad_lines of file inputs)
     runs: int = 0  # containers started
     assigned: int = 0  # partitions assigned to this member over its life
     revoked: int = 0  # partitions handed over gracefully
@@ -436,6 +437,7 @@ class KafkaMember:
                 self._changed = True  # run what it still owns again (taking its leases anew)
             return
         finally:
+            self.result.skipped += sum(container.skipped().values())
             with self._cond:
                 self._last_container = container
                 self._container = None

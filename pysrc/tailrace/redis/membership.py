@@ -101,6 +101,7 @@ class MemberResult:
 
     member: str
     processed: int = 0  # messages processed by this member's containers
+    skipped: int = 0  # bad input its containers skipped (skip_bad_lines of file inputs)
     runs: int = 0  # containers started
     fenced: int = 0  # containers stopped because a commit was fenced
     done: list[int] = field(default_factory=list)  # partitions this member finished
@@ -412,6 +413,7 @@ class Member:
                     self.leases.forget(ssp)
             return
         finally:
+            self.result.skipped += sum(container.skipped().values())
             with self._state_lock:
                 self._last_container = container
                 self._container = None
