@@ -4,6 +4,7 @@ are due, in time order, without sleeping; callbacks complete in any order; resul
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -484,3 +485,111 @@ def test_a_100_ms_window_fires_every_100_ms_of_small_steps(engine: str) -> None:
             d.advance(100)
             (task,) = d.tasks
             assert len([e for e in task.log if e[0] == "window"]) == step, f"after {step * 100} ms"
+
+
+class CompletesEvenInline(tailrace.AsyncStreamTask):
+    """Answers even messages at once (a cache hit, say) and leaves odd ones to the test."""
+
+    def init(self, context: Any) -> None:
+        self.callbacks: dict[Any, Any] = {}
+
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        self.callbacks[envelope.offset] = callback
+        if envelope.message % 2 == 0:
+            callback.complete()
+
+
+def test_pending_leaves_out_what_the_task_completed_inline(tailrace_driver: Any, engine: str) -> None:
+    d = tailrace_driver(
+        CompletesEvenInline,
+        inputs={"in": 1},
+        config={"task.max.concurrency": 8, "task.commit.ms": 100},
+        engine=engine,
+    )
+    d.send_all("in", list(range(6)))
+    assert [p.message for p in d.pending] == [1, 3, 5]
+    (task,) = d.tasks
+    assert all(p.callback is task.callbacks[p.offset] for p in d.pending)  # what the task got
+    for p in d.pending:  # every entry listed is the test's to resolve: no second completion
+        p.complete()
+    assert d.pending == []
+    d.advance(100)
+    assert d.committed_offset("in") == 5
+
+
+class CompletesLaterFromItsThread(tailrace.AsyncStreamTask):
+    """Hands "later" messages to a thread of its own that completes them once released."""
+
+    def init(self, context: Any) -> None:
+        self.release = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        if envelope.message.startswith("later"):
+
+            def answer() -> None:
+                self.release.wait(30)
+                callback.complete()
+
+            thread = threading.Thread(target=answer, daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+
+def test_pending_leaves_out_what_the_task_completed_later_from_another_thread(
+    tailrace_driver: Any, engine: str
+) -> None:  # rule 22
+    d = tailrace_driver(
+        CompletesLaterFromItsThread,
+        inputs={"in": 1},
+        config={"task.max.concurrency": 200, "task.commit.ms": 100},
+        engine=engine,
+    )
+    messages = [f"{'later' if i % 2 == 0 else 'keep'}-{i}" for i in range(150)]
+    d.send_all("in", messages)
+    assert [p.message for p in d.pending] == messages  # none resolved yet
+    (task,) = d.tasks
+    task.release.set()
+    keep = set(messages[1::2])
+    while any(t.is_alive() for t in task.threads):  # reads racing with the threads' completions
+        listed = [p.message for p in d.pending]
+        assert keep <= set(listed)  # what nobody resolved stays listed, in invocation order
+        assert listed == [m for m in messages if m in set(listed)]
+    for thread in task.threads:
+        thread.join()
+    d.settle()
+    assert [p.message for p in d.pending] == messages[1::2]
+    for p in reversed(d.pending):
+        p.complete()
+    assert d.pending == []
+    d.advance(100)
+    assert d.committed_offset("in") == 149
+
+
+class FailsInline(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        if envelope.message == "bad":
+            callback.fail(ValueError("bad message"))
+
+
+def test_pending_leaves_out_what_the_task_failed_inline(tailrace_driver: Any, engine: str) -> None:  # rule 16
+    d = tailrace_driver(FailsInline, inputs={"in": 1}, config={"task.max.concurrency": 4}, engine=engine)
+    d.send("in", "ok")
+    with pytest.raises(tailrace.TaskError, match="offset 1"):
+        d.send("in", "bad")
+    assert [p.message for p in d.pending] == ["ok"]
+
+
+class CompletesTwice(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        callback.complete()
+        callback.complete()
+
+
+def test_the_task_s_own_second_completion_is_still_the_engine_s_error(
+    tailrace_driver: Any, engine: str
+) -> None:  # rule 17
+    d = tailrace_driver(CompletesTwice, inputs={"in": 1}, engine=engine)
+    with pytest.raises(tailrace.CallbackError, match="second time"):
+        d.send("in", "x")
+    assert d.pending == []

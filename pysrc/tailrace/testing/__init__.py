@@ -47,6 +47,8 @@ class Pending:
 
     ``complete()`` / ``fail(exc)`` resolve it (once, as the task's own code would) and return
     after the run loop has acted on it (released, committed, dispatched the next messages).
+    ``callback`` is the callback the task received; ``resolved`` turns true once anyone resolved
+    it (the test, or the task itself, inline or later from any thread).
     """
 
     envelope: Any
@@ -71,6 +73,40 @@ class Pending:
         self.resolved = True
         self.callback.fail(error)
         self.driver.settle()
+
+
+class _TrackedCallback:
+    """The engine's callback as an async task receives it under the driver.
+
+    ``complete()`` / ``fail(exc)`` mark its :class:`Pending` entry resolved, then go to the
+    engine's callback unchanged: the engine still sees every resolution, from any thread, and
+    reports a second one (rule 17) as it would. Other attributes are the engine callback's.
+    """
+
+    __slots__ = ("_tr_callback", "_tr_entry")
+
+    def __init__(self, callback: Any, entry: Pending) -> None:
+        object.__setattr__(self, "_tr_callback", callback)
+        object.__setattr__(self, "_tr_entry", entry)
+
+    def complete(self) -> None:
+        # marked first: once the engine has it, the loop may run on (another thread's
+        # completion), and pending must not offer it to the test meanwhile
+        self._tr_entry.resolved = True
+        self._tr_callback.complete()
+
+    def fail(self, exc: BaseException) -> None:
+        self._tr_entry.resolved = True
+        self._tr_callback.fail(exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tr_callback, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._tr_callback, name, value)
+
+    def __repr__(self) -> str:
+        return repr(self._tr_callback)
 
 
 class TestDriver:
@@ -131,6 +167,7 @@ class TestDriver:
         self.checkpoints = checkpoints if checkpoints is not None else MemoryCheckpointStore()
         self._pending: list[Pending] = []
         self._pending_lock = threading.Lock()
+        self._prune_at = 64  # _pending's length at which resolved entries are dropped
         self.tasks: list[Any] = []  # the task instances, in creation order
         options: dict[str, Any] = {}
         if stores is not None:
@@ -214,9 +251,22 @@ class TestDriver:
                 process_async = instance.process_async
 
                 def captured(envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+                    entry = Pending(envelope, None, self)
+                    entry.callback = tracked = _TrackedCallback(callback, entry)
+                    try:
+                        process_async(envelope, collector, coordinator, tracked)
+                    except BaseException:
+                        entry.resolved = True  # the message failed (rule 16): nothing to complete
+                        raise
+                    if entry.resolved:
+                        return  # resolved inline: never pending
+                    # listed once its call returned (calls are sequential on the loop thread, so
+                    # in invocation order); a thread that resolves it from here on marks it
                     with self._pending_lock:
-                        self._pending.append(Pending(envelope, callback, self))
-                    process_async(envelope, collector, coordinator, callback)
+                        if len(self._pending) >= self._prune_at:  # drop what threads resolved
+                            self._pending = [p for p in self._pending if not p.resolved]
+                            self._prune_at = max(64, 2 * len(self._pending))
+                        self._pending.append(entry)
 
                 instance.process_async = captured
             self.tasks.append(instance)
@@ -312,7 +362,9 @@ class TestDriver:
     # -- what the test reads ------------------------------------------------------
     @property
     def pending(self) -> list[Pending]:
-        """Envelopes handed to an async task and not yet resolved, in invocation order."""
+        """Envelopes handed to an async task and not yet resolved, in invocation order: one
+        the task resolved itself (inline, or from another thread) is not listed, nor one whose
+        ``process_async`` raised. A resolution racing with this read may land just after it."""
         with self._pending_lock:
             self._pending = [p for p in self._pending if not p.resolved]
             return list(self._pending)
