@@ -176,6 +176,9 @@ typedef struct task {
     uint8_t halted;    /* a message of a run failed: never dispatch to it again */
     uint32_t queued;   /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
+    /* when the pending window and the earliest pending timer fell due (the
+     * loop's clock): whichever fell due first runs first (control_kind) */
+    int64_t window_due_at, timer_due_at;
     /* pool tasks: 1 while a window, timer or (sync) commit of this task is due;
      * its worker stops invoking it and hands its queued ops back (rules 8, 9,
      * 23). Set by the loop (relaxed: trl_fire_timers) and by

@@ -69,7 +69,8 @@ static int control_kind(const tr_loop *L, const task *T) {
     uint32_t out = tr_sequencer_outstanding(T->seq);
     /* ops handed back unrun (the tail) were never invoked: they do not hold
      * a window or timer back (they run after it) */
-    if (T->window_due)
+    /* windows and timers in the order they fell due; at one instant the window first */
+    if (T->window_due && !(T->timer_due && T->timer_due_at < T->window_due_at))
         return out == T->redo_count ? CTL_WINDOW : CTL_NONE;
     if (T->timer_due)
         return out == T->redo_count ? CTL_TIMER : CTL_NONE;
@@ -562,7 +563,9 @@ static void build_batch(tr_loop *L) {
         } else if (k == CTL_TIMER) {
             T->timer_due = 0;
         }
-        emit(L, (uint32_t)k, t, 0, 0, 0, 0, 0);
+        /* a timer op with a window due too runs the timers due before it only */
+        emit(L, (uint32_t)k, t, 0, 0, 0, 0,
+             (uint64_t)(k == CTL_TIMER && T->window_due ? T->window_due_at : INT64_MAX));
     }
     if (taken) { /* the rest (the batch was full) keeps its order */
         L->nctl -= taken;

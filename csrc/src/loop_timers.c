@@ -112,6 +112,8 @@ void trl_fire_timers(tr_loop *L) {
             (e.kind != H_USER || e.gen == T->timer_gen))
             atomic_store_explicit(&T->hold, 1, TR_RELAXED); /* see task.hold */
         if (e.kind == H_WINDOW) {
+            if (!T->window_due)
+                T->window_due_at = e.when;
             T->window_due = 1; /* coalesces: one pending window at a time */
             trl_heap_push(L, rearm(e.when, L->cfg.window_ns, L->now), e.task, H_WINDOW, 0);
         } else if (e.kind == H_COMMIT) {
@@ -120,6 +122,8 @@ void trl_fire_timers(tr_loop *L) {
         } else if (e.kind == H_USER) {
             if (e.gen != T->timer_gen)
                 continue;
+            if (!T->timer_due || e.when < T->timer_due_at)
+                T->timer_due_at = e.when;
             T->timer_due = 1;
         }
         trl_maybe_control(L, e.task);

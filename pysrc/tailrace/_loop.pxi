@@ -319,7 +319,7 @@ cdef class LoopRunner:
     """The C dispatch loop and its batch executor; used by tailrace.engine.native.
 
     ``handler`` provides the rarely-run operations as Python methods:
-    ``on_window(task)``, ``on_commit(task, final)``, ``on_timer(task)`` and
+    ``on_window(task)``, ``on_commit(task, final)``, ``on_timer(task, before)`` and
     ``on_end_of_stream(task)``, each returning coordinator request bits
     (an exception there is recorded and stops the loop).
     """
@@ -511,7 +511,7 @@ cdef class LoopRunner:
                 elif op.kind == capi.TR_OP_REFILL:
                     self._refill(slot, op.task, op.partition, <Py_ssize_t>op.handle)
                 else:
-                    self._control(op.kind, op.task, op.flags)
+                    self._control(op.kind, op.task, op.flags, op.handle)
         finally:
             self._in_batch = False
         return 0
@@ -860,15 +860,16 @@ cdef class LoopRunner:
         ps.newest_read = end - 1
         return 0
 
-    cdef int _control(self, uint32_t kind, uint32_t t, uint32_t flags) except -1:
+    cdef int _control(self, uint32_t kind, uint32_t t, uint32_t flags, uint64_t handle) except -1:
         cdef int req = 0
         h = self._handler
         if kind == capi.TR_OP_COMMIT:
             req = h.on_commit(t, bool(flags & capi.TR_OPF_FINAL))
         elif kind == capi.TR_OP_WINDOW:
             req = h.on_window(t)
-        elif kind == capi.TR_OP_TIMER:
-            req = h.on_timer(t)
+        elif kind == capi.TR_OP_TIMER:  # (with a window due: the timers due before it)
+            req = h.on_timer(t, None if handle == <uint64_t>0x7fffffffffffffff else self.clock_time_of(
+                <int64_t>handle - 1))
         elif kind == capi.TR_OP_END_OF_STREAM:
             req = h.on_end_of_stream(t)
         capi.tr_loop_control_done(self._loop, t, <uint32_t>req)
@@ -987,6 +988,13 @@ cdef class LoopRunner:
         """A callable for PartitionReader.start: new input may be ready (any thread)."""
         return _Waker(self, task, partition)
 
+    def clock_time_of(self, int64_t ns):
+        """The run's time (``clock.time()``, epoch seconds) when the loop's clock read ``ns``:
+        on virtual time exactly what ``time()`` returned then."""
+        if self._clock is not None:
+            return self._clock.time_at(ns)
+        return _time.time() - <double>(capi.tr_now_ns() - ns) / 1e9
+
     def set_user_timer(self, uint32_t task, when):
         """Wake the loop for ``task``'s timers at ``when`` (time.time() seconds; None: no timer)."""
         cdef int64_t ns = 0x7fffffffffffffff  # no timer (and the clock never reaches it)
@@ -995,9 +1003,11 @@ cdef class LoopRunner:
         if when is not None:
             # a timer at inf, or centuries ahead, is "never" to the loop (the reference
             # engine agrees: it never fires; a NaN one neither)
-            if self._clock is not None:  # virtual time: the run's clock, not the wall's
-                ahead = (<double>when - <double>self._clock.time()) * 1e9
+            if self._clock is not None:  # virtual time: the run's clock, to the nanosecond
                 now = capi.tr_manual_clock_read(&self._manual_clock)
+                ahead = (<double>when - <double>self._clock.time()) * 1e9
+                if ahead < 1e18:  # (within about 30 years: not "never")
+                    ahead = <double>(self._clock.reading_at(when) - now)
             else:
                 ahead = (<double>when - _time.time()) * 1e9
                 now = capi.tr_now_ns()

@@ -99,7 +99,32 @@ class ManualClock(Clock):
 
     def time(self) -> float:
         with self._lock:
-            return self._start + self._elapsed_ns / 1e9
+            return self.time_at(self._elapsed_ns)
+
+    def time_at(self, ns: int) -> float:
+        """What :meth:`time` returns when :meth:`monotonic` reads ``ns`` nanoseconds."""
+        return self._start + ns / 1e9
+
+    def reading_at(self, when: float) -> int:
+        """The first reading (``monotonic()`` in ns) at which ``time() >= when``: where a
+        ``context.schedule`` timer at ``when`` falls due. Exact for any ``when``: the epoch
+        seconds that ``time()`` returns are ~240 ns apart, so ``when`` minus the start, in
+        ns, can be off by that much; a timer due at the very time a test advances to would
+        be a few ns late (the C loop compares nanoseconds)."""
+        at = self.time_at
+        lo = max(round((when - self._start) * 1e9) - 4096, 0)
+        if at(lo) >= when:
+            return lo  # (due at the start, or earlier)
+        hi = lo + 8192
+        while at(hi) < when:  # (not reached: a float's step is far below 4096 ns)
+            hi += 8192
+        while hi - lo > 1:  # at(lo) < when <= at(hi)
+            mid = (lo + hi) // 2
+            if at(mid) >= when:
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
     def advance(self, seconds: float) -> None:
         """Move time forward by ``seconds`` (>= 0) and wake every engine waiting on this clock."""

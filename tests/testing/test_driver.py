@@ -105,6 +105,47 @@ def test_timers_fire_in_time_order_at_their_due_time(tailrace_driver: Any, engin
     # engine timer functions)
 
 
+@pytest.mark.parametrize("steps", [[200], [100, 100], [50, 50, 50, 50], [150, 50], [37, 163]])
+@pytest.mark.parametrize("delay", [0.2, 0.3, 1.7, 0.001])
+def test_a_timer_fires_when_time_reaches_it_exactly(engine: str, steps: list[int], delay: float) -> None:
+    # rule 23: the C loop's deadline was the timer's epoch seconds minus the clock's, in ns: those
+    # floats are ~240 ns apart, so a timer due at the very time advance() reached stayed unfired
+    fired: list[float] = []
+
+    class Timed(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+            context.schedule("t", context.now() + delay, self.fire)
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            fired.append(self.context.now())
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+    scale = delay / 0.2
+    with TestDriver(Timed, inputs={"in": 1}, engine=engine) as d:
+        start = d.now
+        for i, ms in enumerate(steps):
+            assert fired == [], f"fired before step {i}"
+            d.advance(ms * scale)
+        assert len(fired) == 1 and fired[0] >= start + delay
+
+
+def test_the_first_reading_at_which_a_manual_clock_reaches_a_time() -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        clock = ManualClock(start=rng.uniform(0, 2e9))
+        when = clock.time() + rng.choice([0.0, 1e-9, rng.uniform(0, 1), rng.uniform(0, 1e6), -1.0])
+        ns = clock.reading_at(when)
+        assert clock._start + ns / 1e9 >= when
+        assert ns == 0 or clock._start + (ns - 1) / 1e9 < when
+        clock.advance(ns / 1e9)
+        assert clock.time() >= when
+
+
 def test_commits_follow_the_virtual_commit_period(tailrace_driver: Any, engine: str) -> None:  # rule 9
     d = tailrace_driver(Recorder, inputs={"in": 2}, config=WINDOW, engine=engine)
     d.send("in", "a", partition=0)

@@ -116,7 +116,10 @@ typedef enum tr_op_kind {
     TR_OP_REFILL = 2,  /* task, partition, count = free ring slots: poll the reader */
     TR_OP_WINDOW = 3,  /* task: run window(); then tr_loop_control_done */
     TR_OP_COMMIT = 4,  /* task (flags TR_OPF_FINAL for the last one); then control_done */
-    TR_OP_TIMER = 5,   /* task: run due user timers; then control_done */
+    TR_OP_TIMER = 5,   /* task: run due user timers; then control_done. handle: when the
+                        * task's pending window fell due (INT64_MAX: none): run only the
+                        * timers due before it, the window runs next (rules 8, 23: in
+                        * time order) */
     TR_OP_END_OF_STREAM = 6, /* task: run end_of_stream(); then control_done */
     TR_OP_RUN = 7            /* TR_TASK_INLINE task: `count` messages in dispatch order (one
                               * partition's in order, several partitions' round robin), items

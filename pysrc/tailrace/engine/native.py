@@ -34,7 +34,10 @@ from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.native")
 
-_TIMER_SLACK = 0.0002  # seconds: the C timer and time.time() disagree by rounding only
+# seconds: on real time the C timer (CLOCK_MONOTONIC) and time.time() disagree by rounding
+# only; virtual time has none (ManualClock.reading_at puts the C deadline on the first
+# nanosecond at which time() reaches a timer, so a timer never fires early)
+_TIMER_SLACK = 0.0002
 
 
 class _Timers:
@@ -101,6 +104,7 @@ class NativeEngine:
             self._windows.append(hook(tp.task, "window") if cfg.window_ms > 0 else None)
             self._timers.append(_Timers(None, tp.index, plan.clock))
         self._clock = plan.clock
+        self._timer_slack = 0.0 if plan.clock.manual else _TIMER_SLACK
         self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows], plan.clock)
         for timers in self._timers:
             timers.runner = self._runner
@@ -291,10 +295,18 @@ class NativeEngine:
                 return 0
         return coordinator.take()
 
-    def on_timer(self, i: int) -> int:
+    def on_timer(self, i: int, before_window: float | None = None) -> int:
+        """Run task i's due timers. With a window of the task due too, only those due by
+        ``before_window``, the clock's time one reading before that window fell due: the
+        window runs next, then the rest (rules 8, 23: in the order they fell due; on virtual
+        time a timer's reading is the first at which ``time()`` reaches it, so this is the
+        loop's own choice)."""
         s = self._slots[i]
         requests = 0
-        for key, fn in self._timers[i].pop_due(self._clock.time() + _TIMER_SLACK):
+        limit = self._clock.time() + self._timer_slack
+        if before_window is not None and before_window < limit:
+            limit = before_window
+        for key, fn in self._timers[i].pop_due(limit):
             coordinator = Coordinator()
             s.timers += 1  # each timer counts, as on the reference engine (one op fires all due)
             try:
