@@ -54,8 +54,10 @@ static int cmp_task(const void *a, const void *b) {
 }
 
 static int control_kind(const tr_loop *L, const task *T) {
-    if (T->in_control || T->done || L->phase >= PH_FINAL)
+    if (T->in_control || L->phase >= PH_FINAL)
         return CTL_NONE;
+    /* a done task (rule 11) still commits: a commit ALL request (rule 14) and its
+     * commit period (rule 9) write what it released since its last commit */
     if (commit_pending(T)) {
         /* rule 9: nothing invoked-and-incomplete, unless async commit (rule 10);
          * completed-but-held messages are fine: they are exactly the tail the
@@ -64,7 +66,7 @@ static int control_kind(const tr_loop *L, const task *T) {
             return CTL_COMMIT;
         return CTL_NONE;
     }
-    if (L->phase != PH_RUNNING)
+    if (L->phase != PH_RUNNING || T->done)
         return CTL_NONE;
     uint32_t out = tr_sequencer_outstanding(T->seq);
     /* ops handed back unrun (the tail) were never invoked: they do not hold

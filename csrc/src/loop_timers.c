@@ -104,8 +104,8 @@ void trl_fire_timers(tr_loop *L) {
             check_timeout(L, e.task);
             continue;
         }
-        if (T->done || L->phase != PH_RUNNING)
-            continue;
+        if (L->phase != PH_RUNNING || (T->done && e.kind != H_COMMIT))
+            continue; /* a done task keeps its commit period (control_kind) */
         /* a pool task's worker hands its queued ops back (a plain tail in seq
          * order: key_pick takes a pool task's messages in offset order) */
         if ((T->flags & TR_TASK_POOL) && (e.kind != H_COMMIT || !L->cfg.async_commit) &&

@@ -634,3 +634,31 @@ def test_the_task_s_own_second_completion_is_still_the_engine_s_error(
     with pytest.raises(tailrace.CallbackError, match="second time"):
         d.send("in", "x")
     assert d.pending == []
+
+
+class CommitsAllOnRequest(tailrace.StreamTask):
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        if envelope.message == "commit-all":
+            coordinator.commit(tailrace.Scope.ALL_TASKS_IN_CONTAINER)
+
+
+@pytest.mark.parametrize("how", ["commit ALL", "commit period"])
+def test_a_task_at_end_of_stream_is_still_committed(engine: str, how: str) -> None:
+    # rules 9, 11, 14: "Partition 0" (a[0], b[0]) reaches end of stream with a[0] offset 0 not yet
+    # committed while "Partition 1" (b[1]) runs on; a commit ALL request of Partition 1, or the
+    # commit period, commits it (the C loop skipped done tasks until the container stopped)
+    config = {"task.commit.ms": -1 if how == "commit ALL" else 100}
+    d = TestDriver(CommitsAllOnRequest, inputs={"a": 1, "b": 2}, config=config, engine=engine)
+    d.send("a", "x", partition=0)
+    d.end_input("a")
+    d.system.end("b", 0)
+    d.settle()
+    assert d.committed_offset("a", 0) is None
+    if how == "commit ALL":
+        d.send("b", "commit-all", partition=1)
+        assert d.committed_offset("b", 1) == 0
+    else:
+        d.advance(150)
+    assert d.committed_offset("a", 0) == 0
+    assert d.running  # Partition 1 is not at its end
+    d.close()
