@@ -106,11 +106,20 @@ void trl_queue_refill(tr_loop *L, uint32_t t, uint32_t p) {
     L->refill_count++;
 }
 
+static inline int failed_reason(uint32_t r) {
+    return r == TR_STOP_ERROR || r == TR_STOP_TIMEOUT;
+}
+
 void trl_finish(tr_loop *L, tr_stop_reason reason) {
-    uint32_t none = TR_STOP_NONE;
-    /* relaxed: read by stats and by the owner after run returns (join orders it) */
-    atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED,
-                                            TR_RELAXED);
+    /* the first reason wins, except that a failure ends a graceful drain as a
+     * failure (a callback timing out while a stop waits for it: rule 16).
+     * relaxed: read by stats and by the owner after run returns (join orders it) */
+    uint32_t seen = atomic_load_explicit(&L->reason, TR_RELAXED);
+    while (seen == TR_STOP_NONE || (failed_reason((uint32_t)reason) && !failed_reason(seen))) {
+        if (atomic_compare_exchange_weak_explicit(&L->reason, &seen, (uint32_t)reason, TR_RELAXED,
+                                                  TR_RELAXED))
+            break;
+    }
     L->phase = PH_FINISHED;
 }
 

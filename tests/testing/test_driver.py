@@ -662,3 +662,31 @@ def test_a_task_at_end_of_stream_is_still_committed(engine: str, how: str) -> No
     assert d.committed_offset("a", 0) == 0
     assert d.running  # Partition 1 is not at its end
     d.close()
+
+
+class NeverCompletes(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        if envelope.message == "stop":
+            coordinator.shutdown(tailrace.Scope.ALL_TASKS_IN_CONTAINER)
+            callback.complete()
+
+
+@pytest.mark.parametrize("stop", ["close", "shutdown request"])
+def test_a_callback_that_times_out_while_a_stop_waits_for_it_fails_the_run(engine: str, stop: str) -> None:
+    # rules 16, 19: the graceful stop waits up to task.shutdown.ms for outstanding callbacks, but
+    # one outstanding past task.callback.timeout.ms still fails the run (the C loop ended the
+    # drain as a clean stop: its stop reason was set first)
+    config = {"task.callback.timeout.ms": 300, "task.max.concurrency": 2, "task.shutdown.ms": 5000}
+    d = TestDriver(NeverCompletes, inputs={"a": 2}, config=config, engine=engine)
+    d.send("a", "slow", partition=0)
+    if stop == "close":
+        with pytest.raises(tailrace.CallbackTimeoutError, match="offset 0"):
+            d.close()
+        return
+    d.send("a", "stop", partition=1)
+    d.advance(200)
+    assert d.running
+    with pytest.raises(tailrace.CallbackTimeoutError, match="offset 0"):
+        d.advance(200)
+    assert not d.running
+    d.close()
