@@ -98,7 +98,9 @@ def test_load_run_show_reset(redis_server: RedisServer, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     # the final summary as docs/running-jobs.md lists it: reason, seconds, messages and
     # messages/s, skipped lines, committed offsets
-    assert re.search(r"left \(done\) after [0-9.]+ s: 8,000 messages processed \([0-9,]+ msg/s\)", done.stdout)
+    assert re.search(
+        r"left \(done\) after [0-9.]+ s: 8,000 messages processed \([0-9,]+ msg/s\)", done.stdout
+    )
     assert "\n  0 bad lines skipped\n" in done.stdout, done.stdout
     assert "  committed offsets:" in done.stdout
     for p, entries in enumerate(per_partition):
