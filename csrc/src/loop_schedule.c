@@ -770,6 +770,18 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
                 return 0;
         }
         op = &L->batch[L->bpos++];
+        if (TR_UNLIKELY((op->kind == TR_OP_WINDOW || op->kind == TR_OP_TIMER) &&
+                        L->phase != PH_RUNNING)) {
+            /* a stop began after this op was built (a shutdown ALL from a hook
+             * before it in this batch): no window or timer once stopping (rules
+             * 14, 19), as control_kind decides for the next batches */
+            task *T = &L->tasks[op->task];
+            T->in_control = 0;
+            T->control_kind = CTL_NONE;
+            trl_pool_unhold(L, T);
+            L->progress = 1;
+            continue;
+        }
         if (op->kind != TR_OP_RUN || !tr_loop_run_yield(L))
             break;
         carry_run(L, op->task); /* it would end before its first message */

@@ -690,3 +690,28 @@ def test_a_callback_that_times_out_while_a_stop_waits_for_it_fails_the_run(engin
         d.advance(200)
     assert not d.running
     d.close()
+
+
+class WindowStopsAll(tailrace.StreamTask):
+    def init(self, context: Any) -> None:
+        self.name = context.task_name
+        self.log: list[str] = []
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        pass
+
+    def window(self, collector: Any, coordinator: Any) -> None:
+        self.log.append("window")
+        if self.name == "Partition 0":
+            coordinator.shutdown(tailrace.Scope.ALL_TASKS_IN_CONTAINER)
+
+
+def test_no_window_of_another_task_runs_once_a_shutdown_all_took_effect(engine: str) -> None:
+    # rules 14, 19: both tasks' windows fall due at one instant and task 0's window asks to stop
+    # the container: task 1's window does not run (the C loop ran it: it was in the same batch)
+    d = TestDriver(WindowStopsAll, inputs={"a": 2}, config={"task.window.ms": 50}, engine=engine)
+    d.advance(50)
+    assert not d.running
+    result = d.close()
+    assert result is not None and result.reason == "shutdown"
+    assert [t.log for t in d.tasks] == [["window"], []]
