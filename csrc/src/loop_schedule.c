@@ -747,6 +747,20 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     /* ops the workers handed back after the loop's last drain: their items
      * join the tails that tr_loop_drain_items gives back to the binding */
     trl_drain_completions(L);
+    /* PROCESS ops built but never handed out (an error stopped the batch, as
+     * when a failure freed a key and its next message was taken): never
+     * invoked, so neither processed nor outstanding (rule 2) */
+    for (uint32_t i = L->bpos; i < L->nbatch; i++) {
+        const tr_op *op = &L->batch[i];
+        if (op->kind != TR_OP_PROCESS)
+            continue;
+        task *T = &L->tasks[op->task];
+        unbump_n(&T->processed, 1);
+        unbump_n(&L->chosen, 1);
+        if (T->keyed) /* relaxed: a metric, single writer (see take_keyed) */
+            atomic_store_explicit(&T->kinflight,
+                                  atomic_load_explicit(&T->kinflight, TR_RELAXED) - 1, TR_RELAXED);
+    }
     if (L->internal != TR_OK && result == TR_OK)
         result = L->internal;
     return result;
