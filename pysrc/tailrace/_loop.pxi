@@ -868,8 +868,7 @@ cdef class LoopRunner:
         elif kind == capi.TR_OP_WINDOW:
             req = h.on_window(t)
         elif kind == capi.TR_OP_TIMER:  # (with a window due: the timers due before it)
-            req = h.on_timer(t, None if handle == <uint64_t>0x7fffffffffffffff else self.clock_time_of(
-                <int64_t>handle - 1))
+            req = h.on_timer(t, None if handle == <uint64_t>0x7fffffffffffffff else <int64_t>handle)
         elif kind == capi.TR_OP_END_OF_STREAM:
             req = h.on_end_of_stream(t)
         capi.tr_loop_control_done(self._loop, t, <uint32_t>req)
@@ -995,8 +994,9 @@ cdef class LoopRunner:
             return self._clock.time_at(ns)
         return _time.time() - <double>(capi.tr_now_ns() - ns) / 1e9
 
-    def set_user_timer(self, uint32_t task, when):
-        """Wake the loop for ``task``'s timers at ``when`` (time.time() seconds; None: no timer)."""
+    def set_user_timer(self, uint32_t task, when, int64_t not_before=0):
+        """Wake the loop for ``task``'s timers at ``when`` (time.time() seconds; None: no timer),
+        not before the loop's clock reads ``not_before`` (ns)."""
         cdef int64_t ns = 0x7fffffffffffffff  # no timer (and the clock never reaches it)
         cdef int64_t now
         cdef double ahead
@@ -1015,6 +1015,8 @@ cdef class LoopRunner:
                 ns = now
             elif ahead < <double>(0x7fffffffffffffff - now):
                 ns = now + <int64_t>ahead
+            if ns < not_before:
+                ns = not_before
         capi.tr_loop_set_user_timer(self._loop, task, ns)
 
     # -- loop thread, in control ops or after run --------------------------------

@@ -13,6 +13,7 @@ from tailrace import (
     AsyncStreamTask,
     CallbackError,
     CallbackTimeoutError,
+    MemoryCheckpointStore,
     MemorySystem,
     StreamTask,
     TaskError,
@@ -261,3 +262,47 @@ def test_no_process_call_after_a_failure_reaches_a_task_on_the_pool(engine: str)
     time.sleep(0.2)
     assert "after close" not in log
     assert len(log) == calls < 200
+
+
+@pytest.mark.parametrize("max_concurrency", [1, 3])
+def test_a_message_whose_process_async_raises_after_complete_is_not_committed(
+    engine: str, max_concurrency: int
+) -> None:
+    # rules 13, 16, 18: complete() and then a raise fails the message; the completion does
+    # not release it, so no commit covers it and a restart processes it again (the reference
+    # engine committed it: the restart skipped the failed message)
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            callback.complete()
+            if envelope.offset == 1:
+                raise Boom("after complete()")
+
+    store = MemoryCheckpointStore()
+    with pytest.raises(TaskError) as info:
+        run_job(engine, Task, bounded([[0, 1, 2]]), store=store, task_max_concurrency=max_concurrency)
+    assert info.value.offset == 1 and isinstance(info.value.__cause__, Boom)
+    assert all(offsets[ssp(0)] < 1 for _, offsets in store.history)
+    seen: list[Any] = []
+
+    class Record(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            seen.append(envelope.offset)
+
+    run_job(engine, Record, bounded([[0, 1, 2]]), store=store)
+    assert 1 in seen and seen == sorted(seen)
+
+
+def test_fail_then_raise_reports_the_first_resolution(engine: str) -> None:
+    # rule 17: exactly one resolution wins, the first: callback.fail(e1) and then a raise of
+    # e2 in the same process_async call stops the run with e1 (the reference engine reported e2)
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if envelope.offset == 1:
+                callback.fail(Boom("e1"))
+                raise RuntimeError("e2")
+            callback.complete()
+
+    with pytest.raises(TaskError) as info:
+        run_job(engine, Task, bounded([[0, 1, 2]]))
+    assert info.value.offset == 1
+    assert isinstance(info.value.__cause__, Boom) and str(info.value.__cause__) == "e1"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,9 @@ log = logging.getLogger("tailrace.engine.native")
 # only; virtual time has none (ManualClock.reading_at puts the C deadline on the first
 # nanosecond at which time() reaches a timer, so a timer never fires early)
 _TIMER_SLACK = 0.0002
+# on real time, a timer due less than this before a window (seconds) is due with it, and the
+# window runs first (as on the reference engine; virtual time compares exactly)
+_SAME_INSTANT = 1e-6
 
 
 class _Timers:
@@ -58,10 +62,10 @@ class _Timers:
         """The run's clock in epoch seconds (``context.now()``)."""
         return self._clock.time()
 
-    def _publish(self) -> None:
+    def _publish(self, not_before: int = 0) -> None:
         # lock held: the latest call into the loop carries the latest earliest time
         if self.runner is not None:
-            self.runner.set_user_timer(self.index, self._timers.earliest())
+            self.runner.set_user_timer(self.index, self._timers.earliest(), not_before)
 
     def schedule(self, key: Any, when: float, fn: Callable[..., Any]) -> None:
         with self._lock:
@@ -75,11 +79,12 @@ class _Timers:
                 self._publish()
             return found
 
-    def pop_due(self, now: float) -> list[tuple[Any, Callable[..., Any]]]:
-        """Remove and return the timers due at ``now``, in time order."""
+    def pop_due(self, now: float, not_before: int = 0) -> list[tuple[Any, Callable[..., Any]]]:
+        """Remove and return the timers due at ``now``, in time order; the loop is woken for
+        the rest not before its clock reads ``not_before`` (ns)."""
         with self._lock:
             due = self._timers.pop_due(now)
-            self._publish()
+            self._publish(not_before)
         return due
 
 
@@ -295,18 +300,24 @@ class NativeEngine:
                 return 0
         return coordinator.take()
 
-    def on_timer(self, i: int, before_window: float | None = None) -> int:
-        """Run task i's due timers. With a window of the task due too, only those due by
-        ``before_window``, the clock's time one reading before that window fell due: the
-        window runs next, then the rest (rules 8, 23: in the order they fell due; on virtual
-        time a timer's reading is the first at which ``time()`` reaches it, so this is the
-        loop's own choice)."""
+    def on_timer(self, i: int, window_ns: int | None = None) -> int:
+        """Run task i's due timers. With a window of the task due too (since the loop's
+        clock read ``window_ns``), only those due before it: the window runs next, then the
+        rest (rules 8, 23: in the order they fell due, a window and a timer due at one
+        instant: the window first). The loop is woken for the rest not before the window."""
         s = self._slots[i]
         requests = 0
-        limit = self._clock.time() + self._timer_slack
-        if before_window is not None and before_window < limit:
-            limit = before_window
-        for key, fn in self._timers[i].pop_due(limit):
+        clock = self._clock
+        limit = clock.time() + self._timer_slack
+        not_before = 0
+        if window_ns is not None:
+            if isinstance(clock, ManualClock):  # exactly what time() read then
+                before = math.nextafter(clock.time_at(window_ns), -math.inf)
+            else:
+                before = self._runner.clock_time_of(window_ns) - _SAME_INSTANT
+            limit = min(limit, before)
+            not_before = window_ns
+        for key, fn in self._timers[i].pop_due(limit, not_before):
             coordinator = Coordinator()
             s.timers += 1  # each timer counts, as on the reference engine (one op fires all due)
             try:

@@ -33,6 +33,11 @@ Decisions where SEMANTICS.md leaves room (the C engine makes the same ones):
   ``commits`` unchanged). ``commits`` counts checkpoint writes. A task with state
   stores also commits when they hold uncommitted writes, and only with nothing
   unreleased (docs/state.md).
+- A task's due window and timers run in the order they fell due (a window and a
+  timer due at one instant: the window first), and before its end of stream. One
+  barrier runs every timer of the task due at once; a window or timers that make a
+  stop due (shutdown ALL, the last vote) end them: no window or timer of any task
+  runs after that.
 - Requests from window, timers and ``end_of_stream`` take effect at once
   (nothing is outstanding then). A commit requested by ``end_of_stream`` runs
   right after the hook, before the task is done.
@@ -80,7 +85,7 @@ from typing import Any
 
 from .._core import COMMIT_ALL, COMMIT_CURRENT, SHUTDOWN_ALL, SHUTDOWN_CURRENT, Coordinator, Envelope
 from ..api import hook
-from ..clock import Clock
+from ..clock import Clock, ManualClock
 from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
@@ -103,6 +108,11 @@ _RUN_MAX = 64
 # input buffer: decoded messages then wait briefly enough to be processed while still in the
 # CPU cache (on bench/e2e.py's file job, 4 tasks, buffers of 1024 cost ~20% more CPU than 256)
 _RUN_FILL = 256
+# on real time, a context.schedule timer due less than this before a window (seconds) is due
+# with it, and the window runs first (ReferenceEngine._run_hooks): epoch seconds are ~0.24 us
+# apart, so the two clocks' readings cannot order instants closer than that (virtual time
+# compares exactly)
+_SAME_INSTANT = 1e-6
 
 
 def _after(now: float, seconds: float) -> float:
@@ -149,6 +159,7 @@ class _Callback:
         "late_after",
         "offset",
         "part",
+        "raised",
         "requests",
         "seq",
         "started",
@@ -167,6 +178,9 @@ class _Callback:
         self.coordinator: Coordinator | None = None  # async: requests read on completion
         self.requests = 0  # sync: requests harvested after process returned
         self.ignored = False
+        # process_async raised: the message failed, whatever resolved its callback during
+        # the call (rules 16, 18); read and written on the loop thread only
+        self.raised = False
         self.deadline = 0.0
         # with task.callback.timeout.ms, while its process_async call runs on the loop
         # thread: the real time past which a completion is late (0.0: not in that call)
@@ -296,6 +310,7 @@ class _Task:
         self.next_commit = _after(now, cfg.commit_ms / 1000) if cfg.commit_ms > 0 else None
         self.next_window = _after(now, cfg.window_ms / 1000) if self.window is not None else None
         self.window_due = False  # the window timer fired; the window has not run yet (rule 8)
+        self.window_due_at = 0.0  # when the pending window fell due (monotonic seconds)
         self.voted = False
         self.done = False  # end of stream reached and hook run (rule 11)
         self.worker: int | None = None  # its pool thread (with a pool)
@@ -586,6 +601,8 @@ class ReferenceEngine:
                 t.failed += 1
                 self._fail(TaskError(t.name, cb.part.ssp, cb.offset, exc))
                 continue
+            if cb.raised:
+                continue  # completed, then its process_async raised: it failed (_raised)
             if cb.ignored:
                 t.ignored += 1
             if cb.coordinator is not None:
@@ -744,6 +761,8 @@ class ReferenceEngine:
                 t.commit_requested = True
                 t.next_commit = _rearm(t.next_commit, self.config.commit_ms / 1000, now)
             if not commit_only and not t.done and t.next_window is not None and now >= t.next_window:
+                if not t.window_due:
+                    t.window_due_at = t.next_window
                 t.window_due = True  # coalesced: one pending window at a time (rule 8)
                 t.next_window = _rearm(t.next_window, self.config.window_ms / 1000, now)
             if t.commit_requested:
@@ -759,13 +778,40 @@ class ReferenceEngine:
                 continue  # commit has priority over window and timers
             if commit_only or t.done or t.outstanding:
                 continue
-            if t.window_due:
-                t.window_due = False
-                self._run_window(t)
-                ran = True
-            if not t.outstanding and not t.commit_requested and self._failure is None:
-                ran |= self._run_timers(t)
+            ran |= self._run_hooks(t)
         return ran
+
+    def _run_hooks(self, t: _Task) -> bool:
+        """Run ``t``'s due window and timers in the order they fell due, the window first
+        when they fell due at one instant (rules 8, 23): the timers due before the window,
+        the window, then the other due timers. Once a hook has made a stop due (shutdown
+        ALL, the last vote: rules 14, 19), requested a commit (it goes first: rule 9) or
+        failed, the rest waits: for the loop's next pass, or forever once stopping."""
+        wall = self._clock.time()
+        if t.window_due:
+            clock = self._clock
+            if isinstance(clock, ManualClock):
+                # virtual time: what time() read when the window fell due, exactly; a timer
+                # at that very time is due with it (as on the C engine)
+                before = math.nextafter(clock.time_at(round(t.window_due_at * 1e9)), -math.inf)
+            else:
+                # the window's due time on the timers' clock (epoch seconds); a timer due
+                # less than _SAME_INSTANT before it counts as due with it
+                before = wall - (clock.monotonic() - t.window_due_at) - _SAME_INSTANT
+            if self._run_timers(t, before) and self._hooks_cut(t):
+                return True
+            t.window_due = False
+            self._run_window(t)
+            if self._hooks_cut(t):
+                return True
+            self._run_timers(t, wall)
+            return True
+        return self._run_timers(t, wall)
+
+    def _hooks_cut(self, t: _Task) -> bool:
+        """After a window or timers of ``t`` ran: True when no more may run now (see _run_hooks)."""
+        self._check_stop()  # O(1)
+        return self._draining or self._failure is not None or t.commit_requested
 
     def _blocked(self, t: _Task, now: float) -> bool:
         """True while a barrier of ``t`` is due: no dispatch to it (rules 8, 9, 23)."""
@@ -775,6 +821,10 @@ class ReferenceEngine:
             return True
         if t.window_due or (t.next_window is not None and now >= t.next_window):
             return True
+        return self._timer_due(t)
+
+    def _timer_due(self, t: _Task) -> bool:
+        """True while a timer of ``t`` is due (rule 23)."""
         due = t.timers.next_due()
         return due is not None and due <= self._clock.time()
 
@@ -841,8 +891,9 @@ class ReferenceEngine:
         t.windows += 1
         self._apply_requests(t, coordinator.take())
 
-    def _run_timers(self, t: _Task) -> bool:
-        due = t.timers.pop_due(self._clock.time())
+    def _run_timers(self, t: _Task, until: float) -> bool:
+        """Run ``t``'s timers due at ``until`` (epoch seconds), in time order (rule 23)."""
+        due = t.timers.pop_due(until)
         for key, fn in due:
             coordinator = Coordinator()
             try:
@@ -863,6 +914,8 @@ class ReferenceEngine:
                 continue
             if not all(p.at_end and not p.buffer for p in t.parts):
                 continue
+            if t.window_due or self._timer_due(t):
+                continue  # a due window or timer runs first (rules 8, 23), at the next barriers
             if t.eos_hook is not None:
                 coordinator = Coordinator()
                 try:
@@ -1149,10 +1202,24 @@ class ReferenceEngine:
         try:
             t.process(env, t.collector, cb.coordinator, cb)
         except Exception as e:  # noqa: BLE001 - user code
-            t.failed += 1
-            self._fail(TaskError(t.name, part.ssp, env.offset, e))
+            self._raised(t, cb, e)
         finally:
             cb.late_after = 0.0
+
+    def _raised(self, t: _Task, cb: _Callback, e: Exception) -> None:
+        """process_async raised: its message failed (rule 16), even when the call completed
+        its callback first, so the message is never released and the watermark stays below
+        it (rules 13, 18). A ``fail()`` made during the call resolved it first: its error is
+        the one reported (rule 17, the first resolution wins; as the C engine). A later
+        ``complete()`` / ``fail()`` is a second resolution."""
+        with self._cv:
+            resolved = cb._done  # complete() / fail() during the call: its event is queued
+            cb._done = True
+        cb.raised = True  # before its event is applied: a completion then holds nothing
+        if resolved:
+            self._apply_events()  # a fail() first is recorded first
+        t.failed += 1
+        self._fail(TaskError(t.name, cb.part.ssp, cb.offset, e))
 
     # -- 8. waiting -----------------------------------------------------------
     def _wait(self) -> None:

@@ -1,0 +1,204 @@
+"""Windows, timers and commits that fall due in one step of virtual time: they run in the order
+they fell due (commits first), before end of stream, and none runs once a shutdown of the
+container took effect (rules 8, 9, 11, 14, 19, 23; docs/testing.md: ``advance``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+import tailrace
+from tailrace.memory import MemoryCheckpointStore
+from tailrace.testing import TestDriver
+from tailrace.types import Offset, Scope, SystemStreamPartition
+
+
+@pytest.fixture(params=["python", "c"])
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+class LoggingStore(MemoryCheckpointStore):
+    """Logs each checkpoint write into the task's log, between its hooks."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    def write(
+        self, task_name: str, offsets: Mapping[SystemStreamPartition, Offset], state: Any = None
+    ) -> None:
+        self.log.append("commit")
+        super().write(task_name, offsets, state)
+
+
+def timers_and_window(log: list[str], timer_ms: list[int]) -> type[tailrace.StreamTask]:
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+            for ms in timer_ms:
+                context.schedule(ms, context.now() + ms / 1000, self.fire)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            log.append("process")
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            log.append(f"timer {key}")
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            log.append("window")
+
+    return Task
+
+
+@pytest.mark.parametrize(
+    ("timer_ms", "expected"),
+    [
+        ([40], ["timer 40", "window"]),
+        ([50], ["window", "timer 50"]),  # due at one instant: the window first
+        ([60], ["window", "timer 60"]),
+        ([20, 45, 55, 65], ["timer 20", "timer 45", "window", "timer 55", "timer 65"]),
+    ],
+)
+def test_a_window_and_timers_due_in_one_advance_run_in_the_order_they_fell_due(
+    engine: str, timer_ms: list[int], expected: list[str]
+) -> None:  # rules 8, 23; docs/testing.md: advance runs them in time order
+    log: list[str] = []
+    with TestDriver(
+        timers_and_window(log, timer_ms), inputs={"in": 1}, config={"task.window.ms": 50}, engine=engine
+    ) as d:
+        d.advance(70)
+        assert log == expected
+
+
+def test_commits_run_before_the_windows_and_timers_due_with_them(engine: str) -> None:  # rules 9, 23
+    log: list[str] = []
+    store = LoggingStore(log)
+    config = {"task.window.ms": 50, "task.commit.ms": 45}
+    with TestDriver(
+        timers_and_window(log, [40, 60]), inputs={"in": 1}, config=config, engine=engine, checkpoints=store
+    ) as d:
+        d.send("in", "m")
+        d.advance(70)
+        assert log == ["process", "commit", "timer 40", "window", "timer 60"]
+
+
+def test_a_window_coalesced_over_periods_is_ordered_by_its_first_due_time(engine: str) -> None:  # rules 8, 23
+    log: list[str] = []
+    with TestDriver(
+        timers_and_window(log, [70]), inputs={"in": 1}, config={"task.window.ms": 50}, engine=engine
+    ) as d:
+        d.advance(120)  # the window fell due at 50 (and 100: coalesced), the timer at 70
+        assert log == ["window", "timer 70"]
+
+
+@pytest.mark.parametrize("commit_ms", [100, -1])
+def test_a_window_and_timer_held_back_by_a_callback_run_before_end_of_stream(
+    engine: str, commit_ms: int
+) -> None:
+    # rules 8, 11, 23: a window, a timer and a commit fall due while a callback is outstanding;
+    # the input ends, then the callback completes: the commit runs, then the window and the
+    # timer, then end of stream (the reference engine ran the commit, then end of stream, and
+    # dropped the window and the timer)
+    log: list[str] = []
+
+    class Task(tailrace.AsyncStreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            log.append("process")
+            self.context.schedule("t", self.context.now() + 0.077, self.fire)
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            log.append("timer")
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            log.append("window")
+
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            log.append("end_of_stream")
+
+    config = {"task.window.ms": 50, "task.commit.ms": commit_ms}
+    with TestDriver(Task, inputs={"in": 1}, config=config, engine=engine) as d:
+        d.send("in", "m")  # outstanding; the timer is due at 77 ms
+        d.advance(150)  # window (50), timer (77) and commit (100) fall due, all held back
+        assert log == ["process"]
+        d.end_input()
+        d.pending[0].complete()
+        assert log == ["process", "window", "timer", "end_of_stream"]
+        assert d.result is not None and d.result.reason == "end_of_stream"
+    assert d.committed_offset("in") == 0
+
+
+@pytest.mark.parametrize(
+    ("timer_ms", "asks", "expected"),
+    [
+        (60, "window", ["window", "close"]),  # the window (50) asks: the timer (60) does not run
+        (40, "timer", ["timer", "close"]),  # the timer (40) asks: the window (50) does not run
+    ],
+)
+def test_no_window_or_timer_runs_after_a_shutdown_of_the_container(
+    engine: str, timer_ms: int, asks: str, expected: list[str]
+) -> None:
+    # rules 14, 19: shutdown(ALL_TASKS_IN_CONTAINER) from a window or timer takes effect at
+    # once; the window or timer due with it does not run (the reference engine ran the timer)
+    log: list[str] = []
+
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            context.schedule("t", context.now() + timer_ms / 1000, self.fire)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            log.append("timer")
+            if asks == "timer":
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            log.append("window")
+            if asks == "window":
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+        def close(self) -> None:
+            log.append("close")
+
+    d = TestDriver(Task, inputs={"in": 1}, config={"task.window.ms": 50}, engine=engine)
+    d.advance(70)  # both due
+    result = d.close()
+    assert result is not None and result.reason == "shutdown"
+    assert log == expected
+
+
+@pytest.mark.parametrize("start", [1_700_000_000.0, 1_700_000_000.123456, 1_234_567_890.98, 0.0, 3e9 + 0.1])
+def test_a_timer_at_the_window_s_instant_runs_after_it_whatever_the_clock_s_start(
+    engine: str, start: float
+) -> None:
+    # rules 8, 23: epoch seconds are ~240 ns apart, so the first nanosecond at which time()
+    # reaches "now + 0.05" can come before the window's 50 ms: the C loop then ran the timer
+    # first. At one instant the window runs first, step after step
+    log: list[str] = []
+
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+            for k in range(1, 6):
+                context.schedule(k, context.now() + k * 50 / 1000, self.fire)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            log.append(f"timer {key}")
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            log.append("window")
+
+    with TestDriver(Task, inputs={"in": 1}, config={"task.window.ms": 50}, engine=engine, start=start) as d:
+        for k in range(1, 6):
+            d.advance(50)
+            assert log[-2:] == ["window", f"timer {k}"], log
