@@ -202,3 +202,30 @@ def test_a_timer_at_the_window_s_instant_runs_after_it_whatever_the_clock_s_star
         for k in range(1, 6):
             d.advance(50)
             assert log[-2:] == ["window", f"timer {k}"], log
+
+
+@pytest.mark.parametrize("hook", ["window", "timer"])
+def test_a_window_or_timer_that_raises_counts_as_run(engine: str, hook: str) -> None:
+    # "Metrics that must exist" (windows): the C engine counted a window or timer that raised,
+    # the reference engine did not; both count it now (it ran), and the run fails (rule 16)
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            context.schedule("t", context.now() + 0.05, self.fire)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            if hook == "timer":
+                raise ValueError("timer broke")
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            if hook == "window":
+                raise ValueError("window broke")
+
+    config = {"task.window.ms": 50 if hook == "window" else 60}
+    d = TestDriver(Task, inputs={"in": 1}, config=config, engine=engine)
+    with pytest.raises(tailrace.TaskError, match=f"{hook} broke"):
+        d.advance(50)
+    m = d.metrics()[0]["Partition 0"]
+    assert (m.windows, m.timers) == ((1, 0) if hook == "window" else (0, 1))

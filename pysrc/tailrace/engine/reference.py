@@ -880,6 +880,7 @@ class ReferenceEngine:
     def _run_window(self, t: _Task) -> None:
         assert t.window is not None
         coordinator = Coordinator()
+        t.windows += 1  # one that raises ran too (as on the C engine)
         try:
             t.window(t.collector, coordinator)
         except Exception as e:  # noqa: BLE001 - user code
@@ -888,7 +889,6 @@ class ReferenceEngine:
             else:
                 self._fail(TaskError(t.name, original=e, phase="window"))
                 return
-        t.windows += 1
         self._apply_requests(t, coordinator.take())
 
     def _run_timers(self, t: _Task, until: float) -> bool:
@@ -896,12 +896,12 @@ class ReferenceEngine:
         due = t.timers.pop_due(until)
         for key, fn in due:
             coordinator = Coordinator()
+            t.timer_runs += 1  # one that raises ran too (as on the C engine)
             try:
                 fn(key, t.collector, coordinator)
             except Exception as e:  # noqa: BLE001 - user code
                 self._fail(TaskError(t.name, original=e, phase="timer", detail=f"timer {key!r}: {e!r}"))
                 return True
-            t.timer_runs += 1
             self._apply_requests(t, coordinator.take())
         return bool(due)
 
