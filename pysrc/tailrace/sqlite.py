@@ -96,7 +96,11 @@ CREATE TABLE checkpoints (
 # the task's checkpoint rows. A scope is one store of one task of one job; state rows
 # carry its integer id (short rows, cheap key compares: the commit flush rate). Keys
 # compare as BLOBs (memcmp): range scans follow the order of the encoded keys. Created
-# on open when missing (stores written before state existed have none).
+# on open when missing (stores written before state existed have none). A scope row is
+# never deleted (a reset deletes its state rows only): a new scope gets max(id) + 1, so
+# an id is never given to another (job, task, store). (Earlier builds deleted the rows on
+# reset; an id they freed may be given again, which is safe as well: cached ids live for
+# one open, and a commit looks its scopes up inside its own transaction.)
 _STATE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS state_scopes (
     id INTEGER PRIMARY KEY,
@@ -325,8 +329,10 @@ class SqliteCheckpointStore(CheckpointStore):
         self._readers: list[sqlite3.Connection] = []
         self._local = threading.local()
         self._generation = 0  # bumped on close: a thread's old reader is not reused
-        self._scopes: dict[tuple[str, str], int] = {}  # (task, store) -> state_scopes.id
-        self._new_scopes: dict[tuple[str, str], int] = {}  # created by the write in progress
+        # (task, store) -> state_scopes.id of the open job; emptied by open and close (the
+        # next open may be another job, and a reset from elsewhere may run in between)
+        self._scopes: dict[tuple[str, str], int] = {}
+        self._new_scopes: dict[tuple[str, str], int] = {}  # resolved by the write in progress
         stall = os.environ.get(_STALL_AFTER_ENV)
         self._stall_after = int(stall) if stall else None
 
@@ -343,6 +349,7 @@ class SqliteCheckpointStore(CheckpointStore):
     def open(self, job_name: str) -> None:
         if self._conn is not None:
             raise CheckpointError(f"checkpoint store {self.path} is already open (job {self._job!r})")
+        self._forget_scopes()  # of an earlier run: another job, or reset since
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self._container is None:
             self._lock_fd = self._take_lock(job_name)
@@ -579,8 +586,8 @@ class SqliteCheckpointStore(CheckpointStore):
                     " committed_offset = excluded.committed_offset, updated_at = excluded.updated_at",
                     rows,
                 )
+                self._new_scopes.clear()
                 if state:
-                    self._new_scopes.clear()
                     self._write_state(db, task_name, state)
                 generation = _bump_generation(db)
                 self._test_stall()
@@ -588,7 +595,7 @@ class SqliteCheckpointStore(CheckpointStore):
             raise CheckpointError(
                 f"checkpoint store {self.path}: writing task {task_name!r} failed: {e}"
             ) from e
-        if state and self._new_scopes:
+        if self._new_scopes:
             self._scopes.update(self._new_scopes)
         self._writes += 1
         self._record_generation(generation)
@@ -605,17 +612,22 @@ class SqliteCheckpointStore(CheckpointStore):
             )
 
     def _write_state(self, db: sqlite3.Connection, task_name: str, state: StateChanges) -> None:
-        """The task's store changes, inside the checkpoint's transaction (rule 26)."""
+        """The task's store changes, inside the checkpoint's transaction (rule 26).
+
+        Each store's scope is looked up inside this transaction, not taken from the cache:
+        the rows go to the scope that names (job, task, store) now, whatever happened to the
+        file since the cache was filled (one indexed lookup per store and commit)."""
         for store, changes in state.items():
-            scope = self._scopes.get((task_name, store))
+            scope = self._scope_id(db, task_name, store, cache=False)
             if scope is None:
                 db.execute(
-                    "INSERT OR IGNORE INTO state_scopes (job, task, store) VALUES (?, ?, ?)",
+                    "INSERT INTO state_scopes (job, task, store) VALUES (?, ?, ?)",
                     (self._job, task_name, store),
                 )
                 scope = self._scope_id(db, task_name, store, cache=False)
                 if scope is None:
                     raise sqlite3.DatabaseError(f"state scope of store {store!r} vanished")
+            if self._scopes.get((task_name, store)) != scope:
                 self._new_scopes[task_name, store] = scope  # cached once the transaction commits
             # the scope as a literal (an int of ours): executemany binds the changes' own
             # (key, value) pairs, no row tuple per key (dict items reuse theirs)
@@ -643,6 +655,11 @@ class SqliteCheckpointStore(CheckpointStore):
         if cache:
             self._scopes[task_name, store] = scope
         return scope
+
+    def _forget_scopes(self) -> None:
+        """Drop the cached scope ids: they belong to one open of one job."""
+        self._scopes = {}
+        self._new_scopes = {}
 
     # -- state reads (any thread) ----------------------------------------------------
     def _reader(self) -> sqlite3.Connection:
@@ -739,6 +756,7 @@ class SqliteCheckpointStore(CheckpointStore):
 
     def close(self) -> None:
         self._close_readers()
+        self._forget_scopes()
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -781,7 +799,10 @@ class SqliteCheckpointStore(CheckpointStore):
         return out
 
     def reset(self) -> int:
-        """Delete every checkpoint of the open job; returns how many rows were deleted."""
+        """Delete every checkpoint of the open job with the state of its stores; returns how
+        many checkpoint rows were deleted. The job's scope rows stay (empty): a scope id is
+        never freed, so never given to another (job, task, store) while some store object
+        may still hold it."""
         db = self._db()
         try:
             with db:
@@ -792,8 +813,7 @@ class SqliteCheckpointStore(CheckpointStore):
                     "DELETE FROM state WHERE scope IN (SELECT id FROM state_scopes WHERE job = ?)",
                     (self._job,),
                 )
-                db.execute("DELETE FROM state_scopes WHERE job = ?", (self._job,))
-            self._scopes.clear()
+            self._forget_scopes()
         except sqlite3.Error as e:
             raise CheckpointError(f"checkpoint store {self.path}: reset failed: {e}") from e
         self._record_generation(generation)

@@ -23,6 +23,13 @@ partition (sorted as the container sorts them): a task's state and its whole
 checkpoint live in one slot, so one fenced script (or one MULTI/EXEC of them)
 writes both (see ``tailrace.redis.checkpoint`` and docs/redis.md).
 
+A job name may contain ``:``, so ``state:JOB:*`` also matches the keys of a job
+named ``JOB:more``; a key's job is told apart by what follows it. TASK is
+``Partition N`` and STORE a declared store name (letters, digits, ``_``, ``-``):
+neither holds a ``:``, so after ``state:JOB:`` exactly ``TASK:STORE:k|v`` (two
+``:``) and after ``tckpt:JOB:`` exactly ``TASK`` (none) remain
+(:meth:`Keys.is_job_data`).
+
 Redis is imported lazily so that tailrace works without the ``redis`` extra.
 """
 
@@ -224,9 +231,23 @@ class Keys:
 
     def job_data(self, stream: str, partition: int, job: str) -> list[str]:
         """SCAN patterns of what ``job`` keeps in a partition's slot besides its checkpoint:
-        the state of the tasks anchored there, and their other partitions' ids."""
+        the state of the tasks anchored there, and their other partitions' ids. They match
+        the keys of jobs whose names start with ``job + ":"`` too: keep only the keys
+        :meth:`is_job_data` accepts."""
         base = _glob_escape(self._tag(stream, partition))
         return [f"{base}:state:{_glob_escape(job)}:*", f"{base}:tckpt:{_glob_escape(job)}:*"]
+
+    def is_job_data(self, key: str | bytes, stream: str, partition: int, job: str) -> bool:
+        """Whether ``key`` is a state or ``tckpt`` key of ``job`` itself in a partition's slot
+        (not one of a job named ``job:...``; see the module docstring)."""
+        name = text(key)
+        base = self._tag(stream, partition)
+        head = f"{base}:state:{job}:"
+        if name.startswith(head):
+            rest = name[len(head) :]  # TASK:STORE:k or TASK:STORE:v
+            return rest.count(":") == 2 and rest.endswith((":k", ":v"))
+        head = f"{base}:tckpt:{job}:"
+        return name.startswith(head) and ":" not in name[len(head) :]  # TASK
 
     def state(self, stream: str, partition: int, job: str, task: str, store: str) -> tuple[str, str]:
         """(sorted set of keys, hash of values) of one store of a task, in its anchor's slot."""

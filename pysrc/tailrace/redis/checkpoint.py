@@ -258,6 +258,8 @@ class RedisCheckpointStore(CheckpointStore):
         self._renewer: threading.Thread | None = None
         self._layouts: dict[str, _TaskLayout] | None = None
         self._anchored: set[str] = set()  # tasks whose anchor matched the registry (this open)
+        # partitions whose commit was fenced during the last open (a member reads it after the
+        # container stopped, so it is kept past close and emptied by the next open)
         self.fenced: set[SystemStreamPartition] = set()
 
     # -- CheckpointStore ----------------------------------------------------------
@@ -268,6 +270,10 @@ class RedisCheckpointStore(CheckpointStore):
                 '[checkpoints] type = "redis" run through tailrace.redis.membership (tailrace run does this)'
             )
         check(self.client, self.url, CheckpointError)
+        # nothing of an earlier open carries over: the committed ids are read again from
+        # Redis (another run may have committed since), the leases are new ones
+        self._forget_run()
+        self.fenced = set()
         self._job = job_name
         if self._given is not None:
             self._values = dict(self._given)
@@ -298,6 +304,13 @@ class RedisCheckpointStore(CheckpointStore):
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew_loop, name="tailrace-redis-leases", daemon=True)
         self._renewer.start()
+
+    def _forget_run(self) -> None:
+        """Drop what one open cached: committed ids, lease values, task layouts, anchors seen."""
+        self._committed = None
+        self._values = {}
+        self._layouts = None
+        self._anchored = set()
 
     def _renew_loop(self) -> None:
         assert self._own_leases is not None
@@ -719,8 +732,7 @@ class RedisCheckpointStore(CheckpointStore):
             self._own_leases.release_all()
             self._own_leases = None
         self._job = None
-        self._layouts = None
-        self._anchored = set()
+        self._forget_run()  # (``fenced`` stays readable until the next open: see __init__)
         if self._own_client:
             try:
                 self.client.close()

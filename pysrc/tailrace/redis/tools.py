@@ -37,9 +37,10 @@ def reset_checkpoints(
 ) -> int:
     """Delete ``job``'s checkpoints of ``ssps`` with everything committed with them: the
     end-of-partition marks and the state of the job's tasks (rule 26: state and offsets
-    go together, so a rerun from the beginning starts from empty stores). Refused
-    (CheckpointError) while a container holds a lease on one of them. Returns how many
-    checkpoints were deleted."""
+    go together, so a rerun from the beginning starts from empty stores). Only the keys
+    of ``job`` itself are deleted, not those of a job whose name starts with ``job + ":"``
+    (``Keys.is_job_data``). Refused (CheckpointError) while a container holds a lease on
+    one of them. Returns how many checkpoints were deleted."""
     keys = Keys(prefix)
     client = connect(url, cluster=cluster)
     try:
@@ -54,7 +55,11 @@ def reset_checkpoints(
             deleted += int(client.delete(keys.checkpoint(s.stream, s.partition, job)))
             client.delete(keys.done(s.stream, s.partition, job))
             for pattern in keys.job_data(s.stream, s.partition, job):
-                found = list(client.scan_iter(match=pattern, count=1000))
+                found = [
+                    k
+                    for k in client.scan_iter(match=pattern, count=1000)
+                    if keys.is_job_data(k, s.stream, s.partition, job)
+                ]
                 for i in range(0, len(found), 500):  # one slot (the partition's tag): one DEL
                     client.delete(*found[i : i + 500])
         client.delete(keys.anchors(job))
