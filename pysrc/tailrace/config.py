@@ -19,7 +19,10 @@ from typing import Any, ParamSpec
 from .errors import ConfigError
 
 
-def _int(key: str, value: Any, minimum: int | None, maximum: int | None, allowed: str) -> int:
+def _int(key: str, value: Any, minimum: int, maximum: int, note: str = "") -> int:
+    """``value`` (an int, or its decimal text) checked to lie in ``minimum..maximum``; every
+    error states both bounds (and ``note``, what some values mean)."""
+    allowed = f"an integer from {minimum} to {maximum}{note}"
     if isinstance(value, bool):
         raise ConfigError(f"expected an integer, got {value!r}", key=key, allowed=allowed)
     if isinstance(value, str):
@@ -31,7 +34,7 @@ def _int(key: str, value: Any, minimum: int | None, maximum: int | None, allowed
         raise ConfigError(
             f"expected an integer, got {type(value).__name__} {value!r}", key=key, allowed=allowed
         )
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+    if not minimum <= value <= maximum:
         raise ConfigError(f"{value} is out of range", key=key, allowed=allowed)
     return value
 
@@ -65,6 +68,8 @@ def _names(key: str, value: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
+# a period in ms is a 32-bit int (the engines hold it in ns, an int64: this always fits)
+_MINI = -(2**31)
 _MAXI = 2**31 - 1
 
 ORDERINGS = ("partition", "key")
@@ -95,8 +100,8 @@ class _Key:
         return f"_Key({self.name!r})"
 
 
-def _ranged(minimum: int | None, maximum: int | None, allowed: str) -> Callable[[str, Any], int]:
-    return lambda key, value: _int(key, value, minimum, maximum, allowed)
+def _ranged(minimum: int, maximum: int, note: str = "") -> Callable[[str, Any], int]:
+    return lambda key, value: _int(key, value, minimum, maximum, note)
 
 
 KEYS: tuple[_Key, ...] = (
@@ -105,31 +110,29 @@ KEYS: tuple[_Key, ...] = (
         "task.max.concurrency",
         "max_concurrency",
         1,
-        _ranged(1, 1 << 20, "an integer from 1 to 1048576"),
+        _ranged(1, 1 << 20),
         "max outstanding callbacks per task",
     ),
     _Key(
         "job.container.thread.pool.size",
         "thread_pool_size",
         0,
-        _ranged(0, 1024, "an integer from 0 to 1024"),
+        _ranged(0, 1024),
         "threads running sync process (0 = the loop thread)",
     ),
     _Key(
         "job.container.count",
         "container_count",
         1,
-        _ranged(1, 1024, "an integer from 1 to 1024"),
+        _ranged(1, 1024),
         "processes `tailrace run` starts for the job; task N runs in container N mod count",
     ),
-    _Key(
-        "task.window.ms", "window_ms", -1, _ranged(None, _MAXI, "an integer; <= 0 disables"), "window period"
-    ),
+    _Key("task.window.ms", "window_ms", -1, _ranged(_MINI, _MAXI, "; <= 0 disables"), "window period"),
     _Key(
         "task.commit.ms",
         "commit_ms",
         60000,
-        _ranged(None, _MAXI, "an integer; <= 0 disables timer commits"),
+        _ranged(_MINI, _MAXI, "; <= 0 disables timer commits"),
         "commit period",
     ),
     _Key(
@@ -144,21 +147,21 @@ KEYS: tuple[_Key, ...] = (
         "task.callback.timeout.ms",
         "callback_timeout_ms",
         -1,
-        _ranged(None, _MAXI, "an integer; <= 0 disables"),
+        _ranged(_MINI, _MAXI, "; <= 0 disables"),
         "per-callback deadline",
     ),
     _Key(
         "task.max.idle.ms",
         "max_idle_ms",
         10,
-        _ranged(0, _MAXI, "an integer >= 0"),
+        _ranged(0, _MAXI),
         "longest idle wait before re-polling inputs",
     ),
     _Key(
         "task.shutdown.ms",
         "shutdown_ms",
         30000,
-        _ranged(0, _MAXI, "an integer >= 0"),
+        _ranged(0, _MAXI),
         "graceful-shutdown wait for outstanding callbacks",
     ),
     _Key(
@@ -172,7 +175,7 @@ KEYS: tuple[_Key, ...] = (
         "task.input.buffer.size",
         "input_buffer_size",
         1024,
-        _ranged(1, 1 << 24, "an integer from 1 to 16777216"),
+        _ranged(1, 1 << 24),
         "messages buffered ahead of dispatch per partition (backpressure beyond)",
     ),
 )
@@ -186,7 +189,7 @@ _STORE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 STORE_OPTIONS: dict[str, str] = {
     "key.serde": "the serde of keys (range scans follow the order of the encoded keys)",
     "value.serde": "the serde of values",
-    "cache.size": f"entries cached per task (default {DEFAULT_CACHE_SIZE}); writes wait in memory to commit",
+    "cache.size": "entries cached per task; writes wait in memory to commit",
 }
 
 
@@ -231,7 +234,7 @@ def _store_option(store: str, option: str, value: Any) -> tuple[str, Any]:
     if option == "value.serde":
         return "value_serde", _serde_name(key, value)
     if option == "cache.size":
-        return "cache_size", _int(key, value, 1, 1 << 40, "an integer >= 1 (entries)")
+        return "cache_size", _int(key, value, 1, 1 << 40, " (entries)")
     raise ConfigError(
         "unknown store option", key=key, allowed=", ".join(f"stores.{store}.{o}" for o in STORE_OPTIONS)
     )
@@ -334,12 +337,15 @@ def parse_config(
     *,
     source: str | None = None,
     allow_prefixes: tuple[str, ...] = (),
+    unlisted: tuple[str, ...] = (),
     **kwargs: Any,
 ) -> Config:
     """Validate Samza-style keys and snake_case keywords into a :class:`Config`.
 
     ``allow_prefixes`` lets keys under those prefixes (e.g. ``"systems."``) pass
-    into ``Config.extra`` untouched for their owners to validate. Raises
+    into ``Config.extra`` untouched for their owners to validate. ``unlisted`` keys
+    are still parsed but left out of the keys an unknown key's error offers (a job
+    file's ``[config]`` does not take ``job.name``). Raises
     ConfigError for an unknown key, a duplicate (both spellings given), a wrong
     type or an out-of-range value.
     """
@@ -374,7 +380,10 @@ def parse_config(
             raise ConfigError(
                 "unknown key",
                 key=raw_key,
-                allowed=", ".join([k.name for k in KEYS] + [f"stores.NAME.{o}" for o in STORE_OPTIONS]),
+                allowed=", ".join(
+                    [k.name for k in KEYS if k.name not in unlisted]
+                    + [f"stores.NAME.{o}" for o in STORE_OPTIONS]
+                ),
                 source=source,
             )
         if key.name in seen and seen[key.name] != raw_key:
@@ -438,8 +447,9 @@ def describe_keys(skip: tuple[str, ...] = ()) -> str:
     keys = [k for k in KEYS if k.name not in skip]
     width = max(len(k.name) for k in keys)
     lines = [f"  {k.name:<{width}}  default {k.default!r}: {k.doc}" for k in keys]
+    defaults = StoreSpec().as_options()
     for option, doc in STORE_OPTIONS.items():
-        lines.append(f"  {'stores.NAME.' + option:<{width}}  {doc}")
+        lines.append(f"  {'stores.NAME.' + option:<{width}}  default {defaults[option]!r}: {doc}")
     return "\n".join(lines)
 
 

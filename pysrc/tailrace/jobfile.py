@@ -237,6 +237,10 @@ def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: Engi
     src = str(path)
     tree = _read_tree(path)
     tree = _apply_overrides(tree, dict(overrides or {}), src)
+    checkpoints_t = tree.get("checkpoints")
+    if isinstance(checkpoints_t, dict) and checkpoints_t and "type" not in checkpoints_t:
+        # [checkpoints] path = ... alone (or --config checkpoints.path=...): sqlite, the default type
+        tree["checkpoints"] = {"type": "sqlite", **checkpoints_t}
     for top in tree:
         if top not in _TOP:
             raise ConfigError("unknown table", key=top, allowed=", ".join(_TOP), source=src)
@@ -286,7 +290,7 @@ def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: Engi
         if not isinstance(stores_t, dict):
             raise ConfigError("expected a table of [stores.NAME] tables", key="stores", source=src)
         config_t["stores"] = stores_t
-    config = parse_config(config_t, source=src)
+    config = parse_config(config_t, source=src, unlisted=("job.name",))
 
     systems: dict[str, System] = {}
     for sname, stable in _table(tree, "systems", src, required=True).items():

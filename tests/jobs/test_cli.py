@@ -293,6 +293,51 @@ def test_a_bad_value_given_with_config_is_said_to_come_from_config(tmp_path: Pat
         assert r.returncode == 2 and "argument --progress-interval: expected a number of seconds" in r.stderr
 
 
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_period_past_a_32_bit_int_is_a_config_error_before_any_state_is_made(
+    engine: str, tmp_path: Path
+) -> None:
+    # a huge negative period once passed validation: the C engine failed with an
+    # OverflowError traceback (exit 1, state/ made), the Python engine took it as given
+    job = write_job(tmp_path)
+    r = run_cli(
+        [
+            "run",
+            str(job),
+            "--engine",
+            engine,
+            "--no-progress",
+            "--config",
+            "task.window.ms=-99999999999999999999",
+        ]
+    )
+    assert r.returncode == 2, r.stderr
+    assert (
+        "config key 'task.window.ms': -99999999999999999999 is out of range "
+        "(allowed: an integer from -2147483648 to 2147483647; <= 0 disables)" in r.stderr
+    ), r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "state").exists()
+
+
+def test_checkpoints_are_sqlite_when_only_their_path_is_given(tmp_path: Path) -> None:
+    # running-jobs.md: [checkpoints] is optional, type = "sqlite" its default, and --config
+    # overrides any job file entry: a path alone (in the file or with --config) is a sqlite store
+    job = write_job(tmp_path)
+    text = job.read_text()
+    job.write_text(text.replace('[checkpoints]\ntype = "sqlite"\npath = "state/cp.db"\n', ""))
+    r = run_cli(["run", str(job), "--no-progress", "--config", "checkpoints.path=state/other.db"])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "state" / "other.db").is_file() and not (
+        tmp_path / "state" / "checkpoints.db"
+    ).exists()
+    job.write_text(text.replace('type = "sqlite"\npath = "state/cp.db"', 'path = "state/cp.db"'))
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "state" / "cp.db").is_file()
+    r = run_cli(["checkpoints", "show", str(job)])
+    assert r.returncode == 0 and "files.in" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
     r = run_cli(["run", str(tmp_path)])
     assert r.returncode == 2 and "directory has no job.toml" in r.stderr

@@ -4,11 +4,13 @@ made and dropped, it connects to nothing)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tailrace.errors import ConfigError
+from tailrace.jobfile import load_job
 from tailrace.kafka import KafkaSystem
 
 pytest.importorskip("confluent_kafka")
@@ -29,13 +31,17 @@ def _system(**kw: Any) -> KafkaSystem:
         ({"consumer": {"bogus.setting": 1}}, "consumer.bogus.setting", "No such configuration property"),
         ({"consumer": {"enable.auto.commit": "no"}}, "consumer.enable.auto.commit", "Expected bool value"),
         ({"consumer": {"session.timeout.ms": "abc"}}, "consumer.session.timeout.ms", "Invalid value"),
-        ({"config": {"session.timeout.ms": "abc"}}, "config.session.timeout.ms", "Invalid value"),
+        (
+            {"config": {"session.timeout.ms": "abc"}},
+            "systems.kafka.config.session.timeout.ms",  # config.X would read as the job's [config]
+            "Invalid value",
+        ),
         ({"producer": {"acks": "most"}}, "producer", "request.required.acks"),  # an alias too
         ({"producer": {"linger.ms": "soon"}}, "producer", "queue.buffering.max.ms"),  # named by its alias
         # librdkafka reads true, t, 1, yes, on in any case as true: all refused
         ({"consumer": {"enable.auto.commit": "True"}}, "consumer.enable.auto.commit", "auto commit"),
         ({"consumer": {"enable.auto.commit": "1"}}, "consumer.enable.auto.commit", "auto commit"),
-        ({"config": {"enable.auto.commit": "t"}}, "config.enable.auto.commit", "auto commit"),
+        ({"config": {"enable.auto.commit": "t"}}, "systems.kafka.config.enable.auto.commit", "auto commit"),
     ],
 )
 def test_a_bad_option_or_setting_is_refused_naming_its_key(
@@ -50,3 +56,28 @@ def test_a_bad_option_or_setting_is_refused_naming_its_key(
 def test_good_settings_pass_and_false_auto_commit_spellings_are_taken() -> None:
     for off in (False, 0, "false", "False", "0"):
         _system(consumer={"enable.auto.commit": off, "session.timeout.ms": 6000}, producer={"linger.ms": 1})
+
+
+@pytest.mark.parametrize("table", ["config", "consumer"])
+def test_a_bad_setting_in_a_job_file_is_named_with_its_table(tmp_path: Path, table: str) -> None:
+    # docs/kafka.md: an invalid setting is refused naming it and its table, [systems.NAME.config]
+    # as [systems.NAME.consumer] (the system's own name, not always "kafka")
+    (tmp_path / "t.py").write_text(
+        "import tailrace\nclass T(tailrace.StreamTask):\n    def process(self, e, c, co): pass\n"
+    )
+    (tmp_path / "job.toml").write_text(
+        f"""[job]
+name = "k"
+task = "t.py:T"
+inputs = ["events.orders"]
+[systems.events]
+type = "kafka"
+bootstrap_servers = "127.0.0.1:1"
+[systems.events.{table}]
+"session.timeout.ms" = "abc"
+"""
+    )
+    with pytest.raises(ConfigError) as e:
+        load_job(tmp_path)
+    assert e.value.key == f"systems.events.{table}.session.timeout.ms", e.value
+    assert str(tmp_path / "job.toml") in str(e.value) and "Invalid value" in str(e.value), e.value

@@ -1,6 +1,7 @@
 """Misuse of the Python API is refused where it is made, in one clear line naming what is
 wrong: by the type checker (read-only envelope fields, engine names) and at run time (a str
-where a list is expected, an option a system does not take, an option of the wrong type)."""
+where a list is expected, an option a system does not take, an option of the wrong type
+or out of its range)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,39 @@ def test_an_unknown_option_from_python_is_a_config_error_naming_it(make: Any, al
 def test_a_wrong_positional_call_is_still_pythons_type_error() -> None:
     with pytest.raises(TypeError, match="positional"):
         tailrace.MemoryCheckpointStore(1, 2)
+
+
+_PERIOD = "an integer from -2147483648 to 2147483647"
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+@pytest.mark.parametrize(
+    ("key", "values", "allowed"),
+    [
+        ("task.window.ms", (-(2**31) - 1, 2**31, -(2**63) - 1), f"{_PERIOD}; <= 0 disables"),
+        ("task.commit.ms", (-(10**20), 2**31), f"{_PERIOD}; <= 0 disables timer commits"),
+        ("task.callback.timeout.ms", (-(2**31) - 1, 10**30), f"{_PERIOD}; <= 0 disables"),
+        ("task.max.idle.ms", (-1, 2**31), "an integer from 0 to 2147483647"),
+        ("task.shutdown.ms", (-1, 2**31), "an integer from 0 to 2147483647"),
+        ("task.max.concurrency", (0, 2**20 + 1), "an integer from 1 to 1048576"),
+        ("stores.s.cache.size", (0, 10**30), "an integer from 1 to 1099511627776 (entries)"),
+    ],
+)
+def test_an_integer_key_out_of_its_range_is_refused_stating_both_bounds(
+    engine: Any, key: str, values: tuple[int, ...], allowed: str
+) -> None:
+    # SEMANTICS.md "Config keys": out of range is refused at start-up naming the key and the
+    # allowed values, never an OverflowError from an engine (or a period taken as given)
+    for value in values:
+        mem = tailrace.MemorySystem("mem").add_stream("w", [["a"]])
+        with pytest.raises(ConfigError) as e:
+            tailrace.Container(
+                Echo, inputs=["mem.w"], systems=[mem], engine=engine, stores=["s"], config={key: value}
+            )
+        assert str(e.value) == f"config key {key!r}: {value} is out of range (allowed: {allowed})"
+    for edge in (-(2**31), 2**31 - 1) if allowed.startswith(_PERIOD) else ():
+        mem = tailrace.MemorySystem("mem").add_stream("w", [["a"]])
+        result = tailrace.Container(
+            Echo, inputs=["mem.w"], systems=[mem], engine=engine, config={key: edge}
+        ).run()
+        assert result.processed == 1

@@ -303,6 +303,32 @@ def test_help_does_not_offer_job_name_as_a_config_key() -> None:
     assert not re.search(r"^  job\.name\s+default", run_help, re.M)
 
 
+def test_an_unknown_key_in_config_does_not_offer_job_name(tmp_path: Path) -> None:
+    # [config] refuses job.name ("set the job name in [job] name"): its unknown-key error
+    # must not list it among the allowed keys
+    job = write_job(tmp_path, config='"task.max.concurency" = 2')
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2
+    allowed = re.search(r"config key 'task\.max\.concurency': unknown key \(allowed: (.*)\)$", r.stderr, re.M)
+    assert allowed, r.stderr
+    offered = allowed.group(1).split(", ")
+    assert "job.name" not in offered and "task.max.concurrency" in offered, offered
+    job = write_job(tmp_path, config='"job.name" = "x"')
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2 and "config key 'job.name': set the job name in [job] name" in r.stderr
+
+
+def test_help_gives_every_store_option_its_default() -> None:
+    # running-jobs.md: tailrace --help lists every config key with its default
+    r = run_cli(["--help"])
+    assert r.returncode == 0
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  stores.NAME.")}
+    assert sorted(lines) == ["stores.NAME.cache.size", "stores.NAME.key.serde", "stores.NAME.value.serde"]
+    assert "default 'json': " in lines["stores.NAME.key.serde"], lines
+    assert "default 'json': " in lines["stores.NAME.value.serde"], lines
+    assert "default 100000: " in lines["stores.NAME.cache.size"], lines
+
+
 def test_semantics_cited_by_docstrings_ships_with_the_package() -> None:
     repo_doc = Path(__file__).resolve().parents[2] / "docs" / "SEMANTICS.md"
     assert SEMANTICS.is_file(), "tailrace/SEMANTICS.md is not installed"

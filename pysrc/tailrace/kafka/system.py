@@ -964,12 +964,13 @@ class KafkaSystem(System):
 
     def _setting_key(self, name: str, *, consumer: bool) -> str:
         """The table a librdkafka setting came from, as a config key: ``consumer.NAME``,
-        ``producer.NAME`` or ``config.NAME``; the client's table alone when neither has it
+        ``producer.NAME`` or ``systems.SYSTEM.config.NAME`` (in full: a bare ``config.NAME``
+        would read as the job's [config] table); the client's table alone when none has it
         (librdkafka names an alias by its canonical name: linger.ms as queue.buffering.max.ms)."""
         table = "consumer" if consumer else "producer"
         if name in (self.consumer_settings if consumer else self.producer_settings):
             return f"{table}.{name}"
-        return f"config.{name}" if name in self.config else table
+        return f"systems.{self.name}.config.{name}" if name in self.config else table
 
     def _check_client_settings(self) -> None:
         """librdkafka's verdict on the settings, now rather than when a client first starts
