@@ -793,6 +793,9 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
             T->in_control = 0;
             T->control_kind = CTL_NONE;
             trl_pool_unhold(L, T);
+            /* what it skipped over may be due still: a commit request (a commit
+             * ALL with that shutdown; rule 14: the stop waits for it) */
+            trl_maybe_control(L, op->task);
             L->progress = 1;
             continue;
         }

@@ -229,3 +229,29 @@ def test_a_window_or_timer_that_raises_counts_as_run(engine: str, hook: str) -> 
         d.advance(50)
     m = d.metrics()[0]["Partition 0"]
     assert (m.windows, m.timers) == ((1, 0) if hook == "window" else (0, 1))
+
+
+def test_a_window_that_asks_commit_all_then_shutdown_all_stops_after_the_commits(engine: str) -> None:
+    # rule 14: shutdown ALL stops the container after the pending commit requests ran. Both
+    # tasks' windows fall due at once; the C loop dropped the second (rules 14, 19) without
+    # queueing its commit, and its drain then waited for that commit for ever
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            self.name = context.task_name
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            if self.name == "Partition 0":
+                coordinator.commit(Scope.ALL_TASKS_IN_CONTAINER)
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    d = TestDriver(Task, inputs={"in": 2}, config={"task.window.ms": 50, "task.commit.ms": -1}, engine=engine)
+    d.send("in", "a", partition=0)
+    d.send("in", "b", partition=1)
+    d.advance(50)
+    assert not d.running
+    result = d.close()
+    assert result is not None and result.reason == "shutdown"
+    assert d.committed_offset("in", 0) == 0 and d.committed_offset("in", 1) == 0
