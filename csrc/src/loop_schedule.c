@@ -577,6 +577,13 @@ static void build_batch(tr_loop *L) {
         /* a timer op with a window due too runs the timers due before it only */
         emit(L, (uint32_t)k, t, 0, 0, 0, 0,
              (uint64_t)(k == CTL_TIMER && T->window_due ? T->window_due_at : INT64_MAX));
+        /* a window or timers, then nothing more of this kind in this batch: task
+         * by task, the rest of what is due for this task (its window after its
+         * timers, a timer its window set for now) runs before the next task's,
+         * and a stop they ask for is seen before another task's hooks (as the
+         * reference engine runs them) */
+        if (k == CTL_WINDOW || k == CTL_TIMER)
+            break;
     }
     if (taken) { /* the rest (the batch was full) keeps its order */
         L->nctl -= taken;

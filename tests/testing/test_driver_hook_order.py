@@ -255,3 +255,34 @@ def test_a_window_that_asks_commit_all_then_shutdown_all_stops_after_the_commits
     result = d.close()
     assert result is not None and result.reason == "shutdown"
     assert d.committed_offset("in", 0) == 0 and d.committed_offset("in", 1) == 0
+
+
+@pytest.mark.parametrize("timer", ["due at 50 ms", "set by the window for now"])
+def test_what_fell_due_runs_task_by_task(engine: str, timer: str) -> None:
+    # docs/testing.md: what fell due within one advance runs task by task. The C loop ran one
+    # hook per task per batch: task 0's timer, task 1's window, then task 0's window
+    log: list[tuple[str, str]] = []
+
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+            self.name = context.task_name
+            if self.name == "Partition 0" and timer == "due at 50 ms":
+                context.schedule("t", context.now() + 0.05, self.fire)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            log.append((self.name, "timer"))
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            log.append((self.name, "window"))
+            if self.name == "Partition 0" and timer == "set by the window for now":
+                self.context.schedule("t", self.context.now(), self.fire)
+
+    with TestDriver(Task, inputs={"in": 2}, config={"task.window.ms": 100}, engine=engine) as d:
+        d.advance(200)
+    p0 = [("Partition 0", "timer"), ("Partition 0", "window")]
+    expected = p0 if timer == "due at 50 ms" else p0[::-1]
+    assert log == [*expected, ("Partition 1", "window")]
