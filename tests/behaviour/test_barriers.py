@@ -7,6 +7,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from tailrace import (
     AsyncStreamTask,
     MemoryCheckpointStore,
@@ -14,6 +16,7 @@ from tailrace import (
     Scope,
     StreamTask,
     SystemStreamPartition,
+    TaskError,
 )
 
 from .helpers import HeldCallbacks, bounded, history_of, run_job, ssp, start, wait_until
@@ -324,3 +327,58 @@ def test_timer_at_infinity_or_centuries_ahead_never_fires_and_runs(engine: str) 
     assert refused and "'nan'" in refused[0] and "NaN" in refused[0]
     assert fired == ["past", "soon"]
     assert result.reason == "shutdown" and result.tasks["Partition 0"].timers == 2
+
+
+@pytest.mark.parametrize("commit", [None, Scope.CURRENT_TASK, Scope.ALL_TASKS_IN_CONTAINER])
+def test_end_of_stream_hooks_due_together_all_run_before_a_shutdown_all(engine: str, commit: Any) -> None:
+    # rules 11, 14: both tasks reach end of stream at once; task 0's hook asks shutdown ALL
+    # (after a commit request). Task 1's hook, due with it, runs too, and the run ends as
+    # end_of_stream (with a commit ALL the reference engine skipped task 1: its commit request
+    # held it back, then the shutdown drained the container)
+    ran: list[str] = []
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            self.name = context.task_name
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            ran.append(self.name)
+            if self.name == "Partition 0":
+                if commit is not None:
+                    coordinator.commit(commit)
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    result, _ = run_job(engine, Task, bounded([[1], [2]]))
+    assert ran == ["Partition 0", "Partition 1"]
+    assert result.reason == "end_of_stream"
+    assert result.committed == {ssp(0): 0, ssp(1): 0}
+
+
+def test_no_end_of_stream_runs_after_a_timer_failed(engine: str) -> None:
+    # rule 16: a timer that raises stops the run; the end of stream that fell due with it does
+    # not run (the reference engine ran it)
+    ran: list[str] = []
+    release: list[Any] = []
+
+    class Task(AsyncStreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            self.context.schedule("t", self.context.now(), self.fire)
+            release.append(callback)
+            threading.Timer(0.05, callback.complete).start()
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            ran.append("timer")
+            raise RuntimeError("timer broke")
+
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            ran.append("end_of_stream")
+
+    with pytest.raises(TaskError, match="timer broke"):
+        run_job(engine, Task, bounded([[1]]), task_max_concurrency=2)
+    assert ran == ["timer"]

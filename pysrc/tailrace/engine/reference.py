@@ -560,6 +560,8 @@ class ReferenceEngine:
                 if self._failure is not None:
                     return
                 progress |= self._run_barriers(commit_only=False)
+                if self._failure is not None:
+                    return  # a window or timer failed (rule 16): no end of stream after it
                 self._check_stop()  # requests released by a commit, or from window and timers
                 if not self._draining:
                     progress |= self._end_of_stream()
@@ -907,15 +909,22 @@ class ReferenceEngine:
 
     # -- 6. end of stream -----------------------------------------------------
     def _end_of_stream(self) -> bool:
-        """Finish tasks whose every partition is exhausted and drained (rule 11)."""
+        """Finish tasks whose every partition is exhausted and drained (rule 11). The tasks
+        whose end of stream is due are chosen first, then their hooks run: what one hook asks
+        (a commit ALL, a shutdown ALL) does not hold back another due with it (as the C loop,
+        which builds them into one batch)."""
         finished = False
-        for t in self._tasks:
-            if t.done or t.outstanding or t.commit_requested:
-                continue
-            if not all(p.at_end and not p.buffer for p in t.parts):
-                continue
-            if t.window_due or self._timer_due(t):
-                continue  # a due window or timer runs first (rules 8, 23), at the next barriers
+        due = [
+            t
+            for t in self._tasks
+            if not (t.done or t.outstanding or t.commit_requested)
+            and all(p.at_end and not p.buffer for p in t.parts)
+            # a due window or timer runs first (rules 8, 23), at the next barriers
+            and not (t.window_due or self._timer_due(t))
+        ]
+        for t in due:
+            if self._failure is not None:
+                return True  # (rule 16: nothing runs after a failure)
             if t.eos_hook is not None:
                 coordinator = Coordinator()
                 try:
