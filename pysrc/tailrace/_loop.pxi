@@ -183,6 +183,9 @@ cdef class Callback:
     cdef uint64_t _seq
     cdef uint32_t _task
     cdef bint _inline  # completed on the loop thread inside its batch
+    # completed during its own process_async call on the loop thread: sequenced when the
+    # call returns, so a request the call makes after complete() counts (rule 14)
+    cdef bint _held
     # with task.callback.timeout.ms: while its process_async call runs on the loop thread,
     # the monotonic time past which a completion is late (0: not in that call)
     cdef double _late_after
@@ -345,6 +348,7 @@ cdef class LoopRunner:
     cdef public object watch
     cdef capi.tr_manual_clock _manual_clock  # the loop's clock when ``clock`` is manual
     cdef object _clock  # a manual tailrace.clock.Clock, or None (real time)
+    cdef Callback _calling  # the callback whose process_async call runs on the loop thread
 
     def __cinit__(self):
         self._loop = NULL
@@ -497,14 +501,25 @@ cdef class LoopRunner:
                             cb._seq = op.seq
                             if self._cb_timeout_s > 0:
                                 cb._late_after = _time.monotonic() + self._cb_timeout_s
+                            self._calling = cb
                             try:
                                 slot.process(env, slot.collector, cb._coordinator, cb)
                             except Exception as e:
+                                cb._held = False  # it failed after all (rules 16, 18)
                                 slot.failed += 1
                                 self._post(_TaskError(slot.name, env.ssp, env.offset, e))
                                 break
                             finally:
+                                self._calling = None
                                 cb._late_after = 0
+                            if cb._held:  # completed during the call: with what the call asked
+                                cb._held = False
+                                req = cb._coordinator._requests
+                                cb._coordinator._requests = 0
+                                st = capi.tr_loop_complete_local(loop, op.task, cb._seq, <uint32_t>req)
+                                cb._inline = st == capi.TR_OK
+                                if st != capi.TR_OK:
+                                    check(st, f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
                             if not cb._inline or not capi.tr_loop_next_of_task(loop, op.task, &op):
                                 break
                             env = _take_item(op.item, slot)
@@ -620,7 +635,9 @@ cdef class LoopRunner:
                     cb._late_after = 0
                 if cb._rstate == RUN_DONE:
                     completed = consumed
-                    req = cb._rreq
+                    # with a request made after complete() in the same call (rule 14)
+                    req = cb._rreq | cb._coordinator._requests
+                    cb._coordinator._requests = 0
                     if req:
                         break
                 elif cb._rstate == RUN_FAILED:
@@ -927,8 +944,20 @@ cdef class LoopRunner:
                 slot.failed += 1
                 self._post(error)
             return
+        if cb._held:  # completed during this same call already
+            cb._coordinator._requests = req  # (the held completion's)
+            what = "completed" if exc is None else "failed"
+            self._post(_CallbackError(slot.name, cb._env.ssp, cb._env.offset, exc,
+                                      detail=f"callback {what} a second time (rule 17)"))
+            return
         if exc is None:
             if self._in_batch and PyThread_get_thread_ident() == self._loop_thread:
+                if cb is self._calling:
+                    # during its own process_async call: sequenced when the call returns,
+                    # with the requests made until then (rule 14)
+                    cb._held = True
+                    cb._coordinator._requests = req
+                    return
                 st = capi.tr_loop_complete_local(self._loop, cb._task, cb._seq, <uint32_t>req)
                 cb._inline = st == capi.TR_OK
             else:

@@ -739,3 +739,40 @@ def test_a_message_taken_but_never_invoked_after_a_failure_is_not_counted(engine
         assert invoked == [0]
         assert (m.processed, m.outstanding, m.failed) == (1, 1, 1)
         d.close()
+
+
+class AsksAfterComplete(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        callback.complete()
+        if envelope.message == "commit":
+            coordinator.commit(tailrace.Scope.CURRENT_TASK)
+        elif envelope.message == "stop":
+            coordinator.shutdown(tailrace.Scope.ALL_TASKS_IN_CONTAINER)
+        elif envelope.message == "twice":
+            callback.complete()
+        elif envelope.message == "then fail":
+            callback.fail(ValueError("late"))
+
+
+@pytest.mark.parametrize("max_concurrency", [1, 4])
+def test_a_request_made_after_complete_in_the_same_call_counts(engine: str, max_concurrency: int) -> None:
+    # rule 14: the coordinator given to a call can request; the C engine read the requests when
+    # the callback completed, so one made after complete() in the same call was lost
+    config = {"task.commit.ms": -1, "task.max.concurrency": max_concurrency}
+    d = TestDriver(AsksAfterComplete, inputs={"a": 1}, config=config, engine=engine)
+    d.send("a", "x")
+    d.send("a", "commit")
+    assert d.committed_offset("a") == 1
+    d.send("a", "stop")
+    assert not d.running
+    result = d.close()
+    assert result is not None and result.reason == "shutdown"
+
+
+@pytest.mark.parametrize("second", ["twice", "then fail"])
+def test_a_second_resolution_in_the_same_call_is_an_error(engine: str, second: str) -> None:  # rule 17
+    d = TestDriver(AsksAfterComplete, inputs={"a": 1}, engine=engine)
+    d.send("a", "x")
+    with pytest.raises(tailrace.CallbackError, match="second time"):
+        d.send("a", second)
+    assert not d.running
