@@ -119,7 +119,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         st = TR_ENOMEM;
         uint32_t wsize = pow2_at_least(T->limit);
         T->spart = calloc(wsize, sizeof *T->spart);
-        if (!T->spart)
+        T->sseen = calloc(wsize, 1);
+        if (!T->spart || !T->sseen)
             goto fail;
         T->smask = wsize - 1;
         if (T->flags & TR_TASK_POOL) {
@@ -226,6 +227,7 @@ static void loop_free(tr_loop *L) {
             free(T->infl);
             free(T->pitem);
             free(T->spart);
+            free(T->sseen);
             free(T->bkey);
             free(T->bcount);
             free(T->skey);

@@ -165,6 +165,12 @@ typedef struct task {
     /* the partition of each outstanding seq: spart[seq & smask] (the sequencer's
      * tags hold the read position and the handle, each a full 64-bit word) */
     uint32_t *spart;
+    /* sseen[seq & smask]: the loop has popped seq's completion (a CQ_DONE item,
+     * or complete_local). Release stops at the first seq not seen, even one the
+     * sequencer holds completed: a completion still queued (completions from
+     * other threads arrive out of order) must never find the slots of its seq
+     * (spart, skey, infl) reused by a later seq (trl_release_task) */
+    uint8_t *sseen;
     uint64_t smask;
     uint64_t redo_from;
     uint32_t redo_count;

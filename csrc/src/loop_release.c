@@ -59,16 +59,23 @@ void trl_release_task(tr_loop *L, uint32_t t, int all) {
     for (;;) {
         if (T->commit_hold && !all)
             break;
-        /* Release no more than the loop has popped completions of this task: a
+        /* Release only seqs whose completions the loop has popped, in order: a
          * seq completed in the sequencer whose queue item is still in a worker's
          * buffer or in the queue stays outstanding, so a task never has more
-         * queue items than its window (the bound in tr_loop_create). */
-        uint64_t allow = T->completions - T->seq_released;
+         * queue items than its window (the bound in tr_loop_create), and that
+         * item, once popped, still finds its seq's slots (see task.sseen; a
+         * count of popped completions let a later seq's completion stand for
+         * it: its callback-timeout slot was then marked done by the earlier
+         * seq's item and the timeout never fired) */
+        size_t allow = 0;
+        while (allow < 64 && T->sseen[(T->seq_released + allow) & T->smask])
+            allow++;
         if (allow == 0)
             break;
-        size_t n = tr_sequencer_release(T->seq, buf, allow < 64 ? (size_t)allow : 64);
+        size_t n = tr_sequencer_release(T->seq, buf, allow);
         T->seq_released += n;
         for (size_t i = 0; i < n; i++) {
+            T->sseen[buf[i].seq & T->smask] = 0;
             uint32_t p = T->spart[buf[i].seq & T->smask];
             uint64_t pos = buf[i].tag_a;
             bump(&T->completed);
@@ -125,6 +132,7 @@ void trl_drain_completions(tr_loop *L) {
             task *T = &L->tasks[t];
             if (kind == CQ_DONE) {
                 T->completions++;
+                T->sseen[items[i].b & T->smask] = 1;
                 if (T->keyed)
                     trl_key_free(L, t, items[i].b);
                 if (T->infl)
@@ -334,6 +342,7 @@ tr_status tr_loop_complete_local(tr_loop *L, uint32_t t, uint64_t seq, uint32_t 
     if (st != TR_OK)
         return st;
     T->completions++;
+    T->sseen[seq & T->smask] = 1;
     if (T->keyed)
         trl_key_free(L, t, seq);
     if (T->infl)

@@ -716,3 +716,49 @@ def test_coroutines_that_ignore_cancellation_cost_one_grace_for_all_tasks(
     result = c.run()
     assert result.reason == "stop"
     assert time.monotonic() - began < 0.3 + 0.1 + 0.5 + 0.6  # one grace, not four (2 s)
+
+
+class MixedSleeps(AsyncStreamTask):
+    """Completions on both threads: coroutines that finish without suspending complete on
+    the dispatch thread, the others on the asyncio loop's; "hang" never finishes in time."""
+
+    async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        kind = envelope.message
+        if kind == "commit":
+            coordinator.commit(Scope.CURRENT_TASK)
+        elif kind == "hang":
+            await asyncio.sleep(30)
+        elif kind:
+            await asyncio.sleep(kind / 1000)
+
+
+def test_a_callback_timeout_fires_when_completions_of_both_threads_interleave(engine: str) -> None:
+    # rule 16: a coroutine past task.callback.timeout.ms fails the run. The C loop released a
+    # message once it had seen as many completions as messages before it: an inline completion
+    # could stand for an earlier one still on its way from the asyncio thread, whose late
+    # arrival then marked a later message's timeout slot done. That message's timeout never
+    # fired (the adapter had cancelled its coroutine) and the run hung: about one run in five
+    messages = [[0, "commit", 5, "hang", 1], [None, 5, None, 0]]
+    config = {
+        "task.max.concurrency": 2,
+        "task.commit.ms": 20,
+        "task.input.buffer.size": 2,
+        "task.callback.timeout.ms": 100,
+        "task.shutdown.ms": 200,
+    }
+    for _ in range(12):
+        system = MemorySystem().add_stream("a", [messages[0]]).add_stream("b", [messages[1]])
+        c = Container(MixedSleeps, inputs=["mem.a", "mem.b"], systems=[system], engine=engine, config=config)
+        box: dict[str, BaseException] = {}
+
+        def run(c: Container = c, box: dict[str, BaseException] = box) -> None:
+            try:
+                c.run()
+            except BaseException as e:  # noqa: BLE001 - checked below
+                box["error"] = e
+
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        th.join(10)
+        assert not th.is_alive(), "the run hung: the timed-out callback's timeout never fired"
+        assert isinstance(box.get("error"), CallbackTimeoutError), box
