@@ -427,6 +427,7 @@ void trl_process_dirty(tr_loop *L);
 void trl_drain_completions(tr_loop *L);
 void trl_fire_timers(tr_loop *L);
 void trl_arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p);
+void tr_loop_invoked_at(tr_loop *L, uint32_t t, uint64_t seq, int64_t ns);
 uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
                       uint64_t *handle_out);
 uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget);

@@ -814,7 +814,10 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
     L->handed++;
     L->chain = 0;
     if (op->kind == TR_OP_PROCESS) {
-        L->tasks[op->task].queued--;
+        task *T = &L->tasks[op->task];
+        T->queued--;
+        if (T->infl) /* invoked now (rule 16: its timeout counts from here) */
+            tr_loop_invoked_at(L, op->task, op->seq, trl_now(L));
     } else if (op->kind == TR_OP_RUN) {
         out->count = fill_run(L, op->task, op->count);
         out->partition = L->run_parts[0];
@@ -844,6 +847,8 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
         return 0;
     if (!dispatch_one(L, t, out))
         return 0;
+    if (T->infl) /* invoked now (rule 16: its timeout counts from here) */
+        tr_loop_invoked_at(L, t, out->seq, trl_now(L));
     L->chain++;
     L->handed++;
     L->budget--;

@@ -130,6 +130,14 @@ void trl_fire_timers(tr_loop *L) {
     }
 }
 
+/* A callback's timeout counts from its invocation (rule 16), not from the
+ * build that chose it: the ops before it in the batch may take their time. */
+void tr_loop_invoked_at(tr_loop *L, uint32_t t, uint64_t seq, int64_t ns) {
+    if (t >= L->cfg.ntasks || !L->tasks[t].infl)
+        return;
+    L->tasks[t].infl[seq & L->tasks[t].infl_mask].t0 = ns;
+}
+
 void trl_arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p) {
     task *T = &L->tasks[t];
     inflight *f = &T->infl[seq & T->infl_mask];

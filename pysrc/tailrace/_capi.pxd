@@ -205,6 +205,7 @@ cdef extern from "tailrace/loop.h" nogil:
                                         const uint64_t *items, const uint64_t *handles,
                                         const uint64_t *hashes, size_t n)
     tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq)
+    void tr_loop_invoked_at(tr_loop *loop, uint32_t task, uint64_t seq, int64_t ns)
     tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint32_t completed,
                                uint32_t requests)
     void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state)

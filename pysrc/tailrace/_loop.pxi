@@ -608,6 +608,7 @@ cdef class LoopRunner:
         cdef int req = 0
         cdef bint escaped = False
         cdef uint64_t seq = 0
+        cdef int64_t invoked_ns = 0
         cdef Envelope env
         cdef capi.tr_status st
         cdef Callback cb
@@ -623,6 +624,7 @@ cdef class LoopRunner:
                 cb._rstate = RUN_PENDING
                 if self._cb_timeout_s > 0:
                     cb._late_after = _time.monotonic() + self._cb_timeout_s
+                    invoked_ns = self._loop_now()
                 try:
                     process(env, collector, cb._coordinator, cb)
                 except Exception as e:
@@ -646,6 +648,8 @@ cdef class LoopRunner:
                     # no GIL release from here to the end of this block: no
                     # other thread can resolve cb while it changes hands
                     check(capi.tr_loop_run_escape(self._loop, t, consumed, &seq), "run")
+                    if self._cb_timeout_s > 0:  # its callback timeout counts from its call (rule 16)
+                        capi.tr_loop_invoked_at(self._loop, t, seq, invoked_ns)
                     escaped = True
                     cb._seq = seq
                     cb._rstate = 0
@@ -1015,6 +1019,12 @@ cdef class LoopRunner:
     def waker(self, uint32_t task, uint32_t partition):
         """A callable for PartitionReader.start: new input may be ready (any thread)."""
         return _Waker(self, task, partition)
+
+    cdef inline int64_t _loop_now(self):
+        """The loop's clock (ns): the run's manual clock, or CLOCK_MONOTONIC."""
+        if self._clock is not None:
+            return capi.tr_manual_clock_read(&self._manual_clock)
+        return capi.tr_now_ns()
 
     def clock_time_of(self, int64_t ns):
         """The run's time (``clock.time()``, epoch seconds) when the loop's clock read ``ns``:

@@ -306,3 +306,25 @@ def test_fail_then_raise_reports_the_first_resolution(engine: str) -> None:
         run_job(engine, Task, bounded([[0, 1, 2]]))
     assert info.value.offset == 1
     assert isinstance(info.value.__cause__, Boom) and str(info.value.__cause__) == "e1"
+
+
+@pytest.mark.parametrize("slow_first", [3, 4])
+def test_a_callback_timeout_counts_from_the_call_not_from_the_batch(engine: str, slow_first: int) -> None:
+    # rule 16: "a callback not completed within task.callback.timeout.ms". The C loop started
+    # the clock of a callback when it built the batch that held it: the messages before it in
+    # the batch (here each completes inside its own call after 70 ms, within the 200 ms) were
+    # charged to it, and a callback completed 5 ms after its call failed as timed out
+    def complete_later(callback: Any) -> None:
+        time.sleep(0.005)
+        callback.complete()
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if envelope.offset < slow_first:
+                time.sleep(0.07)
+                callback.complete()
+            else:
+                threading.Thread(target=complete_later, args=(callback,)).start()
+
+    result, _ = run_job(engine, Task, bounded([list(range(slow_first + 3))]), task_callback_timeout_ms=200)
+    assert result.reason == "end_of_stream" and result.processed == slow_first + 3

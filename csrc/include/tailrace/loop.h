@@ -303,6 +303,11 @@ tr_status tr_loop_run_done(tr_loop *loop, uint32_t task, uint32_t consumed, uint
  * one is outstanding now, with sequence number *seq (complete / complete_local
  * / fail resolve it, as for a PROCESS op). TR_EINVAL when no run is open. */
 tr_status tr_loop_run_escape(tr_loop *loop, uint32_t task, uint32_t consumed, uint64_t *seq);
+/* Loop thread, right after run_escape: the escaped message's call began when
+ * the loop's clock read `ns` (its callback timeout counts from there: rule 16;
+ * a PROCESS op's counts from when next_op handed it out). No-op without
+ * callback timeouts. */
+void tr_loop_invoked_at(tr_loop *loop, uint32_t task, uint64_t seq, int64_t ns);
 /* Any thread: resolve callback `seq` of `task` as completed, with the
  * coordinator requests made for that message. TR_OK (this call won),
  * TR_EALREADY (resolved before: rule 17), TR_EUNKNOWN, TR_EINVAL. */
