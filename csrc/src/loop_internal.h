@@ -252,8 +252,6 @@ static inline void key_hold(task *T, uint64_t h) {
     T->bcount[i]++;
 }
 
-void trl_key_release(task *T, uint64_t h);
-
 typedef struct hent {
     int64_t when;
     uint32_t task;
@@ -376,6 +374,14 @@ static inline void bump_n(_Atomic uint64_t *c, uint64_t n) {
     atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) + n, TR_RELAXED);
 }
 
+/* The keys-in-flight gauge of a keyed task: single writer (the loop thread);
+ * relaxed, a metric read by any thread. */
+static inline void kinflight_add(task *T, int32_t d) {
+    atomic_store_explicit(&T->kinflight,
+                          (uint32_t)((int32_t)atomic_load_explicit(&T->kinflight, TR_RELAXED) + d),
+                          TR_RELAXED);
+}
+
 /* a pool op handed back unrun was not processed after all (see CQ_UNRUN) */
 static inline void unbump_n(_Atomic uint64_t *c, uint64_t n) {
     atomic_store_explicit(c, atomic_load_explicit(c, TR_RELAXED) - n, TR_RELAXED);
@@ -427,7 +433,6 @@ void trl_process_dirty(tr_loop *L);
 void trl_drain_completions(tr_loop *L);
 void trl_fire_timers(tr_loop *L);
 void trl_arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p);
-void tr_loop_invoked_at(tr_loop *L, uint32_t t, uint64_t seq, int64_t ns);
 uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
                       uint64_t *handle_out);
 uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget);

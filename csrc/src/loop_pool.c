@@ -239,10 +239,7 @@ int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
         }
         if (W->budget)
             W->budget--;
-        /* single writer: the task's one worker */
-        atomic_store_explicit(&L->tasks[t].invoked,
-                              atomic_load_explicit(&L->tasks[t].invoked, TR_RELAXED) + 1,
-                              TR_RELAXED);
+        bump(&L->tasks[t].invoked); /* single writer here: the task's one worker */
         return 1;
     }
 }

@@ -50,6 +50,20 @@ static void key_release(tr_loop *L, uint32_t t, uint32_t p, uint64_t pos) {
     }
 }
 
+/* The loop has seen seq's completion (its CQ_DONE item, or complete_local):
+ * it may be released (task.sseen), its key is free (rule 30), its callback
+ * timeout no longer runs. */
+static void completion_seen(tr_loop *L, uint32_t t, uint64_t seq) {
+    task *T = &L->tasks[t];
+    T->completions++;
+    T->sseen[seq & T->smask] = 1;
+    if (T->keyed)
+        trl_key_free(L, t, seq);
+    if (T->infl)
+        T->infl[seq & T->infl_mask].done = 1;
+    trl_mark_dirty(L, t);
+}
+
 /* Release T's contiguous completed prefix into its watermarks (rule 12). Stops
  * right after a completion carrying a commit request and holds the rest until
  * that commit has run (rule 15), unless `all` (the final commit). */
@@ -131,13 +145,7 @@ void trl_drain_completions(tr_loop *L) {
             }
             task *T = &L->tasks[t];
             if (kind == CQ_DONE) {
-                T->completions++;
-                T->sseen[items[i].b & T->smask] = 1;
-                if (T->keyed)
-                    trl_key_free(L, t, items[i].b);
-                if (T->infl)
-                    T->infl[items[i].b & T->infl_mask].done = 1;
-                trl_mark_dirty(L, t);
+                completion_seen(L, t, items[i].b);
             } else if (kind == CQ_UNRUN) {
                 /* a pool op the worker did not run: its seq joins the tail */
                 if (T->redo_count == 0)
@@ -230,8 +238,7 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             key_hold(T, h);
             T->skey[*seq & T->smask] = h;
             atomic_store_explicit(&T->sdisp[*seq & T->smask], L->now, TR_RELAXED); /* metric */
-            atomic_store_explicit(&T->kinflight,
-                                  atomic_load_explicit(&T->kinflight, TR_RELAXED) + 1, TR_RELAXED);
+            kinflight_add(T, 1);
             esc_part = p;
             esc_pos = pos;
         }
@@ -341,13 +348,7 @@ tr_status tr_loop_complete_local(tr_loop *L, uint32_t t, uint64_t seq, uint32_t 
     tr_status st = tr_sequencer_complete(T->seq, seq, trl_seq_flags(requests));
     if (st != TR_OK)
         return st;
-    T->completions++;
-    T->sseen[seq & T->smask] = 1;
-    if (T->keyed)
-        trl_key_free(L, t, seq);
-    if (T->infl)
-        T->infl[seq & T->infl_mask].done = 1;
-    trl_mark_dirty(L, t);
+    completion_seen(L, t, seq);
     return TR_OK;
 }
 

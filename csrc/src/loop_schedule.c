@@ -296,9 +296,7 @@ static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t 
     if (pos != P->head)
         T->kahead++;
     key_hold(T, h);
-    /* relaxed: a metric, single writer */
-    atomic_store_explicit(&T->kinflight, atomic_load_explicit(&T->kinflight, TR_RELAXED) + 1,
-                          TR_RELAXED);
+    kinflight_add(T, 1);
     if (pos == P->head) {
         P->head++;
         while (P->head != P->tail && (P->kst[P->head & P->mask] & KS_TAKEN)) {
@@ -337,7 +335,7 @@ static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t 
  * is left. Emptying a slot shifts back the entries after it that probed past
  * it (linear probing keeps every entry reachable from its key_slot with no
  * empty slot between). */
-void trl_key_release(task *T, uint64_t h) {
+static void key_unhold(task *T, uint64_t h) {
     uint32_t i = key_find(T, h);
     if (T->bcount[i] == 0 || --T->bcount[i] != 0)
         return; /* (not held cannot happen) */
@@ -357,10 +355,9 @@ void trl_key_release(task *T, uint64_t h) {
 /* Loop thread: the loop saw seq's completion: its key is free again (rule 30). */
 void trl_key_free(tr_loop *L, uint32_t t, uint64_t seq) {
     task *T = &L->tasks[t];
-    trl_key_release(T, T->skey[seq & T->smask]);
+    key_unhold(T, T->skey[seq & T->smask]);
     T->kblocked = 0;
-    atomic_store_explicit(&T->kinflight, atomic_load_explicit(&T->kinflight, TR_RELAXED) - 1,
-                          TR_RELAXED);
+    kinflight_add(T, -1);
 }
 
 /* Pop T's next message (round robin over its partitions) and acquire its seq.
@@ -764,9 +761,8 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
         task *T = &L->tasks[op->task];
         unbump_n(&T->processed, 1);
         unbump_n(&L->chosen, 1);
-        if (T->keyed) /* relaxed: a metric, single writer (see take_keyed) */
-            atomic_store_explicit(&T->kinflight,
-                                  atomic_load_explicit(&T->kinflight, TR_RELAXED) - 1, TR_RELAXED);
+        if (T->keyed)
+            kinflight_add(T, -1);
     }
     if (L->internal != TR_OK && result == TR_OK)
         result = L->internal;

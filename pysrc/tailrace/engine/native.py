@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +29,7 @@ from ..clock import Clock, ManualClock
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
-from .timers import TimerHeap
+from .timers import TimerHeap, before_window
 from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.native")
@@ -39,9 +38,6 @@ log = logging.getLogger("tailrace.engine.native")
 # only; virtual time has none (ManualClock.reading_at puts the C deadline on the first
 # nanosecond at which time() reaches a timer, so a timer never fires early)
 _TIMER_SLACK = 0.0002
-# on real time, a timer due less than this before a window (seconds) is due with it, and the
-# window runs first (as on the reference engine; virtual time compares exactly)
-_SAME_INSTANT = 1e-6
 
 
 class _Timers:
@@ -311,11 +307,7 @@ class NativeEngine:
         limit = clock.time() + self._timer_slack
         not_before = 0
         if window_ns is not None:
-            if isinstance(clock, ManualClock):  # exactly what time() read then
-                before = math.nextafter(clock.time_at(window_ns), -math.inf)
-            else:
-                before = self._runner.clock_time_of(window_ns) - _SAME_INSTANT
-            limit = min(limit, before)
+            limit = min(limit, before_window(clock, window_ns, self._runner.clock_time_of(window_ns)))
             not_before = window_ns
         for key, fn in self._timers[i].pop_due(limit, not_before):
             coordinator = Coordinator()

@@ -85,13 +85,13 @@ from typing import Any
 
 from .._core import COMMIT_ALL, COMMIT_CURRENT, SHUTDOWN_ALL, SHUTDOWN_CURRENT, Coordinator, Envelope
 from ..api import hook
-from ..clock import Clock, ManualClock
+from ..clock import Clock
 from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..ordering import key_identity
 from ..types import Offset, SystemStreamPartition
-from .timers import TimerHeap
+from .timers import TimerHeap, before_window
 from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.reference")
@@ -108,11 +108,6 @@ _RUN_MAX = 64
 # input buffer: decoded messages then wait briefly enough to be processed while still in the
 # CPU cache (on bench/e2e.py's file job, 4 tasks, buffers of 1024 cost ~20% more CPU than 256)
 _RUN_FILL = 256
-# on real time, a context.schedule timer due less than this before a window (seconds) is due
-# with it, and the window runs first (ReferenceEngine._run_hooks): epoch seconds are ~0.24 us
-# apart, so the two clocks' readings cannot order instants closer than that (virtual time
-# compares exactly)
-_SAME_INSTANT = 1e-6
 
 
 def _after(now: float, seconds: float) -> float:
@@ -791,15 +786,9 @@ class ReferenceEngine:
         failed, the rest waits: for the loop's next pass, or forever once stopping."""
         wall = self._clock.time()
         if t.window_due:
-            clock = self._clock
-            if isinstance(clock, ManualClock):
-                # virtual time: what time() read when the window fell due, exactly; a timer
-                # at that very time is due with it (as on the C engine)
-                before = math.nextafter(clock.time_at(round(t.window_due_at * 1e9)), -math.inf)
-            else:
-                # the window's due time on the timers' clock (epoch seconds); a timer due
-                # less than _SAME_INSTANT before it counts as due with it
-                before = wall - (clock.monotonic() - t.window_due_at) - _SAME_INSTANT
+            clock = self._clock  # (window_due_at: monotonic seconds on the ns grid, _after)
+            window_time = wall - (clock.monotonic() - t.window_due_at)
+            before = before_window(clock, round(t.window_due_at * 1e9), window_time)
             if self._run_timers(t, before) and self._hooks_cut(t):
                 return True
             t.window_due = False

@@ -9,8 +9,27 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
+
+from ..clock import Clock, ManualClock
+
+# on real time, a context.schedule timer due less than this before a window (seconds) is due
+# with it, and the window runs first: epoch seconds are ~0.24 us apart, so the two clocks'
+# readings cannot order instants closer than that (virtual time compares exactly)
+_SAME_INSTANT = 1e-6
+
+
+def before_window(clock: Clock, window_ns: int, window_time: float) -> float:
+    """The latest timer time (epoch seconds, as ``clock.time()``) that runs before a window
+    that fell due when the clock's ``monotonic()`` read ``window_ns`` (rules 8, 23: in the
+    order they fell due, the window first at one instant). ``window_time`` is ``time()`` at
+    that instant as the engine estimates it, used on real time only; on virtual time the
+    clock gives it exactly, so a timer at ``now + 0.05`` is at a 50 ms window's instant."""
+    if isinstance(clock, ManualClock):
+        return math.nextafter(clock.time_at(window_ns), -math.inf)
+    return window_time - _SAME_INSTANT
 
 
 class TimerHeap:
