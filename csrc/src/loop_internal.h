@@ -73,7 +73,7 @@
 #define POOL_BATCH 64u                  /* items a worker pops from its queue at once */
 #define POOL_PEND 256u                  /* completions a worker buffers before one bulk push */
 #define POOL_BUDGET 1024u               /* ops per run_pool_batch call (lock hold) */
-#define POOL_FLUSH_NS 1000000LL         /* push buffered completions at least this often */
+#define POOL_FLUSH_NS 1000000LL         /* a completion older than this is pushed at the next one */
 #define WORKER_EXIT_GRACE_NS 50000000LL /* idle workers exit at a stop within this */
 /* Pool worker items (tailrace/encoding.h): a = kind << 56 | task, b = seq; the
  * message item is the task's pitem[seq & pmask], written by the loop before the

@@ -5,7 +5,9 @@
  * window of sequence numbers, through the worker's own MPSC queue (the loop is
  * its only producer). The worker runs them with the runtime lock held once per
  * run_pool_batch and reports completions back through the loop's completion
- * queue, buffered (up to POOL_PEND) into one bulk push.
+ * queue, buffered (up to POOL_PEND) into one bulk push; with callback timeouts
+ * on, a worker pushes what it buffered before it starts its next call (the loop
+ * times each callback by the completions it has popped).
  *
  * Queue bounds, and who may block where:
  *   - worker queue: at most one W_RUN item per outstanding seq of its tasks,
@@ -237,6 +239,12 @@ int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
             pool_note(L, W, CQ_UNRUN, t, seq);
             continue;
         }
+        /* With callback timeouts, the loop must hear of every completion before
+         * this worker starts another call: a completion buffered behind a long
+         * call would look unfinished at its deadline (rule 16: a callback that
+         * completed in time failed, and the error named it, not the late one). */
+        if (W->npend && L->cfg.callback_timeout_ns > 0)
+            pool_flush(L, W);
         if (W->budget)
             W->budget--;
         bump(&L->tasks[t].invoked); /* single writer here: the task's one worker */

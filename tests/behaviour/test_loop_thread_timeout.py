@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tailrace import CallbackTimeoutError, StreamTask
+from tailrace import CallbackTimeoutError, MemorySystem, StreamTask
 
-from .helpers import bounded, run_job
+from .helpers import bounded, run_job, start
 
 
 def test_slow_sync_call_on_loop_thread_fails_and_warns_while_running(
@@ -52,3 +52,58 @@ def test_fast_sync_calls_with_a_timeout_pass(engine: str) -> None:
 
     result, _ = run_job(engine, Task, bounded([list(range(500))]), **{"task.callback.timeout.ms": 5000})
     assert result.processed == 500
+
+
+def test_time_queued_for_a_pool_thread_counts_toward_the_timeout(engine: str) -> None:
+    """docs/running-jobs.md: the deadline counts from hand-out (rule 16, as Samza), so a
+    message that waits behind a slow call for the one pool thread times out although its
+    own call is short."""
+    ran: list[tuple[int, float]] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            took = {0: 0.7, 1: 0.5}.get(envelope.offset, 0.0)
+            time.sleep(took)
+            ran.append((envelope.offset, took))
+
+    with pytest.raises(CallbackTimeoutError) as info:
+        run_job(
+            engine,
+            Task,
+            bounded([list(range(4))]),
+            **{
+                "task.callback.timeout.ms": 1000,
+                "job.container.thread.pool.size": 1,
+                "task.max.concurrency": 2,
+            },
+        )
+    assert info.value.offset == 1, info.value  # 0.7 s queued + 0.5 s of its own: past 1 s
+    assert ran[:1] == [(0, 0.7)]  # offset 1 was still in its call at its deadline
+
+
+def test_a_call_that_completed_in_time_is_not_timed_out_behind_a_later_one(engine: str) -> None:
+    """Rule 16 on the pool: offset 0 completes at 0.6 s (timeout 1 s); offset 1, handed
+    out at ~0.4 s, runs on the same pool thread until ~1.1 s, inside its own deadline
+    (~1.4 s). Nothing times out. (The C pool buffered offset 0's completion behind the
+    second call, so the loop saw it unfinished at its deadline and failed the run.)"""
+    system = MemorySystem().add_live_stream("in", 1)
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            time.sleep({0: 0.6, 1: 0.5}.get(envelope.offset, 0.0))
+
+    bg, _ = start(
+        engine,
+        Task,
+        system,
+        **{
+            "task.callback.timeout.ms": 1000,
+            "job.container.thread.pool.size": 1,
+            "task.max.concurrency": 2,
+        },
+    )
+    system.append("in", 0, "a")
+    time.sleep(0.4)
+    system.append("in", 0, "b")
+    system.end("in")
+    assert bg.join().processed == 2
