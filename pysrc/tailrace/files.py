@@ -21,7 +21,10 @@ of the file that end with that line) in
 ``<path>/.tailrace-fingerprints/<stream>/partition-N.jsonl``, and a restart
 verifies it before seeking (see :func:`verify_fingerprint`).
 
-Inputs are bounded: a partition ends at the end of its file. A reader has no
+Inputs are bounded: a partition ends at the end of its file, which also ends a last
+line without a newline; such a line's fingerprint is recorded as soon as it is
+committed, ending where it ended, so that bytes appended to it later (a different
+line at that offset) are refused at restart, not skipped. A reader has no
 thread: the engine's ``poll`` (on its loop thread) reads the next chunk, splits it
 into lines and decodes at most ``read_ahead`` messages, so an input never holds
 more than one chunk of bytes, and a slow task simply polls less (rule 6).
@@ -149,23 +152,36 @@ def fingerprint_path(path: Path) -> Path:
     return path.parent.parent / ".tailrace-fingerprints" / path.parent.name / path.name
 
 
-def _line_fingerprint(f: BinaryIO, offset: int) -> tuple[int, str] | None:
-    """(end of the line starting at ``offset``, SHA-256 of the window ending there), or
-    None when no whole line starts there."""
-    f.seek(offset)
-    line = f.readline()
-    if not line.endswith(b"\n"):
-        return None
-    end = offset + len(line)
+def _window_digest(f: BinaryIO, end: int) -> str:
+    """SHA-256 of the up to FINGERPRINT_BYTES bytes of ``f`` that end at ``end``."""
     start = max(0, end - FINGERPRINT_BYTES)
     f.seek(start)
-    return end, sha256(f.read(end - start)).hexdigest()
+    return sha256(f.read(end - start)).hexdigest()
 
 
-def record_fingerprint(path: Path, offset: int) -> None:
-    """Record the fingerprint of the line of ``path`` starting at ``offset`` (OSError on failure)."""
+def _line_fingerprint(f: BinaryIO, offset: int) -> tuple[int, str] | None:
+    """(end of the line starting at ``offset``, SHA-256 of the window ending there), or
+    None when no line starts there. The last line of the file counts without its newline
+    (the reader reads it as a line at the end of the file)."""
+    f.seek(offset)
+    line = f.readline()
+    if not line:
+        return None
+    end = offset + len(line)
+    return end, _window_digest(f, end)
+
+
+def record_fingerprint(path: Path, offset: int, end: int | None = None) -> None:
+    """Record the fingerprint of the line of ``path`` starting at ``offset`` (OSError on
+    failure). ``end``: where that line ended when it was read, for a last line read without
+    a newline (bytes appended since must not count as part of it)."""
     with open(path, "rb") as f:
-        got = _line_fingerprint(f, offset)
+        if end is None:
+            got = _line_fingerprint(f, offset)
+        elif end <= os.fstat(f.fileno()).st_size:
+            got = end, _window_digest(f, end)
+        else:
+            got = None
     if got is None:
         return
     end, digest = got
@@ -188,7 +204,24 @@ def verify_fingerprint(path: Path, f: BinaryIO, ssp: SystemStreamPartition, afte
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("%s: unreadable fingerprint %s (%s): not checked", path, fp_file, e)
         return
-    got = _line_fingerprint(f, offset) if end <= os.fstat(f.fileno()).st_size else None
+    size = os.fstat(f.fileno()).st_size
+    got = _line_fingerprint(f, offset) if end <= size else None
+    if got == (end, digest):
+        return
+    if got is not None and got[0] > end and _window_digest(f, end) == digest:
+        # the bytes up to the line's end are the same, but the line goes on: it was the
+        # file's last line, read without a newline, and was extended since
+        f.seek(end)
+        if got[0] == end + 1 and f.read(1) == b"\n":
+            return  # only its newline was added: the same line
+        raise InputError(
+            f"partition {ssp.partition} ({ssp}): the line at byte offset {offset} was the last line of "
+            f"the file, without a newline, when it was processed and committed (offset {after}); bytes "
+            f"were appended to that line since (it now ends at byte offset {got[0]}), so what was "
+            "processed is not the line there now. End every line with a newline when appending; "
+            "restore the file, or reset the checkpoints to read it from its start",
+            source=str(path),
+        )
     if got != (end, digest):
         raise InputError(
             f"partition {ssp.partition} ({ssp}): the file was replaced or rewritten since the checkpoint "
@@ -243,6 +276,9 @@ class FileReader(PartitionReader):
         self._fingerprint_warned = False
         self._fingerprinted: int | None = None  # offset of the last fingerprint recorded
         self._fingerprinted_at = -FINGERPRINT_INTERVAL_S
+        # (offset, end) of the file's last line when it was read without a newline: its
+        # fingerprint is recorded at once when it is committed, ending where it ended then
+        self._open_line: tuple[int, int] | None = None
 
     # -- engine side (loop thread) ---------------------------------------------
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
@@ -298,6 +334,7 @@ class FileReader(PartitionReader):
             if not chunk:
                 self._eof = True
                 if self._tail:  # a last line without a newline
+                    self._open_line = (pos, pos + len(self._tail))
                     self._data = self._tail + b"\n"
                     self._end = len(self._data)
                     self._tail = b""
@@ -369,11 +406,15 @@ class FileReader(PartitionReader):
         if isinstance(offset, bool) or not isinstance(offset, int) or offset == self._fingerprinted:
             return
         now = time.monotonic()
-        if now - self._fingerprinted_at < FINGERPRINT_INTERVAL_S:
+        # a last line read without a newline: recorded at once, ending where it ended then,
+        # so that a restart can tell that line from one extended since
+        line = self._open_line
+        open_end = line[1] if line is not None and offset == line[0] else None
+        if now - self._fingerprinted_at < FINGERPRINT_INTERVAL_S and open_end is None:
             return  # an older fingerprint is still true; about 0.5 ms each, so at most one a second
         self._fingerprinted, self._fingerprinted_at = offset, now
         try:
-            record_fingerprint(self.path, offset)
+            record_fingerprint(self.path, offset, open_end)
         except OSError as e:
             if not self._fingerprint_warned:
                 self._fingerprint_warned = True

@@ -58,3 +58,44 @@ def test_a_rewritten_prefix_is_refused_even_when_the_committed_line_is_unchanged
     r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
     assert r.returncode == 1
     assert "was replaced or rewritten since the checkpoint" in r.stderr
+
+
+def _values(tmp_path: Path) -> list[str]:
+    return [m["v"] for m in read_stream(tmp_path / "data" / "out")[0]]
+
+
+def test_a_last_line_without_a_newline_is_read_and_a_rerun_stays_exact(engine: str, tmp_path: Path) -> None:
+    """A file whose last line has no newline: that line is a message (bounded input); a
+    rerun with nothing new reads nothing, and one newline added later is the same line."""
+    job = write_job(tmp_path, lines=_lines(range(3)).rstrip("\n"))
+    src = tmp_path / "data" / "in" / "partition-0.jsonl"
+    assert run_cli(["run", str(job), "--engine", engine, "--no-progress"]).returncode == 0
+    assert _values(tmp_path) == ["000000", "000001", "000002"]
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    with open(src, "a") as f:
+        f.write("\n" + _lines(range(3, 5)))
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert _values(tmp_path) == [f"{v:06d}" for v in range(5)]
+
+
+def test_bytes_appended_to_a_last_line_read_without_a_newline_are_refused(
+    engine: str, tmp_path: Path
+) -> None:
+    """A writer appended half a line, a run read it as the file's last line and committed it;
+    the rest of that line arrived later. Resuming past that line would silently lose the
+    whole line as written: the restart refuses, naming the line."""
+    text = tmp_path / "data" / "in" / "partition-0.txt"
+    job = write_job(tmp_path, lines="")
+    (tmp_path / "data" / "in" / "partition-0.jsonl").unlink()
+    text.write_text("hello\nwor")
+    assert run_cli(["run", str(job), "--engine", engine, "--no-progress"]).returncode == 0
+    assert read_stream(tmp_path / "data" / "out")[0] == ["hello", "wor"]
+    with open(text, "a") as f:
+        f.write("ld\nagain\n")
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 1, r.stdout
+    assert "partition-0.txt" in r.stderr
+    assert "the line at byte offset 6 was the last line of the file, without a newline" in r.stderr
+    assert read_stream(tmp_path / "data" / "out")[0] == ["hello", "wor"]  # nothing skipped past
