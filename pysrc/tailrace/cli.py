@@ -702,17 +702,22 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
                 source=str(spec.source),
             )
         return _run_local_containers(args, spec, count)
-    member = KafkaMember(
-        KafkaMemberSpec(
-            spec.load_task(),
-            inputs=list(spec.inputs),
-            systems=list(spec.systems.values()),
-            checkpoints=spec.checkpoint_store(),
-            config=spec.config,
-            engine=spec.engine,
-            default_output_system=spec.default_output,
+    try:
+        member = KafkaMember(
+            KafkaMemberSpec(
+                spec.load_task(),
+                inputs=list(spec.inputs),
+                systems=list(spec.systems.values()),
+                checkpoints=spec.checkpoint_store(),
+                config=spec.config,
+                engine=spec.engine,
+                default_output_system=spec.default_output,
+            )
         )
-    )
+    except ConfigError as e:
+        if e.source:
+            raise
+        raise ConfigError(e.reason, key=e.key, allowed=e.allowed, source=str(spec.source)) from e
     view = _MemberView(member)
     if args.metrics_port is not None:
         _serve_prometheus(view, args.metrics_port, args.metrics_host, spec.name)

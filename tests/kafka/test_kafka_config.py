@@ -81,3 +81,51 @@ bootstrap_servers = "127.0.0.1:1"
         load_job(tmp_path)
     assert e.value.key == f"systems.events.{table}.session.timeout.ms", e.value
     assert str(tmp_path / "job.toml") in str(e.value) and "Invalid value" in str(e.value), e.value
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("consumer", "systems.events.consumer.max.poll.interval.ms"),
+        ("config", "systems.events.config.max.poll.interval.ms"),
+        (None, "task.shutdown.ms"),
+    ],
+)
+def test_a_poll_interval_under_the_shutdown_wait_is_named_as_the_job_file_spells_it(
+    tmp_path: Path, table: str | None, key: str
+) -> None:
+    # docs/kafka.md: max.poll.interval.ms must exceed task.shutdown.ms (checked at start);
+    # the refusal names the key with its table and the job file, as every other option's
+    import subprocess
+    import sys
+
+    (tmp_path / "t.py").write_text(
+        "import tailrace\nclass T(tailrace.StreamTask):\n    def process(self, e, c, co): pass\n"
+    )
+    setting = (
+        f'[systems.events.{table}]\n"max.poll.interval.ms" = 20000\n"session.timeout.ms" = 10000\n'
+        if table
+        else ""
+    )
+    shutdown = 30000 if table else 400000  # librdkafka's default poll interval: 300000
+    (tmp_path / "job.toml").write_text(
+        f"""[job]
+name = "k"
+task = "t.py:T"
+inputs = ["events.orders"]
+[config]
+"task.shutdown.ms" = {shutdown}
+[systems.events]
+type = "kafka"
+bootstrap_servers = "127.0.0.1:1"
+{setting}"""
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "tailrace", "run", str(tmp_path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert f"{tmp_path / 'job.toml'}: config key {key!r}: max.poll.interval.ms (" in r.stderr, r.stderr
+    assert "must exceed task.shutdown.ms" in r.stderr

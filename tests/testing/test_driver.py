@@ -776,3 +776,15 @@ def test_a_second_resolution_in_the_same_call_is_an_error(engine: str, second: s
     with pytest.raises(tailrace.CallbackError, match="second time"):
         d.send("a", second)
     assert not d.running
+
+
+def test_end_input_returns_the_result_once_the_run_stopped(engine: str) -> None:
+    """docs/testing.md: end_input() and close() both give the run's result."""
+    d = TestDriver(Recorder, inputs={"in": 1, "other": 1}, engine=engine)
+    d.send_all("in", [1, 2, 3])
+    assert d.end_input("in") is None  # "other" keeps the run going
+    assert d.result is None
+    result = d.end_input("other")
+    assert result is not None and result is d.result
+    assert result.processed == 3
+    assert d.close() is result

@@ -140,11 +140,13 @@ class KafkaMember:
         cfg = self.system.consumer_config()
         max_poll = int(cfg.get("max.poll.interval.ms", 300000))
         if max_poll <= self.config.shutdown_ms:
+            table = self.system.setting_table("max.poll.interval.ms", consumer=True)
             raise ConfigError(
                 f"max.poll.interval.ms ({max_poll}) must exceed task.shutdown.ms "
                 f"({self.config.shutdown_ms}): a revocation waits for outstanding work "
                 "inside the consumer's poll",
-                key="consumer.max.poll.interval.ms",
+                # as the job file spells it: the table it was set in, else task.shutdown.ms
+                key=f"{table}.max.poll.interval.ms" if table else "task.shutdown.ms",
             )
         self.store = spec.checkpoints if spec.checkpoints is not None else MemoryCheckpointStore()
         self._redis = _redis_store(self.store)  # the job's Redis store: its client, keys and leases

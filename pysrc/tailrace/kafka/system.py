@@ -972,6 +972,14 @@ class KafkaSystem(System):
             return f"{table}.{name}"
         return f"systems.{self.name}.config.{name}" if name in self.config else table
 
+    def setting_table(self, name: str, *, consumer: bool) -> str | None:
+        """The job-file table that set librdkafka setting ``name`` (``systems.SYSTEM.consumer``,
+        ``systems.SYSTEM.producer`` or ``systems.SYSTEM.config``), or None when none did."""
+        table = "consumer" if consumer else "producer"
+        if name in (self.consumer_settings if consumer else self.producer_settings):
+            return f"systems.{self.name}.{table}"
+        return f"systems.{self.name}.config" if name in self.config else None
+
     def _check_client_settings(self) -> None:
         """librdkafka's verdict on the settings, now rather than when a client first starts
         (a producer starts only once a container runs): a client of each kind is made and

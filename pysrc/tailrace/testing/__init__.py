@@ -335,13 +335,15 @@ class TestDriver:
         self.settle()
         return offsets
 
-    def end_input(self, stream: str | None = None) -> None:
+    def end_input(self, stream: str | None = None) -> RunResult | None:
         """Mark the end of one input stream (or of all): tasks whose inputs all ended run
-        ``end_of_stream``, and the run stops once every task has."""
+        ``end_of_stream``, and the run stops once every task has. Returns the run's result
+        once it stopped (as :attr:`result`), None while it goes on."""
         self.start()
         for name in [stream] if stream is not None else self._streams:
             self.system.end(name)
         self.settle()
+        return self._result
 
     def advance(self, ms: float) -> None:
         """Move virtual time forward by ``ms`` milliseconds and run what became due: commits,
