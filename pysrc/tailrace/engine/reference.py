@@ -1293,7 +1293,13 @@ class ReferenceEngine:
                 # idle, on its way out: a large pool takes longer than the grace to exit
                 th.join(timeout=max(0.0, idle_deadline - time.monotonic()))
             stuck += th.is_alive()
-        if stuck:
+        if stuck and self._failure is not None:  # a failure waits for no call (rule 19)
+            log.warning(
+                "stopped by an error: %d pool thread(s) still inside process; left running, "
+                "their messages are not committed",
+                stuck,
+            )
+        elif stuck:
             log.warning(
                 "shutdown: %d pool thread(s) still inside process after task.shutdown.ms=%d; "
                 "left running, their messages are not committed",
