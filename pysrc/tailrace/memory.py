@@ -95,24 +95,35 @@ class _LiveReader(PartitionReader):
     def __init__(self, ssp: SystemStreamPartition, part: _LivePartition) -> None:
         super().__init__(ssp)
         self._part = part
+        self._after = -1  # the committed offset resumed after: offsets up to it are skipped (rule 13)
 
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
         p = self._part
         with p.cond:
             if after is not None:
-                if not isinstance(after, int):
+                if isinstance(after, bool) or not isinstance(after, int):
                     raise InputError(
                         f"committed offset {after!r} is not a memory offset", source=str(self.ssp)
                     )
-                while p.items and p.next_offset <= after:
-                    p.items.popleft()
-                    p.next_offset += 1
-                    p.cond.notify_all()
+                self._after = after
+                self._skip_committed()
             p.wakeup = wakeup
+
+    def _skip_committed(self) -> None:
+        """Drop the messages at offsets up to the committed one, whether they were appended
+        before the run started or after it (a log given again after a restart); cond held."""
+        p = self._part
+        if p.next_offset > self._after:
+            return
+        while p.items and p.next_offset <= self._after:
+            p.items.popleft()
+            p.next_offset += 1
+        p.cond.notify_all()  # room for blocked appenders
 
     def poll(self, max_messages: int) -> list[Any]:
         p = self._part
         with p.cond:
+            self._skip_committed()
             n = min(max_messages, len(p.items))
             if n == 0:
                 return []
@@ -128,6 +139,7 @@ class _LiveReader(PartitionReader):
     def at_end(self) -> bool:
         p = self._part
         with p.cond:
+            self._skip_committed()
             return p.ended and not p.items
 
     def close(self) -> None:

@@ -788,3 +788,26 @@ def test_end_input_returns_the_result_once_the_run_stopped(engine: str) -> None:
     assert result is not None and result is d.result
     assert result.processed == 3
     assert d.close() is result
+
+
+def test_a_restart_skips_the_committed_messages_of_a_log_sent_again(engine: str) -> None:
+    """Rule 13, docs/testing.md (the same store for a second driver tests a restart): the log
+    given again with send_all after start resumes after the committed offset, as it does when
+    given through inputs=."""
+    store = tailrace.MemoryCheckpointStore()
+    seen: list[int] = []
+
+    class Task(tailrace.StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            seen.append(envelope.offset)
+
+    with TestDriver(Task, inputs={"in": 1}, engine=engine, checkpoints=store) as d:
+        d.send_all("in", ["m0", "m1", "m2"])
+    assert d.committed_offset("in") == 2 and seen == [0, 1, 2]
+    seen.clear()
+    with TestDriver(Task, inputs={"in": 1}, engine=engine, checkpoints=store) as d2:
+        d2.start()
+        d2.send_all("in", ["m0", "m1", "m2", "m3"])
+        d2.send("in", "m4")
+    assert seen == [3, 4]
+    assert d2.committed_offset("in") == 4
