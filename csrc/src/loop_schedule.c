@@ -925,9 +925,19 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     T->control_kind = CTL_NONE;
     trl_pool_unhold(L, T);
     /* the last task's end of stream ends the run as such, even when its hook also
-     * requested a shutdown (the first reason wins; as the reference engine) */
-    if (T->done)
-        settle_check(L);
+     * requested a shutdown (the first reason wins; as the reference engine). A
+     * task done while the others have all voted or are done stops the run too,
+     * but after the other end-of-stream hooks of this batch: if they leave every
+     * task done, the run ended at end of stream (as the reference engine, which
+     * decides after the hooks that fell due together; build_batch decides) */
+    if (T->done) {
+        if (L->done_count == L->cfg.ntasks) {
+            begin_drain(L, TR_STOP_END_OF_STREAM);
+        } else if (L->settled_count == L->cfg.ntasks) {
+            L->eos_shutdown = 1;
+            L->progress = 1; /* build again at once */
+        }
+    }
     if (requests)
         trl_apply_requests(L, t, requests & TR_REQ_MASK);
     trl_maybe_ready(L, t);

@@ -257,6 +257,43 @@ def test_a_shutdown_requested_by_one_of_the_ends_of_stream_that_fall_due_togethe
         assert result.reason == "end_of_stream"
 
 
+class _VotesOnPartitionOne(StreamTask):
+    """Partition 1 votes shutdown (CURRENT_TASK) on its message; every end_of_stream says so."""
+
+    def init(self, context: Any) -> None:
+        self.p = context.partitions[0].partition
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        if self.p == 1:
+            coordinator.shutdown(Scope.CURRENT_TASK)
+
+    def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+        collector.send("mem.out", f"eos {self.p}")
+
+
+@pytest.mark.parametrize("first", [["x"], ["x", "y"]])
+def test_a_vote_and_ends_of_stream_that_leave_every_task_done_end_the_run_as_end_of_stream(
+    engine: str, first: list[str]
+) -> None:
+    # rules 11, 14: task 1 votes, then every input ends and both end_of_stream hooks run
+    # (due together): every task is done, and no task but 1 voted: the run ended at end of
+    # stream (the C engine said shutdown, deciding at task 0's hook before task 1's ran)
+    for _ in range(5):
+        system = bounded([first, ["vote"]])
+        result, _store = run_job(engine, _VotesOnPartitionOne, system)
+        assert sorted(system.messages("out")) == ["eos 0", "eos 1"]
+        assert result.reason == "end_of_stream"
+
+
+def test_a_vote_after_the_other_task_is_done_ends_the_run_as_shutdown(engine: str) -> None:
+    # rules 11, 14: task 0 has nothing and is done; task 1's vote completes the vote, and
+    # the run stops before its own end_of_stream
+    system = bounded([[], ["vote"]])
+    result, _store = run_job(engine, _VotesOnPartitionOne, system)
+    assert result.reason == "shutdown"
+    assert system.messages("out") == ["eos 0"]
+
+
 def test_a_shutdown_requested_by_an_end_of_stream_stops_the_tasks_still_running(engine: str) -> None:
     # rule 14: shutdown ALL from task 0's end_of_stream stops task 1, whose input has not ended
     system = MemorySystem().add_live_stream("in", 2)
