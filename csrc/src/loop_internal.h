@@ -201,6 +201,9 @@ typedef struct task {
      * relaxed by any thread): the processed metric, where `processed` counts the
      * ops handed to the worker, queued ones included */
     _Atomic uint64_t invoked;
+    /* loop thread only: `invoked` when a window, timer or commit last fell due
+     * (pool tasks; see trl_fire_timers) */
+    uint64_t invoked_at_barrier;
     _Atomic uint32_t done_pub;
     /* TR_TASK_KEYED only: bkey/bcount, the busy keys: an open-addressing set
      * (linear probing from key_slot, backward-shift deletion) of the hashes of

@@ -96,6 +96,16 @@ static int64_t rearm(int64_t when, int64_t period, int64_t now) {
     return next <= now ? now + period : next;
 }
 
+/* A pool task: did its worker start any of its ops since its last barrier fell
+ * due? (relaxed: a count the worker alone writes; a stale read only decides
+ * whether this barrier waits for the ops queued or has them handed back) */
+static int pool_served_since_barrier(task *T) {
+    uint64_t invoked = atomic_load_explicit(&T->invoked, TR_RELAXED);
+    int served = invoked != T->invoked_at_barrier;
+    T->invoked_at_barrier = invoked;
+    return served;
+}
+
 void trl_fire_timers(tr_loop *L) {
     while (L->nheap && L->heap[0].when <= L->now && L->phase != PH_FINISHED) {
         hent e = heap_pop(L);
@@ -107,9 +117,13 @@ void trl_fire_timers(tr_loop *L) {
         if (L->phase != PH_RUNNING || (T->done && e.kind != H_COMMIT))
             continue; /* a done task keeps its commit period (control_kind) */
         /* a pool task's worker hands its queued ops back (a plain tail in seq
-         * order: key_pick takes a pool task's messages in offset order) */
+         * order: key_pick takes a pool task's messages in offset order), so the
+         * barrier runs at once; but not when its worker started none of them
+         * since its last barrier: ops handed back go behind the other tasks'
+         * on the worker, and a task whose turn never came before its next
+         * barrier would never run (rule 5); its queued ops then run first */
         if ((T->flags & TR_TASK_POOL) && (e.kind != H_COMMIT || !L->cfg.async_commit) &&
-            (e.kind != H_USER || e.gen == T->timer_gen))
+            (e.kind != H_USER || e.gen == T->timer_gen) && pool_served_since_barrier(T))
             atomic_store_explicit(&T->hold, 1, TR_RELAXED); /* see task.hold */
         if (e.kind == H_WINDOW) {
             if (!T->window_due)

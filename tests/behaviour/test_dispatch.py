@@ -326,6 +326,37 @@ def test_dispatch_stays_fair_when_commits_are_slow(engine: str) -> None:
     assert longest <= 2 * 64, longest  # a run (at most 64 messages) each, in turn
 
 
+@pytest.mark.parametrize("barrier", ["task_commit_ms", "task_window_ms"])
+def test_tasks_that_share_a_pool_thread_take_turns_between_barriers(engine: str, barrier: str) -> None:
+    # rule 5 on the pool: 4 tasks on 2 pool threads (tasks 0 and 2 on one, 1 and 3 on the
+    # other), commits or windows every 20 ms. A barrier hands a task's queued ops back so it
+    # runs at once, and ops handed back queue behind the other task's: tasks 2 and 3, whose
+    # turn never came before their next barrier, ran only once tasks 0 and 1 ran dry (C)
+    order: list[int] = []
+    lock = threading.Lock()
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            time.sleep(0.0005)
+            with lock:
+                order.append(envelope.partition)
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            pass
+
+    n = 1000
+    run_job(
+        engine,
+        Task,
+        bounded([list(range(n)) for _ in range(4)]),
+        job_container_thread_pool_size=2,
+        **{barrier: 20},
+    )
+    assert sorted(order) == [p for p in range(4) for _ in range(n)]
+    first = order[:1200]  # every partition still has input
+    assert min(first.count(p) for p in range(4)) >= 150, [first.count(p) for p in range(4)]
+
+
 def test_bounded_input_backpressure_with_a_live_source(engine: str) -> None:
     # rule 6: a full buffer stops reading; the producer blocks; nothing is dropped
     release = threading.Event()
