@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from redis_support import RedisServer
 
 from tailrace.redis.system import RedisSystem
@@ -237,3 +238,37 @@ def test_a_refused_login_is_said_so_at_once_without_the_password(tmp_path: Path)
             assert time.monotonic() - began < 20  # not retried as an outage
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize("containers", ["1", "2"])
+def test_file_inputs_with_redis_checkpoints_are_refused_before_anything_runs(
+    redis_server: RedisServer, tmp_path: Path, containers: str
+) -> None:
+    # Redis checkpoints keep Redis stream entry ids: a file job ran to its first commit, failed
+    # there ("980 is not a Redis stream entry id"), and every rerun output everything again
+    (tmp_path / "forward.py").write_text(TASK)
+    (tmp_path / "data" / "in").mkdir(parents=True)
+    (tmp_path / "data" / "in" / "partition-0.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f"""
+[job]
+name = "fr"
+task = "forward.py:Forward"
+inputs = ["files.in"]
+
+[systems.files]
+type = "file"
+path = "data"
+
+[checkpoints]
+type = "redis"
+url = "{redis_server.url}"
+"""
+    )
+    done = run_cli("run", str(job), "--containers", containers)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{job}: config key 'inputs': input 'files.in' is not on a redis system" in done.stderr, (
+        done.stderr
+    )
+    assert not (tmp_path / "data" / "out").exists()

@@ -181,6 +181,7 @@ class Member:
                 system = systems.get(ss.system)
                 if system is None:
                     raise ConfigError(f"input {spec!r} names unknown system {ss.system!r}", key="inputs")
+                _check_redis_input(spec, system)
                 for p in range(system.partitions(ss.stream)):
                     groups.setdefault(p, []).append(SystemStreamPartition(ss.system, ss.stream, p))
             if not groups:
@@ -536,6 +537,18 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
 
 
 # -- the command line (tailrace run JOB [--containers N]) -----------------------------
+def _check_redis_input(name: str, system: System) -> None:
+    """ConfigError unless input ``name`` is on a Redis system: the members' checkpoints are
+    Redis stream entry ids, kept with the partitions' leases."""
+    if not isinstance(system, RedisSystem):
+        raise ConfigError(
+            f"input {name!r} is not on a redis system: Redis checkpoints keep the offsets of Redis "
+            "streams (entry ids) with their leases; a file or memory job keeps its checkpoints in "
+            'SQLite ([checkpoints] type = "sqlite"), a Kafka job in Redis as a Kafka member',
+            key="inputs",
+        )
+
+
 def member_spec_from_job(job: Any, reload: Callable[[], Any]) -> MemberSpec:
     """A MemberSpec for a loaded job file (``tailrace.jobfile.JobSpec``) whose
     ``[checkpoints]`` table has ``type = "redis"``; ``reload()`` loads the job file
@@ -548,6 +561,13 @@ def member_spec_from_job(job: Any, reload: Callable[[], Any]) -> MemberSpec:
             source=str(job.source),
         )
     store.close()
+    for name in job.inputs:
+        system = job.systems.get(name.split(".", 1)[0])
+        if system is not None:
+            try:
+                _check_redis_input(name, system)
+            except ConfigError as e:
+                raise ConfigError(e.reason, key=e.key, source=str(job.source)) from None
     systems = job.tree.get("systems") if isinstance(getattr(job, "tree", None), dict) else None
     for name, table in (systems or {}).items():
         if isinstance(table, dict) and table.get("type") == "redis" and "retry_s" in table:
