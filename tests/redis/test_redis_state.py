@@ -40,6 +40,16 @@ def snapshot(store: RedisCheckpointStore, name: str = "counts", task: str = TASK
     return dict(store.state_scan(task, name))
 
 
+def committed_state(
+    server: RedisServer, store: RedisCheckpointStore, name: str = "counts"
+) -> dict[bytes, bytes]:
+    """The committed entries of a store, read straight from Redis: a store that lost a lease
+    may not read them itself (rule 28)."""
+    _, hkey = store.keys.state(IN0.stream, IN0.partition, "job", TASK, name)
+    with server.client() as c:
+        return {bytes(k): bytes(v) for k, v in c.hgetall(hkey).items()}
+
+
 def steal_lease(server: RedisServer, store: RedisCheckpointStore, ssp: SystemStreamPartition) -> None:
     """Another member takes the partition: the lease now holds another value."""
     with server.client() as c:
@@ -146,8 +156,8 @@ def test_a_commit_of_many_keys_is_batched_and_atomic(redis_server: RedisServer) 
         store.write(TASK, {IN0: "2-0"}, {"big": {k: b"changed" for k in big}, "small": dict.fromkeys(small)})
     with redis_server.client() as c:
         assert c.get(store.keys.checkpoint("in", 0, "job")) == b"1-0"
-    assert snapshot(store, "big") == big
-    assert snapshot(store, "small") == small
+    assert committed_state(redis_server, store, "big") == big
+    assert committed_state(redis_server, store, "small") == small
     store.close()
 
 
@@ -156,7 +166,7 @@ def test_a_commit_moving_an_offset_back_applies_nothing(redis_server: RedisServe
     store.write(TASK, {IN0: "7-0"}, {"counts": {b"a": b"1"}})
     with pytest.raises(FencedError, match="back from 7-0 to 3-5"):
         store.write(TASK, {IN0: "3-5"}, {"counts": {b"a": b"2", b"b": b"1"}})
-    assert snapshot(store) == {b"a": b"1"}
+    assert committed_state(redis_server, store) == {b"a": b"1"}
     assert store.load(TASK)[IN0] == "7-0"
     store.close()
 
@@ -316,6 +326,26 @@ def test_a_sigstopped_zombie_cannot_write_state_after_its_lease_expired(
             proc.wait()
 
 
+def test_a_store_that_lost_its_lease_reads_none_of_its_successor_s_state(redis_server: RedisServer) -> None:
+    # rule 28 for reads: a container paused past its lease, once resumed, reads state through
+    # its store before it notices; its successor has committed since, ahead of the paused
+    # container's position, so a value read there counts messages twice in what it emits
+    store = open_store(redis_server.url, [IN0])
+    store.write(TASK, {IN0: "1-0"}, {"counts": {b"a": b"1", b"b": b"1"}})
+    assert store.state_get(TASK, "counts", b"a") == b"1"
+    steal_lease(redis_server, store, IN0)
+    with redis_server.client() as c:  # the successor's commit
+        _, hkey = store.keys.state("in", 0, "job", TASK, "counts")
+        c.hset(hkey, b"a", b"9")
+    with pytest.raises(FencedError, match=r"no longer held.*refusing to read store 'counts'"):
+        store.state_get(TASK, "counts", b"a")
+    with pytest.raises(FencedError, match="holds no lease"):
+        list(store.state_scan(TASK, "counts"))
+    with pytest.raises(FencedError, match="holds no lease"):  # and it stays fenced
+        store.write(TASK, {IN0: "2-0"}, {"counts": {b"a": b"2"}})
+    store.close()
+
+
 def test_a_lease_that_expired_unclaimed_still_fences(redis_server: RedisServer) -> None:
     # rule 28: no owner at all is not ownership either
     store = open_store(redis_server.url, [IN0])
@@ -324,9 +354,11 @@ def test_a_lease_that_expired_unclaimed_still_fences(redis_server: RedisServer) 
         c.delete(store.keys.lease("in", 0, "job"))
     with pytest.raises(FencedError):
         store.write(TASK, {IN0: "2-0"}, {"counts": {b"a": b"2"}})
-    assert snapshot(store) == {b"a": b"1"}
+    assert committed_state(redis_server, store) == {b"a": b"1"}
     with pytest.raises(FencedError, match="holds no lease"):  # and it stays fenced
         store.write(TASK, {IN0: "2-0"}, {"counts": {b"a": b"2"}})
+    with pytest.raises(FencedError, match="holds no lease"):  # for reads too
+        store.state_get(TASK, "counts", b"a")
     store.close()
 
 
@@ -368,8 +400,8 @@ def test_cluster_layout_keeps_state_and_offsets_in_one_fenced_slot(tmp_path: Pat
         assert snapshot(again) == many
         with pytest.raises(FencedError, match="back from 10-0 to 2-0"):
             again.write(TASK, {side0: "2-0"}, {"counts": {b"00000": b"x"}})
-        assert again.state_get(TASK, "counts", b"00000") == b"v"
         again.fenced.clear()
+        assert again.state_get(TASK, "counts", b"00000") == b"v"
         # the anchor's lease fences the whole task, state and both partitions' offsets
         import redis
 
@@ -377,8 +409,11 @@ def test_cluster_layout_keeps_state_and_offsets_in_one_fenced_slot(tmp_path: Pat
         cluster.set(keys.lease("in", 0, "job"), "intruder|999", px=60000)
         with pytest.raises(FencedError, match="no longer held"):
             again.write(TASK, {IN0: "5-0", side0: "11-0"}, {"counts": {b"00000": b"zombie"}})
+        _, hkey = keys.state("in", 0, "job", TASK, "counts")
+        assert cluster.hget(hkey, b"00000") == b"v"
         cluster.close()
-        assert again.state_get(TASK, "counts", b"00000") == b"v"
+        with pytest.raises(FencedError, match="holds no lease"):  # nor read it now (rule 28)
+            again.state_get(TASK, "counts", b"00000")
         assert again.read_committed()[side0] == "10-0"
     finally:
         for s in opened:  # stop their lease renewers before the nodes go away

@@ -384,15 +384,35 @@ return {0}
 """
 )
 
-# KEYS: keys zset, values hash.  ARGV: min, max (ZRANGEBYLEX syntax), limit (at most
-# SCAN_LIMIT: ``unpack`` is bounded by Lua's C stack, 8000 slots).
-# -> {keys, values}: the next ``limit`` keys in byte order and their values, read in
-# one atomic step (so a batch never mixes two commits).
+# Reads of a task's committed state are fenced as its writes are (rule 28): a container
+# that lost a lease (paused past it, say) must not read the state its successor has
+# committed since, ahead of its own position, and act on it before it notices.
+#
+# KEYS: the task's leases (L of them), values hash.  ARGV: L, the L lease values, field.
+# -> {0, value} (value nil when absent), or {1, i}: lease i is not held by its value.
+STATE_GET = """
+local L = tonumber(ARGV[1])
+for i = 1, L do
+  if redis.call('GET', KEYS[i]) ~= ARGV[1 + i] then return {1, i} end
+end
+return {0, redis.call('HGET', KEYS[L + 1], ARGV[L + 2])}
+"""
+
+# KEYS: the task's leases (L of them), keys zset, values hash.  ARGV: L, the L lease
+# values, min, max (ZRANGEBYLEX syntax), limit (at most SCAN_LIMIT: ``unpack`` is bounded
+# by Lua's C stack, 8000 slots).
+# -> {0, keys, values}: the next ``limit`` keys in byte order and their values, read in
+# one atomic step (so a batch never mixes two commits); or {1, i} as STATE_GET.
 SCAN_LIMIT = 7000
 STATE_SCAN = """
-local ks = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
-if #ks == 0 then return {ks, ks} end
-return {ks, redis.call('HMGET', KEYS[2], unpack(ks))}
+local L = tonumber(ARGV[1])
+for i = 1, L do
+  if redis.call('GET', KEYS[i]) ~= ARGV[1 + i] then return {1, i} end
+end
+local a = L + 2
+local ks = redis.call('ZRANGEBYLEX', KEYS[L + 1], ARGV[a], ARGV[a + 1], 'LIMIT', 0, tonumber(ARGV[a + 2]))
+if #ks == 0 then return {0, ks, ks} end
+return {0, ks, redis.call('HMGET', KEYS[L + 2], unpack(ks))}
 """
 
 # KEYS: lease, done.  ARGV: value.  -> 1 marked, 0 lease not held.
@@ -462,6 +482,7 @@ class Scripts:
         self.members = client.register_script(MEMBERS)
         self.xadd_batch = client.register_script(XADD_BATCH)
         self.state_commit = client.register_script(STATE_COMMIT)
+        self.state_get = client.register_script(STATE_GET)
         self.state_scan = client.register_script(STATE_SCAN)
 
 

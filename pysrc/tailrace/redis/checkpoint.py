@@ -672,13 +672,42 @@ class RedisCheckpointStore(CheckpointStore):
             calls.append((keys, args))
         return calls
 
+    def _read_fence(
+        self, job: str, task_name: str
+    ) -> tuple[list[SystemStreamPartition], list[str], list[str]]:
+        """The leases a read of ``task_name``'s state checks (rule 28, as its commits): those
+        of its partitions in the state's slot that this store holds, as (partitions, keys,
+        values); FencedError at once for one known lost."""
+        layout = self._layout(task_name)
+        ssps = [s for s in layout.local if s in self._values] if layout is not None else []
+        for ssp in ssps:
+            if ssp in self.fenced:
+                raise FencedError(f"job {job!r} holds no lease on this partition", partition=str(ssp))
+        keys = [self.keys.lease(s.stream, s.partition, job) for s in ssps]
+        return ssps, keys, [self._values[s] for s in ssps]
+
+    def _read_fenced(
+        self, job: str, task_name: str, store: str, ssps: list[SystemStreamPartition], i: int
+    ) -> None:
+        """Lease ``i`` (1-based) of ``ssps`` is lost: FencedError, as a fenced commit's."""
+        ssp = ssps[i - 1]
+        value = self._values.get(ssp)
+        self.fenced.add(ssp)
+        raise FencedError(
+            f"job {job!r}: lease {value!r} is no longer held (another container owns the partition, "
+            f"or the lease expired); refusing to read store {store!r} of task {task_name!r}",
+            partition=str(ssp),
+        )
+
     def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
-        """The committed value of ``key`` (one ``HGET``). Any thread."""
+        """The committed value of ``key``, read with the task's leases checked (one script
+        call: a container that lost a lease never reads its successor's state). Any thread."""
         job = self._require_job()
         _, hkey = self._state_keys(job, task_name, store)
+        ssps, lease_keys, values = self._read_fence(job, task_name)
         try:
-            value = retrying(
-                partial(self.client.hget, hkey, key),
+            reply = retrying(
+                partial(self._scripts.state_get, keys=[*lease_keys, hkey], args=[len(values), *values, key]),
                 f"reading {store!r} of {task_name}",
                 deadline_s=self.retry_s,
                 stop=self._giving_up,
@@ -687,6 +716,9 @@ class RedisCheckpointStore(CheckpointStore):
             raise CheckpointError(
                 f"task {task_name!r} store {store!r}: Redis at {self.where} is unreachable: {e}"
             ) from e
+        if int(reply[0]) != 0:
+            self._read_fenced(job, task_name, store, ssps, int(reply[1]))
+        value = reply[1] if len(reply) > 1 else None
         return None if value is None else bytes(value)
 
     def state_scan(
@@ -696,18 +728,30 @@ class RedisCheckpointStore(CheckpointStore):
         read atomically; a commit between two batches may show in the later one). Any thread."""
         job = self._require_job()
         zkey, hkey = self._state_keys(job, task_name, store)
-        return self._scan(task_name, store, zkey, hkey, start, end)
+        return self._scan(job, task_name, store, zkey, hkey, start, end)
 
     def _scan(
-        self, task_name: str, store: str, zkey: str, hkey: str, start: bytes | None, end: bytes | None
+        self,
+        job: str,
+        task_name: str,
+        store: str,
+        zkey: str,
+        hkey: str,
+        start: bytes | None,
+        end: bytes | None,
     ) -> Iterator[tuple[bytes, bytes]]:
         low = b"-" if start is None else b"[" + start
         high = b"+" if end is None else b"(" + end
         limit = min(SCAN_BATCH, SCAN_LIMIT)
         while True:
+            ssps, lease_keys, lease_values = self._read_fence(job, task_name)  # each batch (rule 28)
             try:
-                keys, values = retrying(
-                    partial(self._scripts.state_scan, keys=[zkey, hkey], args=[low, high, limit]),
+                reply = retrying(
+                    partial(
+                        self._scripts.state_scan,
+                        keys=[*lease_keys, zkey, hkey],
+                        args=[len(lease_values), *lease_values, low, high, limit],
+                    ),
                     f"scanning {store!r} of {task_name}",
                     deadline_s=self.retry_s,
                     stop=self._giving_up,
@@ -716,6 +760,9 @@ class RedisCheckpointStore(CheckpointStore):
                 raise CheckpointError(
                     f"task {task_name!r} store {store!r}: Redis at {self.where} is unreachable: {e}"
                 ) from e
+            if int(reply[0]) != 0:
+                self._read_fenced(job, task_name, store, ssps, int(reply[1]))
+            keys, values = reply[1], reply[2]
             for key, value in zip(keys, values):
                 if value is not None:  # (a key without a value: only by tampering)
                     yield key, value
