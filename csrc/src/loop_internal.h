@@ -272,12 +272,13 @@ typedef struct worker {
      * (release: stop_workers' acquire load, then it may join) */
     _Atomic uint32_t exited;
     /* worker thread only */
-    int stop;         /* popped the stop sentinel */
-    uint8_t *stopped; /* [task / pool_size]: a request was made; hand the rest back */
-    size_t n, pos;    /* items[pos..n) still to hand out */
-    uint32_t budget;  /* ops left in this run_pool_batch call */
-    size_t npend;     /* completions buffered for the next bulk push */
-    int64_t pend_t0;  /* when the first of them was buffered */
+    int stop;           /* popped the stop sentinel */
+    uint8_t *stopped;   /* [task / pool_size]: a request was made; hand the rest back */
+    size_t n, pos;      /* items[pos..n) still to hand out */
+    uint32_t budget;    /* ops left in this run_pool_batch call */
+    size_t npend;       /* completions buffered for the next bulk push */
+    int64_t pend_t0;    /* when the first of them was buffered */
+    uint32_t pend_task; /* the task of the last one */
     tr_item items[POOL_BATCH];
     tr_item pend[POOL_PEND];
 } worker;

@@ -5,9 +5,10 @@
  * window of sequence numbers, through the worker's own MPSC queue (the loop is
  * its only producer). The worker runs them with the runtime lock held once per
  * run_pool_batch and reports completions back through the loop's completion
- * queue, buffered (up to POOL_PEND) into one bulk push; with callback timeouts
- * on, a worker pushes what it buffered before it starts its next call (the loop
- * times each callback by the completions it has popped).
+ * queue, buffered (up to POOL_PEND) into one bulk push; a worker pushes what it
+ * buffered before it starts a call of another task, and with callback timeouts
+ * on before any call (the loop times each callback by the completions it has
+ * popped).
  *
  * Queue bounds, and who may block where:
  *   - worker queue: at most one W_RUN item per outstanding seq of its tasks,
@@ -137,6 +138,7 @@ static inline void pool_note(tr_loop *L, worker *W, uint32_t kind, uint32_t t, u
     if (W->npend == 0)
         W->pend_t0 = tr_now_ns();
     W->pend[W->npend++] = (tr_item){kt_word(kind, t), seq};
+    W->pend_task = t;
     if (W->npend == POOL_PEND)
         pool_flush(L, W);
 }
@@ -239,11 +241,13 @@ int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
             pool_note(L, W, CQ_UNRUN, t, seq);
             continue;
         }
-        /* With callback timeouts, the loop must hear of every completion before
-         * this worker starts another call: a completion buffered behind a long
-         * call would look unfinished at its deadline (rule 16: a callback that
-         * completed in time failed, and the error named it, not the late one). */
-        if (W->npend && L->cfg.callback_timeout_ns > 0)
+        /* The loop hears of buffered completions before this worker starts a
+         * call of another task (whose call may be long: the first task's next
+         * barrier or end of stream must not wait for it, rule 4), and, with
+         * callback timeouts, before any call: a completion buffered behind a
+         * long call would look unfinished at its deadline (rule 16: a callback
+         * that completed in time failed, and the error named it). */
+        if (W->npend && (W->pend_task != t || L->cfg.callback_timeout_ns > 0))
             pool_flush(L, W);
         if (W->budget)
             W->budget--;

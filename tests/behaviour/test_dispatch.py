@@ -357,6 +357,31 @@ def test_tasks_that_share_a_pool_thread_take_turns_between_barriers(engine: str,
     assert min(first.count(p) for p in range(4)) >= 150, [first.count(p) for p in range(4)]
 
 
+def test_a_task_s_end_of_stream_does_not_wait_for_another_task_s_call_on_its_pool_thread(engine: str) -> None:
+    # rule 4, tasks never wait on each other: tasks 0 and 1 share the one pool thread; task 0's
+    # message is done at once, task 1's takes 0.5 s. Task 0's end_of_stream runs meanwhile
+    # (C: the pool thread kept task 0's completion buffered until task 1's call returned)
+    log: list[str] = []
+    lock = threading.Lock()
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            self.p = context.partitions[0].partition
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if self.p == 1:
+                time.sleep(0.5)
+            with lock:
+                log.append(f"end {self.p}")
+
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            with lock:
+                log.append(f"eos {self.p}")
+
+    run_job(engine, Task, bounded([["a"], ["b"]]), job_container_thread_pool_size=1)
+    assert log == ["end 0", "eos 0", "end 1", "eos 1"], log
+
+
 def test_bounded_input_backpressure_with_a_live_source(engine: str) -> None:
     # rule 6: a full buffer stops reading; the producer blocks; nothing is dropped
     release = threading.Event()
