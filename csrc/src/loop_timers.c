@@ -4,6 +4,13 @@
 
 /* ------------------------------------------------------------------ heap */
 
+/* Heap order: by time, and at one time by task (entries due together fire task by
+ * task, as the reference engine takes them; a tie of callback timeouts names the
+ * first task's). */
+static inline int hbefore(const hent *a, const hent *b) {
+    return a->when < b->when || (a->when == b->when && a->task < b->task);
+}
+
 int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t gen) {
     if (L->nheap == L->heap_cap) {
         size_t cap = L->heap_cap * 2;
@@ -19,7 +26,7 @@ int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t 
     hent e = {when, t, kind, gen};
     while (i > 0) {
         size_t up = (i - 1) / 2;
-        if (L->heap[up].when <= when)
+        if (!hbefore(&e, &L->heap[up]))
             break;
         L->heap[i] = L->heap[up];
         i = up;
@@ -35,9 +42,9 @@ static void heap_sift_down(tr_loop *L, size_t i) {
         size_t c = 2 * i + 1;
         if (c >= n)
             break;
-        if (c + 1 < n && L->heap[c + 1].when < L->heap[c].when)
+        if (c + 1 < n && hbefore(&L->heap[c + 1], &L->heap[c]))
             c++;
-        if (L->heap[c].when >= e.when)
+        if (!hbefore(&L->heap[c], &e))
             break;
         L->heap[i] = L->heap[c];
         i = c;

@@ -811,3 +811,25 @@ def test_a_restart_skips_the_committed_messages_of_a_log_sent_again(engine: str)
         d2.send("in", "m4")
     assert seen == [3, 4]
     assert d2.committed_offset("in") == 4
+
+
+class _NeverCompletes(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        pass  # never completed: each callback runs into task.callback.timeout.ms
+
+
+@pytest.mark.parametrize(("later", "named"), [(0, "Partition 0"), (40, "Partition 1")])
+def test_of_callbacks_past_their_deadlines_the_earliest_deadline_times_out(
+    engine: str, later: float, named: str
+) -> None:
+    # rule 16 on virtual time, one answer on both engines: partition 1's callback starts
+    # first; partition 0's `later` ms after. One advance passes both deadlines: the one that
+    # fell due first names the error; at one deadline, the first task's
+    d = TestDriver(_NeverCompletes, inputs={"in": 2}, engine=engine, config={"task.callback.timeout.ms": 100})
+    d.send("in", "m", partition=1)
+    d.advance(later)
+    d.send("in", "m", partition=0)
+    with pytest.raises(tailrace.CallbackTimeoutError) as info:
+        d.advance(200)
+    assert info.value.task == named
+    d.close()

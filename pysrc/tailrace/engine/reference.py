@@ -623,16 +623,19 @@ class ReferenceEngine:
         )
 
     def _check_deadlines(self) -> None:
-        """Callback timeout (rule 16): the oldest unresolved callback of each task."""
+        """Callback timeout (rule 16): the oldest unresolved callback of each task; of those
+        past their deadline, the one whose deadline came first times out (at one deadline,
+        the first task's), as the C engine's timer heap orders them."""
         if self._timeout is None or self._failure is not None:
             return
         now = self._clock.monotonic()
-        for t in self._tasks:
-            if not t.unresolved:
-                continue
-            cb = next(iter(t.unresolved.values()))
-            if now < cb.deadline:
-                continue
+        due: list[tuple[float, int, _Task, _Callback]] = []
+        for i, t in enumerate(self._tasks):
+            if t.unresolved:
+                oldest = next(iter(t.unresolved.values()))
+                if now >= oldest.deadline:
+                    due.append((oldest.deadline, i, t, oldest))
+        for _, _, t, cb in sorted(due, key=lambda d: (d[0], d[1])):
             with self._cv:
                 if cb._done:  # completed just now: the event is queued
                     continue
