@@ -833,3 +833,26 @@ def test_of_callbacks_past_their_deadlines_the_earliest_deadline_times_out(
         d.advance(200)
     assert info.value.task == named
     d.close()
+
+
+class _HoldsUnlessStop(tailrace.AsyncStreamTask):
+    def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+        if envelope.message == "stop":
+            coordinator.shutdown(tailrace.Scope.ALL_TASKS_IN_CONTAINER)
+            callback.complete()  # "hold" is left pending: the stop's drain waits for it
+
+
+def test_a_drain_runs_no_periodic_commit_and_ends_with_one_final_commit(engine: str) -> None:
+    # rule 19: a graceful stop awaits the outstanding callbacks (task.shutdown.ms), then one
+    # final commit; the commit period does not run meanwhile, on either engine (the
+    # reference engine committed partition 2 every task.commit.ms during the drain)
+    d = TestDriver(_HoldsUnlessStop, inputs={"in": 3}, engine=engine, config={"task.commit.ms": 50})
+    d.send("in", "hold", partition=0)
+    d.send("in", "stop", partition=2)
+    d.advance(200)
+    assert d.running
+    assert d.committed() == {}
+    assert sum(m.commits for m in d.metrics()[0].values()) == 0
+    result = d.close()
+    assert result is not None and result.reason == "shutdown"
+    assert {str(k): v for k, v in d.committed().items()} == {"mem.in[2]": 0}

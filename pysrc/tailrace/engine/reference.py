@@ -757,7 +757,9 @@ class ReferenceEngine:
             if not commit_only:
                 self._check_stop()  # O(1); no window or timer once a stop is due
                 commit_only = self._draining
-            if t.next_commit is not None and now >= t.next_commit:
+            # the commit period runs while running; a graceful stop's drain waits for the
+            # outstanding callbacks and then commits once (rule 19; as the C engine)
+            if t.next_commit is not None and now >= t.next_commit and not self._draining:
                 t.commit_requested = True
                 t.next_commit = _rearm(t.next_commit, self.config.commit_ms / 1000, now)
             if not commit_only and not t.done and t.next_window is not None and now >= t.next_window:
