@@ -856,3 +856,18 @@ def test_a_drain_runs_no_periodic_commit_and_ends_with_one_final_commit(engine: 
     result = d.close()
     assert result is not None and result.reason == "shutdown"
     assert {str(k): v for k, v in d.committed().items()} == {"mem.in[2]": 0}
+
+
+def test_a_failure_after_the_run_stopped_changes_no_metric(engine: str) -> None:
+    # a callback left pending at close() and failed later, from another thread: the run has
+    # ended, its failure affects nothing and counts nowhere (C counted it in `failed`)
+    d = TestDriver(_NeverCompletes, inputs={"a": 1}, engine=engine)
+    d.send("a", "x")
+    late = d.pending[0].callback
+    result = d.close()
+    assert result is not None
+    thread = threading.Thread(target=late.fail, args=(RuntimeError("after close"),))
+    thread.start()
+    thread.join()
+    assert result.tasks["Partition 0"].failed == 0
+    assert d.metrics()[0]["Partition 0"].failed == 0
