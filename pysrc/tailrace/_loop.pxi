@@ -378,7 +378,7 @@ cdef class LoopRunner:
         cfg.callback_timeout_ns = <int64_t>config.callback_timeout_ms * 1000000
         self._cb_timeout_s = config.callback_timeout_ms / 1000.0
         cfg.max_idle_ns = <int64_t>config.max_idle_ms * 1000000
-        cfg.shutdown_ns = <int64_t>config.shutdown_ms * 1000000
+        cfg.shutdown_ns = <int64_t>config.drain_ms * 1000000  # (rule 19: the drain's wait)
         self._wgil = <PyGILState_STATE *>malloc(max(1, cfg.pool_size) * sizeof(PyGILState_STATE))
         self._wts = <PyThreadState **>malloc(max(1, cfg.pool_size) * sizeof(PyThreadState *))
         if self._wgil is NULL or self._wts is NULL:

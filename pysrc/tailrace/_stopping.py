@@ -142,6 +142,15 @@ def processed(container: _HasMetrics) -> int:
     return sum(t.processed for t in snap[0].values()) if snap is not None else 0
 
 
+def stop_reserve_ms(shutdown_ms: int) -> int:
+    """The part of ``task.shutdown.ms`` a member's graceful stop keeps for its final commit
+    (and the producer's flush, leaving the group): the container's drain awaits outstanding
+    callbacks for the rest, so that a callback still running at the end of the drain does
+    not use up the whole stop and leave the final commit no time (rule 19). A quarter, at
+    most 2 s."""
+    return min(shutdown_ms // 4, 2000)
+
+
 def gave_up_message(who: str, shutdown_ms: int, cause: str, lost: list[str]) -> str:
     """The error of a member's stop that ran out of ``task.shutdown.ms``."""
     what = "; ".join(lost) if lost else "nothing (every processed message was committed)"

@@ -309,6 +309,24 @@ class Config:
     input_buffer_size: int = 1024
     stores: Mapping[str, StoreSpec] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # not a config key: the part of task.shutdown.ms a graceful stop keeps for its final
+    # commit (a member of a distributed job, whose whole stop task.shutdown.ms bounds)
+    stop_reserve_ms: int = 0
+
+    @property
+    def drain_ms(self) -> int:
+        """How long a graceful stop awaits outstanding callbacks (rule 19): task.shutdown.ms,
+        less what a distributed job's member keeps for the final commit."""
+        return max(0, self.shutdown_ms - self.stop_reserve_ms)
+
+    def drain_text(self) -> str:
+        """The drain's length as log lines say it."""
+        if self.stop_reserve_ms <= 0:
+            return f"task.shutdown.ms={self.shutdown_ms}"
+        return (
+            f"{self.drain_ms} ms (task.shutdown.ms={self.shutdown_ms}, less {self.stop_reserve_ms} ms "
+            "kept for the final commit)"
+        )
 
     def as_samza(self) -> dict[str, Any]:
         """The config as Samza-style ``key: value`` pairs."""

@@ -19,6 +19,7 @@ import pytest
 from redis_support import RedisServer
 
 from tailrace.container import ENGINES
+from tailrace.redis.checkpoint import RedisCheckpointStore
 from tailrace.redis.system import RedisSystem
 
 TASK = """
@@ -200,3 +201,56 @@ def test_a_second_signal_forces_the_exit_at_once(redis_server: RedisServer, tmp_
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert took < 1.0, took
     assert "SIGINT again: forced stop" in err
+
+
+STUCK_TASK = """
+import threading, time
+from tailrace import AsyncStreamTask
+
+
+class Stuck(AsyncStreamTask):
+    def process_async(self, envelope, collector, coordinator, callback):
+        collector.send("redis.out", envelope.message, key=envelope.partition)
+        if envelope.partition == 0 and envelope.message["i"] == 5:
+            # outlives task.shutdown.ms: never done before the stop's drain ends
+            threading.Thread(target=lambda: (time.sleep(30), callback.complete()), daemon=True).start()
+        else:
+            callback.complete()
+"""
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_stop_with_a_callback_past_task_shutdown_ms_still_commits_the_low_watermarks(
+    redis_server: RedisServer, tmp_path: Path, engine: str
+) -> None:
+    # rule 19: outstanding callbacks are awaited up to task.shutdown.ms, then a final commit
+    # writes each partition's low watermark. A member's stop is bounded by task.shutdown.ms
+    # too: its drain used all of it, and the final commit then gave up at the stop's
+    # deadline (exit 1, nothing committed). The drain now leaves the commit its share.
+    system = RedisSystem("redis", redis_server.url)
+    fill(system)
+    job = write_job(tmp_path, redis_server.url, engine=engine)
+    (tmp_path / "stuck.py").write_text(STUCK_TASK)
+    job.write_text(
+        job.read_text()
+        .replace('task = "forward.py:Forward"', 'task = "stuck.py:Stuck"')
+        .replace('"task.commit.ms" = 600000', '"task.commit.ms" = 600000\n"task.max.concurrency" = 8')
+    )
+    proc = start_job(job)
+    try:
+        wait_output(system, proc, 1000)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=SHUTDOWN_MS / 1000 + 20)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert took < SHUTDOWN_MS / 1000 + 4.0, (took, err[-3000:])
+    assert "callbacks still outstanding after 1125 ms (task.shutdown.ms=1500, less 375 ms" in err, err[-3000:]
+    keys = RedisCheckpointStore(redis_server.url).keys
+    committed = [system.client.get(keys.checkpoint("in", p, "bounded")) for p in range(2)]
+    assert all(committed), committed  # both partitions: the stop's final commit ran
+    first = system.client.xrange(system.keys.stream("in", 0), count=6)
+    assert committed[0] == first[4][0], (committed, first)  # the low watermark: before the stuck one

@@ -269,10 +269,9 @@ class NativeEngine:
             outstanding = sum(self._runner.task_stats(t)[2] for t in range(len(self._slots)))
             if outstanding and self._failure is None:
                 log.warning(
-                    "shutdown: %d callbacks still outstanding after task.shutdown.ms=%d; "
-                    "committing low watermarks",
+                    "shutdown: %d callbacks still outstanding after %s; committing low watermarks",
                     outstanding,
-                    self.config.shutdown_ms,
+                    self.config.drain_text(),
                 )
         try:
             self._commit(i)

@@ -544,10 +544,9 @@ class ReferenceEngine:
                     return
                 if self._clock.monotonic() >= self._drain_deadline:
                     log.warning(
-                        "shutdown: %d callbacks still outstanding after task.shutdown.ms=%d; "
-                        "committing low watermarks",
+                        "shutdown: %d callbacks still outstanding after %s; committing low watermarks",
                         sum(t.outstanding for t in self._tasks),
-                        self.config.shutdown_ms,
+                        self.config.drain_text(),
                     )
                     return
             else:
@@ -714,7 +713,7 @@ class ReferenceEngine:
         log.debug("run loop stopping: %s", reason)
         self._reason = reason
         self._draining = True
-        self._drain_deadline = _after(self._clock.monotonic(), self.config.shutdown_ms / 1000)
+        self._drain_deadline = _after(self._clock.monotonic(), self.config.drain_ms / 1000)
 
     # -- 4. input -------------------------------------------------------------
     def _poll_inputs(self) -> bool:
@@ -1306,10 +1305,10 @@ class ReferenceEngine:
             )
         elif stuck:
             log.warning(
-                "shutdown: %d pool thread(s) still inside process after task.shutdown.ms=%d; "
+                "shutdown: %d pool thread(s) still inside process after %s; "
                 "left running, their messages are not committed",
                 stuck,
-                self.config.shutdown_ms,
+                self.config.drain_text(),
             )
 
     def _head_of_line_ms(self, t: _Task) -> float:

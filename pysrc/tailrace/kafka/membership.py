@@ -55,10 +55,17 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed, processed
+from .._stopping import (
+    StopDeadline,
+    arm_backstop,
+    gave_up_message,
+    not_committed,
+    processed,
+    stop_reserve_ms,
+)
 from ..config import Config, parse_config
 from ..container import Container, EngineName
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
@@ -410,7 +417,7 @@ class KafkaMember:
             self.spec.task,
             inputs=owned,
             systems=self.systems,
-            config=self.config,
+            config=replace(self.config, stop_reserve_ms=stop_reserve_ms(self.config.shutdown_ms)),
             checkpoints=store,
             engine=self.spec.engine,
             default_output_system=self.spec.default_output_system,

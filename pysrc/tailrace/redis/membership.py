@@ -36,11 +36,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from .._stopping import StopDeadline, arm_backstop, gave_up_message, not_committed, processed
+from .._stopping import (
+    StopDeadline,
+    arm_backstop,
+    gave_up_message,
+    not_committed,
+    processed,
+    stop_reserve_ms,
+)
 from ..config import parse_config
 from ..container import Container, EngineName
 from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
@@ -387,7 +394,7 @@ class Member:
             self.spec.task,
             inputs=ssps,
             systems=systems,
-            config=self.config,
+            config=replace(self.config, stop_reserve_ms=stop_reserve_ms(self.config.shutdown_ms)),
             checkpoints=store,
             engine=self.spec.engine,
             default_output_system=self.spec.default_output_system,
