@@ -17,8 +17,8 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
     offset of its line (a trailing ``\\r`` is not part of the message); its key is
     ``message[key_field]`` for a dict message when ``key_field`` is set. Appends at
     most ``want`` envelopes and stops after the first line whose ``decode`` raises
-    ValueError. Returns ``(at, lines, error, start)``: where it stopped, how many lines
-    it consumed, the ValueError (or None) and the offset of the bad line. ``decode`` is
+    ValueError (or RecursionError). Returns ``(at, lines, error, start)``: where it
+    stopped, how many lines it consumed, that error (or None) and the offset of the bad line. ``decode`` is
     a callable or a JsonCodec (then its ``decode``).
     """
     if at < 0 or end > len(data) or at > end:
@@ -43,7 +43,7 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
         raw = PyBytes_FromStringAndSize(buf + start, n)
         try:
             message = codec.decode(raw) if codec is not None else decode(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep to read
             return at, lines, e, base + start
         key = message.get(key_field) if keyed and type(message) is dict else None
         env = new_envelope_at(system, stream, partition, base + start, key, message)

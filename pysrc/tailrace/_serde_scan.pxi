@@ -58,6 +58,23 @@ cdef bint _scan_long_digits(const unsigned char *b, Py_ssize_t n) noexcept nogil
     return False
 
 
+DEF _DEEP_BYTES = 1000  # tailrace.serdes.DEEP_BYTES
+DEF _DEEP_OPENS = 500  # tailrace.serdes.DEEP_OPENS
+
+
+cdef bint _may_nest_deep(const unsigned char *b, Py_ssize_t n) noexcept nogil:
+    """A text that could nest deeper than the standard library reads (about 990 levels,
+    its recursion limit; orjson reads 1024): at least _DEEP_BYTES long with at least
+    _DEEP_OPENS opening brackets. Short texts (nearly all) cost one compare."""
+    cdef Py_ssize_t i, opens = 0
+    if n < _DEEP_BYTES:
+        return False
+    for i in range(n):
+        if b[i] == 91 or b[i] == 123:  # [ {
+            opens += 1
+    return opens >= _DEEP_OPENS
+
+
 cdef extern from *:
     """
     /* bytes of a 64-bit word: "v has a zero byte" is (v - ONES) & ~v & HIGHS != 0 */
@@ -281,13 +298,27 @@ cdef class JsonCodec:
         return PyUnicode_AsUTF8String("".join(chunks))
 
     cpdef object decode(self, object data):
-        """The value of one JSON text (bytes or str), as the standard library reads it."""
+        """The value of one JSON text (bytes or str), as the standard library reads it.
+        orjson's path takes bytes and UTF-8 str only (it also reads a memoryview, which
+        the standard library refuses), and no text with a run of 19+ digits (orjson reads
+        such integers as floats) or that may nest deeper than the standard library reads
+        (``_may_nest_deep``)."""
         cdef const unsigned char *b
+        cdef Py_ssize_t n
         cdef object raw
         if self.or_loads is not None:
-            raw = data if type(data) is bytes else str(data).encode()
+            if type(data) is bytes:
+                raw = data
+            elif type(data) is str:
+                try:
+                    raw = (<str>data).encode()
+                except UnicodeEncodeError:  # a lone surrogate: the standard library reads it
+                    return self.decode_std(data)
+            else:
+                return self.decode_std(data)
             b = <const unsigned char *>PyBytes_AS_STRING(raw)
-            if not _scan_long_digits(b, PyBytes_GET_SIZE(raw)):
+            n = PyBytes_GET_SIZE(raw)
+            if not _scan_long_digits(b, n) and not _may_nest_deep(b, n):
                 try:
                     return PyObject_CallOneArg(self.or_loads, data)
                 except self.or_decode_error:

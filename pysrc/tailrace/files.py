@@ -427,7 +427,7 @@ class FileReader(PartitionReader):
         self._data, self._at, self._end = b"", 0, 0
         self._tail = b""
 
-    def _bad_line(self, start: int, line_no: int, exc: ValueError) -> None:
+    def _bad_line(self, start: int, line_no: int, exc: ValueError | RecursionError) -> None:
         if not line_no:
             line_no = self._line_number(start)
         what = "not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else f"not valid JSON ({exc})"

@@ -69,7 +69,8 @@ class Serde:
         except SerdeError:
             raise
         except Exception as e:  # every decoder failure is the data's fault
-            raise SerdeError(f"serde {self.name!r} cannot decode {bytes(data[:40])!r}: {e}") from e
+            head = data[:40] if isinstance(data, str | bytes) else bytes(data)[:40]
+            raise SerdeError(f"serde {self.name!r} cannot decode {head!r}: {e}") from e
 
     def __repr__(self) -> str:
         return f"Serde({self.name!r})"
@@ -94,6 +95,19 @@ _DIGIT_E = bytes(ord("0") if 48 <= c <= 57 else ord("e") if c in (69, 101) else 
 def _long_digits(data: bytes) -> bool:
     """True when ``data`` holds a run of 19 or more ASCII digits (a big integer, maybe)."""
     return _LONG_RUN in data.translate(_DIGITS_ONLY)
+
+
+# A JSON text nested deeper than about 990 levels is refused by the standard library
+# (RecursionError: its limit is the interpreter's recursion limit) and read by orjson
+# (up to 1024); nesting needs an opening and a closing byte per level, so a text that
+# could nest that deep is at least DEEP_BYTES long and opens at least DEEP_OPENS
+# brackets; those texts (rare) go to the standard library, so both paths agree.
+DEEP_BYTES, DEEP_OPENS = 1000, 500
+
+
+def _deep(data: bytes) -> bool:
+    """True when ``data`` may nest deeper than the standard library reads (see DEEP_OPENS)."""
+    return len(data) >= DEEP_BYTES and data.count(b"[") + data.count(b"{") >= DEEP_OPENS
 
 
 def _std_decides(data: bytes) -> bool:
@@ -181,9 +195,22 @@ if _orjson is not None:
         return out
 
     def _json_decode(data: bytes | str) -> Any:
-        # orjson reads integers past 64 bits as floats: a run of 19+ digits goes to the
-        # standard library (a cheap C-level search; such runs are rare in real records)
-        if _long_digits(data if type(data) is bytes else str(data).encode()):
+        # only bytes and str take orjson's path (it also reads a memoryview, which the
+        # standard library refuses); a str that is not UTF-8 (a lone surrogate) is the
+        # standard library's to read. orjson reads integers past 64 bits as floats: a
+        # run of 19+ digits goes to the standard library (a cheap C-level search; such
+        # runs are rare in real records), as does a text that may nest deeper than the
+        # standard library can (its limit is the interpreter's recursion limit)
+        if type(data) is bytes:
+            raw = data
+        elif type(data) is str:
+            try:
+                raw = data.encode()
+            except UnicodeEncodeError:
+                return _std_loads(data)
+        else:
+            return _std_loads(data)
+        if _long_digits(raw) or _deep(raw):
             return _std_loads(data)
         try:
             return _or_loads(data)

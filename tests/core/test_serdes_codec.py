@@ -251,3 +251,34 @@ def test_what_orjson_writes_but_the_standard_library_refuses_is_refused() -> Non
     for value in ({"level": Level.HIGH}, [Level.HIGH, ("t", None, 2.5e-7)], *subclassed):
         for encode in (serdes._json_codec.encode, _std_only().encode, serdes._py_json_encode):
             assert encode(value) == _std_bytes(value), value
+
+
+ODD_FOR_ORJSON = [
+    b"[" * 400 + b"]" * 400,  # deep, read by both
+    b"[" * 1000 + b"]" * 1000,  # deeper than the standard library reads; orjson read it
+    b'{"a":' * 1000 + b"1" + b"}" * 1000,
+    b"[" + b"[1]," * 700 + b"[1]]",  # many brackets, shallow
+    '"\ud800"',  # a str with a lone surrogate: orjson's path failed to encode it
+    '["\udcff"]',
+    memoryview(b'{"a":1}'),  # orjson reads a memoryview; json.loads refuses it
+    memoryview(b"123456789012345678901234"),
+    bytearray(b'{"a": 1}'),
+]
+
+
+@pytest.mark.parametrize("data", ODD_FOR_ORJSON, ids=range(len(ODD_FOR_ORJSON)))
+def test_what_orjson_reads_but_the_standard_library_does_not_is_read_as_json_loads_does(
+    codec: JsonCodec, data: Any
+) -> None:
+    # identical values and errors on both paths (the serde fuzz found these three)
+    for decode in (codec.decode, serdes._py_json_decode):
+        want = _error(json.loads, data)
+        got = _error(decode, data)
+        assert got == want, decode
+        if want is None:  # (repr: _same would recurse twice per level)
+            assert repr(decode(data)) == repr(json.loads(data))
+
+
+def test_the_serde_names_undecodable_str_input_in_its_error() -> None:
+    with pytest.raises(serdes.SerdeError, match="cannot decode '0\\\\x0c'"):
+        serdes.serde("json").decode("0\x0c")  # type: ignore[arg-type]

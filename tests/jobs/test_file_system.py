@@ -643,3 +643,40 @@ def test_shutdown_with_envelopes_still_buffered_then_restart_by_offset(tmp_path:
     second = run()
     assert second.reason == "end_of_stream"
     assert sorted(seen) == sorted((p, i) for p in range(2) for i in range(3000))
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_line_nested_too_deep_to_read_is_a_bad_line_with_file_and_line(
+    tmp_path: Path, engine: str, skip: bool
+) -> None:
+    # a JSON line nested 5000 deep: the standard library refuses it with RecursionError, which
+    # crashed the job instead of naming the file and line (and skip_bad_lines did not apply)
+    from tailrace import Container, StreamTask
+    from tailrace.errors import InputError
+
+    seen: list[Any] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            seen.append(envelope.message)
+
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    deep = "[" * 5000 + "]" * 5000
+    (d / "partition-0.jsonl").write_text(f'{{"a": 1}}\n{deep}\n{{"b": 2}}\n')
+    c = Container(
+        Task,
+        inputs=["files.s"],
+        systems=[FileSystem("files", tmp_path / "in", skip_bad_lines=skip)],
+        engine=engine,
+    )
+    if not skip:
+        bad = r"partition-0.jsonl:2: line is not valid JSON \(maximum recursion"
+        with pytest.raises(InputError, match=bad):
+            c.run()
+        assert seen == [{"a": 1}]
+        return
+    assert c.run().reason == "end_of_stream"
+    assert seen == [{"a": 1}, {"b": 2}]
+    assert sum(c.skipped().values()) == 1
