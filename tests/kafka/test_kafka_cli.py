@@ -393,3 +393,54 @@ def test_a_missing_input_topic_is_an_error_naming_it(kafka_cluster: Any, tmp_pat
     done = _run_job(job)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "kafka.tr-nosuch" in done.stderr and "has no topic 'tr-nosuch'" in done.stderr, done.stderr[-3000:]
+
+
+HUNG_TASK = """
+import threading, time
+
+from tailrace import AsyncStreamTask
+
+
+class Hung(AsyncStreamTask):
+    def process_async(self, envelope, collector, coordinator, callback):
+        collector.send("kafka.out", envelope.message, key=envelope.key, partition=0)
+        if (envelope.partition, envelope.offset) == (0, 5):  # outlives task.shutdown.ms
+            threading.Thread(target=lambda: (time.sleep(30), callback.complete()), daemon=True).start()
+        else:
+            time.sleep(0.003)
+            callback.complete()
+"""
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_stop_with_a_callback_past_task_shutdown_ms_commits_the_low_watermarks(
+    kafka_cluster: Any, tmp_path: Path, engine: str
+) -> None:
+    # rule 19: outstanding callbacks are awaited up to task.shutdown.ms, then a final commit
+    # writes each partition's low watermark. The member's drain used all of task.shutdown.ms,
+    # its final commit then gave up at the stop's deadline ("the Kafka group did not answer
+    # the commit ... before the stop's deadline"), and the run exited 1
+    cluster = kafka_cluster({"in": 2, "out": 1})
+    cluster.produce("in", _items(400, 2))
+    job = write_job(tmp_path, cluster, 'type = "sqlite"\npath = "state/ckpt.db"')
+    (tmp_path / "hung.py").write_text(HUNG_TASK)
+    text = job.read_text().replace('task = "forward.py:Forward"', 'task = "hung.py:Hung"')
+    text = text.replace("[config]", f'engine = "{engine}"\n\n[config]')
+    config = '"task.commit.ms" = 200'
+    text = text.replace(config, config + '\n"task.shutdown.ms" = 1500\n"task.max.concurrency" = 8')
+    job.write_text(text)
+    log = tmp_path / "run.log"
+    proc = _start(job, log)
+    # partition 0's hung message (i = 10) has run, and partition 1 flows
+    started = lambda: 10 in _outputs(cluster) and len(_outputs(cluster)) >= 100  # noqa: E731
+    assert _wait(started, 90), log.read_text()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(60)
+    out = log.read_text()
+    assert code == 0, out[-3000:]
+    assert "callbacks still outstanding after 1125 ms (task.shutdown.ms=1500, less 375 ms" in out, out[-3000:]
+    shown = subprocess.run(
+        [sys.executable, "-m", "tailrace", "checkpoints", "show", str(job)], capture_output=True, text=True
+    )
+    assert re.search(rf"kafka\.{cluster.topics['in']}\[0\] +4\n", shown.stdout), shown.stdout + shown.stderr
+    assert re.search(rf"kafka\.{cluster.topics['in']}\[1\] +\d+\n", shown.stdout), shown.stdout
