@@ -142,11 +142,22 @@ static void begin_drain(tr_loop *L, tr_stop_reason reason) {
         trl_maybe_control(L, t);
 }
 
-static void settle_check(tr_loop *L) {
-    if (L->done_count == L->cfg.ntasks)
+/* Every task done: the run ended at end of stream (rule 11). Every task voted or
+ * done: it stops as a shutdown (rule 14), decided at once, or (`after_batch`: a
+ * task's end of stream completed the vote) by build_batch after the other
+ * end-of-stream hooks of this batch, which may leave every task done (as the
+ * reference engine, which decides after the hooks that fell due together). */
+static void settle_check(tr_loop *L, int after_batch) {
+    if (L->done_count == L->cfg.ntasks) {
         begin_drain(L, TR_STOP_END_OF_STREAM);
-    else if (L->settled_count == L->cfg.ntasks)
-        begin_drain(L, TR_STOP_SHUTDOWN);
+    } else if (L->settled_count == L->cfg.ntasks) {
+        if (after_batch) {
+            L->eos_shutdown = 1;
+            L->progress = 1; /* build again at once */
+        } else {
+            begin_drain(L, TR_STOP_SHUTDOWN);
+        }
+    }
 }
 
 void trl_apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
@@ -164,7 +175,7 @@ void trl_apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
         T->voted = 1;
         if (!T->done)
             L->settled_count++;
-        settle_check(L);
+        settle_check(L, 0);
     }
     if (req & TR_REQ_SHUTDOWN_ALL)
         begin_drain(L, TR_STOP_SHUTDOWN);
@@ -925,19 +936,9 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     T->control_kind = CTL_NONE;
     trl_pool_unhold(L, T);
     /* the last task's end of stream ends the run as such, even when its hook also
-     * requested a shutdown (the first reason wins; as the reference engine). A
-     * task done while the others have all voted or are done stops the run too,
-     * but after the other end-of-stream hooks of this batch: if they leave every
-     * task done, the run ended at end of stream (as the reference engine, which
-     * decides after the hooks that fell due together; build_batch decides) */
-    if (T->done) {
-        if (L->done_count == L->cfg.ntasks) {
-            begin_drain(L, TR_STOP_END_OF_STREAM);
-        } else if (L->settled_count == L->cfg.ntasks) {
-            L->eos_shutdown = 1;
-            L->progress = 1; /* build again at once */
-        }
-    }
+     * requested a shutdown (the first reason wins; as the reference engine) */
+    if (T->done)
+        settle_check(L, 1);
     if (requests)
         trl_apply_requests(L, t, requests & TR_REQ_MASK);
     trl_maybe_ready(L, t);

@@ -10,6 +10,7 @@ not committed (what a restart processes again). Should the stop itself still han
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from .config import Config
 from .metrics import TaskMetrics
 
 log = logging.getLogger("tailrace.stopping")
@@ -142,13 +144,13 @@ def processed(container: _HasMetrics) -> int:
     return sum(t.processed for t in snap[0].values()) if snap is not None else 0
 
 
-def stop_reserve_ms(shutdown_ms: int) -> int:
-    """The part of ``task.shutdown.ms`` a member's graceful stop keeps for its final commit
-    (and the producer's flush, leaving the group): the container's drain awaits outstanding
-    callbacks for the rest, so that a callback still running at the end of the drain does
-    not use up the whole stop and leave the final commit no time (rule 19). A quarter, at
-    most 2 s."""
-    return min(shutdown_ms // 4, 2000)
+def member_config(config: Config) -> Config:
+    """``config`` for a member's container: its graceful stop keeps part of
+    ``task.shutdown.ms`` (a quarter, at most 2 s) for the final commit (and the producer's
+    flush, leaving the group), and its drain awaits outstanding callbacks for the rest, so
+    that a callback still running at the end of the drain does not use up the whole stop
+    and leave the final commit no time (rule 19)."""
+    return dataclasses.replace(config, stop_reserve_ms=min(config.shutdown_ms // 4, 2000))
 
 
 def gave_up_message(who: str, shutdown_ms: int, cause: str, lost: list[str]) -> str:

@@ -55,16 +55,16 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._stopping import (
     StopDeadline,
     arm_backstop,
     gave_up_message,
+    member_config,
     not_committed,
     processed,
-    stop_reserve_ms,
 )
 from ..config import Config, parse_config
 from ..container import Container, EngineName
@@ -417,7 +417,7 @@ class KafkaMember:
             self.spec.task,
             inputs=owned,
             systems=self.systems,
-            config=replace(self.config, stop_reserve_ms=stop_reserve_ms(self.config.shutdown_ms)),
+            config=member_config(self.config),
             checkpoints=store,
             engine=self.spec.engine,
             default_output_system=self.spec.default_output_system,

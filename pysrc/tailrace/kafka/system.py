@@ -962,23 +962,29 @@ class KafkaSystem(System):
             )
         return cfg
 
+    def _setting_source(self, name: str, *, consumer: bool) -> str | None:
+        """Which of the system's tables set librdkafka setting ``name``: ``"consumer"``
+        (or ``"producer"``), ``"config"``, or None when none did."""
+        table = "consumer" if consumer else "producer"
+        if name in (self.consumer_settings if consumer else self.producer_settings):
+            return table
+        return "config" if name in self.config else None
+
     def _setting_key(self, name: str, *, consumer: bool) -> str:
         """The table a librdkafka setting came from, as a config key: ``consumer.NAME``,
         ``producer.NAME`` or ``systems.SYSTEM.config.NAME`` (in full: a bare ``config.NAME``
         would read as the job's [config] table); the client's table alone when none has it
         (librdkafka names an alias by its canonical name: linger.ms as queue.buffering.max.ms)."""
-        table = "consumer" if consumer else "producer"
-        if name in (self.consumer_settings if consumer else self.producer_settings):
-            return f"{table}.{name}"
-        return f"systems.{self.name}.config.{name}" if name in self.config else table
+        source = self._setting_source(name, consumer=consumer)
+        if source is None:
+            return "consumer" if consumer else "producer"
+        return f"systems.{self.name}.config.{name}" if source == "config" else f"{source}.{name}"
 
     def setting_table(self, name: str, *, consumer: bool) -> str | None:
         """The job-file table that set librdkafka setting ``name`` (``systems.SYSTEM.consumer``,
         ``systems.SYSTEM.producer`` or ``systems.SYSTEM.config``), or None when none did."""
-        table = "consumer" if consumer else "producer"
-        if name in (self.consumer_settings if consumer else self.producer_settings):
-            return f"systems.{self.name}.{table}"
-        return f"systems.{self.name}.config" if name in self.config else None
+        source = self._setting_source(name, consumer=consumer)
+        return None if source is None else f"systems.{self.name}.{source}"
 
     def _check_client_settings(self) -> None:
         """librdkafka's verdict on the settings, now rather than when a client first starts

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -44,9 +44,9 @@ from .._stopping import (
     StopDeadline,
     arm_backstop,
     gave_up_message,
+    member_config,
     not_committed,
     processed,
-    stop_reserve_ms,
 )
 from ..config import parse_config
 from ..container import Container, EngineName
@@ -394,7 +394,7 @@ class Member:
             self.spec.task,
             inputs=ssps,
             systems=systems,
-            config=replace(self.config, stop_reserve_ms=stop_reserve_ms(self.config.shutdown_ms)),
+            config=member_config(self.config),
             checkpoints=store,
             engine=self.spec.engine,
             default_output_system=self.spec.default_output_system,
