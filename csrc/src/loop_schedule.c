@@ -877,8 +877,11 @@ void trl_pool_unhold(tr_loop *L, task *T) {
 }
 
 int tr_loop_run_yield(tr_loop *L) {
-    /* relaxed: a hint; build_batch's acquire load acts on the stop itself */
-    if (TR_UNLIKELY(atomic_load_explicit(&L->stop_requested, TR_RELAXED)))
+    /* relaxed: hints; build_batch's acquire load acts on the stop itself, and
+     * next_op's on an error (posted by the message just run: a callback resolved
+     * a second time, rule 17; or by another thread): nothing more runs (rule 16) */
+    if (TR_UNLIKELY(atomic_load_explicit(&L->stop_requested, TR_RELAXED) ||
+                    atomic_load_explicit(&L->error, TR_RELAXED)))
         return 1;
     /* a timer set since the build (by the message just run, usually) */
     int64_t set = atomic_load_explicit(&L->timer_min_new, TR_RELAXED); /* see loop.timer_min_new */

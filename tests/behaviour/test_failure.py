@@ -210,6 +210,37 @@ def test_second_completion_after_an_inline_one_is_an_error(engine: str) -> None:
     assert info.value.offset == 2
 
 
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_callback_completed_twice_during_its_call_stops_dispatch_there(
+    engine: str, ordering: str, concurrency: int
+) -> None:
+    # rules 16-18: the second complete() is an error that stops the container; the C engine
+    # went on with the task's run (messages 1 and 2 invoked) and committed offset 2
+    invoked: list[int] = []
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            invoked.append(envelope.offset)
+            callback.complete()
+            if envelope.offset == 0:
+                callback.complete()
+
+    store = MemoryCheckpointStore()
+    with pytest.raises(CallbackError) as info:
+        run_job(
+            engine,
+            Task,
+            bounded([["a", "b", "c"]]),
+            store=store,
+            task_max_concurrency=concurrency,
+            task_ordering=ordering,
+        )
+    assert info.value.offset == 0
+    assert invoked == [0]
+    assert store.committed("tailrace-job").get(ssp(0), -1) <= 0
+
+
 def test_failure_never_moves_the_watermark_past_the_failed_message(engine: str) -> None:
     # rule 18: offsets 0 and 2 complete, 1 fails: nothing at or after 1 is ever committed
     held = HeldCallbacks()

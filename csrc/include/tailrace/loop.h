@@ -254,9 +254,10 @@ int tr_loop_next_op(tr_loop *loop, tr_op *out);
 int tr_loop_next_of_task(tr_loop *loop, uint32_t task, tr_op *out);
 /* Loop thread, inside run_batch, before each message of a RUN op (the first
  * one included): 1 when the run must end here (run_done with what was taken):
- * a stop was requested, or a timer (window, commit, user timer, callback
- * timeout) is due, so at most the message in progress runs after a barrier is
- * due (rules 8, 9, 19, 23). Costs one coarse clock read while nothing is near. */
+ * a stop was requested, an error was posted (rule 16), or a timer (window,
+ * commit, user timer, callback timeout) is due, so at most the message in
+ * progress runs after a barrier is due (rules 8, 9, 19, 23). Costs one coarse
+ * clock read while nothing is near. */
 int tr_loop_run_yield(tr_loop *L);
 /* Loop thread, inside run_batch (REFILL): append one item with its offset
  * handle. TR_EAGAIN when the ring is full (nothing stored); TR_ENOMEM when
