@@ -883,6 +883,10 @@ int tr_loop_run_yield(tr_loop *L) {
     if (TR_UNLIKELY(atomic_load_explicit(&L->stop_requested, TR_RELAXED) ||
                     atomic_load_explicit(&L->error, TR_RELAXED)))
         return 1;
+    /* a stop began after the run was built (a shutdown ALL, the last vote, from
+     * a message of another task in this batch): dispatch has stopped (rule 19) */
+    if (TR_UNLIKELY(L->phase != PH_RUNNING))
+        return 1;
     /* a timer set since the build (by the message just run, usually) */
     int64_t set = atomic_load_explicit(&L->timer_min_new, TR_RELAXED); /* see loop.timer_min_new */
     if (TR_UNLIKELY(set < L->run_until))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tailrace import AsyncStreamTask, MemoryCheckpointStore, MemorySystem, Scope, StreamTask
 
 from .helpers import HeldCallbacks, bounded, history_of, live_metric, run_job, ssp, start, wait_until
@@ -167,6 +169,44 @@ def test_shutdown_when_every_task_has_voted(engine: str) -> None:
     result = bg.join()
     assert result.reason == "shutdown"
     assert result.committed == {ssp(0): 1, ssp(1): 0, ssp(2): 0}
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_no_message_of_any_task_runs_after_a_shutdown_all_released_at_once(
+    engine: str, kind: str, ordering: str
+) -> None:
+    # rules 14, 19: the request is released when its call returns (nothing outstanding before
+    # it), and dispatch stops there; the C engine ran another task's run of buffered
+    # messages after it (all ten, and committed them), the reference engine one more
+    log: list[str] = []
+
+    def note(envelope: Any, coordinator: Any) -> None:
+        log.append(f"{envelope.partition}:{envelope.offset}")
+        if (envelope.partition, envelope.offset) == (0, 2):
+            log.append("shutdown")
+            coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    class Sync(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            note(envelope, coordinator)
+
+    class Async(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            note(envelope, coordinator)
+            callback.complete()
+
+    result, _ = run_job(
+        engine,
+        Sync if kind == "sync" else Async,
+        bounded([list(range(10)), list(range(10))]),
+        task_ordering=ordering,
+        task_max_concurrency=4,
+    )
+    assert result.reason == "shutdown"
+    assert log[-1] == "shutdown", log
+    assert result.committed[ssp(0)] == 2
+    assert result.committed.get(ssp(1), -1) < 9
 
 
 def test_restart_resumes_after_the_committed_offset_and_never_goes_back(engine: str) -> None:

@@ -295,6 +295,32 @@ def test_no_process_call_after_a_failure_reaches_a_task_on_the_pool(engine: str)
     assert len(log) == calls < 200
 
 
+def test_a_message_queued_on_the_pool_behind_a_failed_one_is_not_invoked(engine: str) -> None:
+    # rule 16: a failure stops the container; the task's next message, queued on its pool
+    # thread while the failing one ran, is not invoked (the reference engine invoked it:
+    # its pool threads saw the failure only once the loop thread had applied it)
+    for _ in range(5):
+        invoked: list[int] = []
+
+        class Task(StreamTask):
+            def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+                invoked.append(envelope.offset)
+                if envelope.offset == 0:
+                    time.sleep(0.005)  # message 1 is queued behind it meanwhile
+                    raise Boom("first")
+
+        with pytest.raises(TaskError) as info:
+            run_job(
+                engine,
+                Task,
+                bounded([list(range(5))]),
+                job_container_thread_pool_size=1,
+                task_max_concurrency=2,
+            )
+        assert info.value.offset == 0
+        assert invoked == [0]
+
+
 @pytest.mark.parametrize("max_concurrency", [1, 3])
 def test_a_message_whose_process_async_raises_after_complete_is_not_committed(
     engine: str, max_concurrency: int

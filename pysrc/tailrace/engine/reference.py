@@ -256,7 +256,10 @@ class _Timers:
 
     def cancel(self, key: Any) -> bool:
         with self._lock:
-            return self._timers.remove(key)
+            removed = self._timers.remove(key)
+        if removed:
+            self._wake()  # a due timer it removes holds its task back no more (rules 8, 23)
+        return removed
 
     def next_due(self) -> float | None:
         """The earliest registered time (epoch seconds, as the clock's ``time()``), or None."""
@@ -369,6 +372,9 @@ class ReferenceEngine:
         self._tasks = [_Task(self, tp, now) for tp in plan.tasks]
         self._rr = 0  # round-robin cursor over tasks (rule 5)
         self._failure: BaseException | None = None
+        # a callback failed or resolved twice (set under _cv by the resolving thread, before
+        # the loop applies it): pool threads invoke no more queued messages
+        self._failing = False
         self._draining = False
         self._reason = "stop"
         self._drain_deadline = 0.0
@@ -446,12 +452,15 @@ class ReferenceEngine:
         with self._cv:
             if cb._done:
                 self._events.append(("twice", cb, exc))
+                self._failing = True
             elif late_by > 0:
                 cb._done = True
                 self._events.append(("late", cb, late_by))
             else:
                 cb._done = True
                 self._events.append(("done", cb, exc))
+                if exc is not None:
+                    self._failing = True
             self._cv.notify()
 
     def _run_sync(self, t: _Task, cb: _Callback, env: Envelope, coordinator: Coordinator) -> None:
@@ -489,8 +498,11 @@ class ReferenceEngine:
             item = q.get()
             if item is None:
                 return
-            if self._failure is not None:
-                continue  # the run failed: a queued message is not invoked (as the C loop)
+            if self._failing or self._failure is not None:
+                # the run failed (or a failure is on its way to the loop): a queued
+                # message is not invoked (rule 16; as the C loop, whose error is posted
+                # when the callback fails)
+                continue
             busy[i] = True
             item[0].started += 1  # one pool thread per task: the only writer
             try:
@@ -1004,10 +1016,20 @@ class ReferenceEngine:
                 chosen = self._choose_keyed(t) if t.keyed else self._choose(t)
                 if chosen is None:
                     continue  # every buffered key is busy (rule 31)
-                self._invoke(t, chosen)
+                cb = self._invoke(t, chosen)
                 round_sent += 1
                 if self._failure is not None:
                     break
+                if cb._done and (cb.requests or (cb.coordinator is not None and cb.coordinator._requests)):
+                    # completed during its call, with requests: released now, when nothing
+                    # is outstanding before it, they take effect before any other message
+                    # (rule 14; a shutdown stops dispatch at once, as in the C loop)
+                    self._apply_events()
+                    self._release(t)
+                    self._check_stop()
+                    if self._draining or self._failure is not None:
+                        halt = True
+                        break
                 d = self._barrier_due(t, now)  # a timer process() just set
                 if now < d < due:
                     due = d
@@ -1170,7 +1192,7 @@ class ReferenceEngine:
                     break  # only the first buffered message (see _Task.catch_up)
         return None
 
-    def _invoke(self, t: _Task, chosen: tuple[_Partition, Envelope]) -> None:
+    def _invoke(self, t: _Task, chosen: tuple[_Partition, Envelope]) -> _Callback:
         part, env = chosen
         seq = t.next_seq
         t.next_seq += 1
@@ -1194,10 +1216,10 @@ class ReferenceEngine:
         if t.kind == "sync":
             if not self._workers:
                 self._run_sync(t, cb, env, t.coordinator)
-                return
+                return cb
             assert t.worker is not None
             self._workers[t.worker].put((t, cb, env, t.coordinator))
-            return
+            return cb
         cb.coordinator = Coordinator()
         if self._timeout is not None:
             cb.late_after = time.monotonic() + self.config.callback_timeout_ms / 1000  # real time, as sync
@@ -1207,6 +1229,7 @@ class ReferenceEngine:
             self._raised(t, cb, e)
         finally:
             cb.late_after = 0.0
+        return cb
 
     def _raised(self, t: _Task, cb: _Callback, e: Exception) -> None:
         """process_async raised: its message failed (rule 16), even when the call completed
