@@ -179,9 +179,16 @@ void trl_drain_completions(tr_loop *L) {
                 T->timer_gen++;
                 if (when != INT64_MAX && !T->done)
                     trl_heap_push(L, when, t, H_USER, T->timer_gen);
-                /* not due (any more): trl_fire_timers holds it when it is */
-                if (when > L->now)
+                /* not due (any more): trl_fire_timers holds it when it is. A
+                 * timer due until now, cancelled or moved later (rule 23), holds
+                 * back nothing any more: the task dispatches again (rule 8) */
+                if (when > L->now) {
+                    if (T->timer_due && !T->in_control) {
+                        T->timer_due = 0;
+                        trl_maybe_ready(L, t);
+                    }
                     trl_pool_unhold(L, T);
+                }
             }
         }
     }

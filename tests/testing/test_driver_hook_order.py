@@ -286,3 +286,42 @@ def test_what_fell_due_runs_task_by_task(engine: str, timer: str) -> None:
     p0 = [("Partition 0", "timer"), ("Partition 0", "window")]
     expected = p0 if timer == "due at 50 ms" else p0[::-1]
     assert log == [*expected, ("Partition 1", "window")]
+
+
+@pytest.mark.parametrize("change", ["cancel", "reschedule"])
+def test_a_due_timer_cancelled_or_moved_later_holds_its_task_back_no_more(engine: str, change: str) -> None:
+    # rules 8, 23: a due timer waits for the outstanding callback and holds back new messages;
+    # cancelled, or re-registered for later, nothing is due: the next message is dispatched
+    # (the C engine held the task back until the outstanding callback completed; the reference
+    # engine, after a cancel, until the next advance)
+    fired: list[str] = []
+
+    class Task(tailrace.AsyncStreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            pass  # completed by the test
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            fired.append(key)
+
+    with TestDriver(Task, inputs={"in": 1}, engine=engine, config={"task.max.concurrency": 2}) as driver:
+        driver.send("in", "A")
+        task = driver.tasks[0]
+        context = task.context  # type: ignore[attr-defined]
+        context.schedule("t", context.now() + 0.1, task.fire)  # type: ignore[attr-defined]
+        driver.advance(100)  # due, waiting for A
+        driver.send("in", "B")
+        assert [p.message for p in driver.pending] == ["A"]  # held back by the due timer
+        if change == "cancel":
+            assert context.cancel("t")
+        else:
+            context.schedule("t", context.now() + 0.05, task.fire)  # type: ignore[attr-defined]
+        driver.settle()
+        assert [p.message for p in driver.pending] == ["A", "B"]
+        assert fired == []
+        driver.pending[0].complete()
+        driver.pending[0].complete()
+        driver.advance(100)
+        assert fired == ([] if change == "cancel" else ["t"])
