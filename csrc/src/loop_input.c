@@ -134,7 +134,8 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
         if (L->nidle++ == 0)
             L->next_idle_poll = trl_now(L) + L->cfg.max_idle_ns;
     } else if (state == TR_PART_ENDED) {
-        T->nended++;
+        if (++T->nended == T->nparts)
+            trl_eos_gate(L, t);
         trl_maybe_control(L, t);
     } else {
         trl_queue_refill(L, t, p);

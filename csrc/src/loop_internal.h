@@ -182,6 +182,9 @@ typedef struct task {
     uint8_t halted;    /* a message of a run failed: never dispatch to it again */
     uint32_t queued;   /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
+    /* its last partition ended while others were idle: its end of stream waits
+     * for the build that follows their re-poll (L->builds; see eos_gate) */
+    uint64_t eos_not_before;
     /* when the pending window and the earliest pending timer fell due (the
      * loop's clock): whichever fell due first runs first (control_kind) */
     int64_t window_due_at, timer_due_at;
@@ -351,6 +354,8 @@ struct tr_loop {
     uint8_t eos_shutdown;
     uint32_t nidle;
     int64_t next_idle_poll;
+    uint64_t builds;      /* build_batch calls */
+    uint32_t eos_waiting; /* tasks whose end of stream waits for L->builds (eos_not_before) */
     int progress, tick, ran;
     uint64_t handed; /* ops returned by next_op */
     tr_status internal;
@@ -424,6 +429,7 @@ tr_status trl_start_workers(tr_loop *L);
 int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t gen);
 void trl_heap_compact(tr_loop *L);
 void trl_maybe_ready(tr_loop *L, uint32_t t);
+void trl_eos_gate(tr_loop *L, uint32_t t);
 void trl_carry(tr_loop *L, uint32_t t);
 void trl_maybe_control(tr_loop *L, uint32_t t);
 void trl_pool_unhold(tr_loop *L, task *T);

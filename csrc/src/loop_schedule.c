@@ -76,7 +76,8 @@ static int control_kind(const tr_loop *L, const task *T) {
         return out == T->redo_count ? CTL_WINDOW : CTL_NONE;
     if (T->timer_due)
         return out == T->redo_count ? CTL_TIMER : CTL_NONE;
-    if (T->nended == T->nparts && T->buffered == 0 && out == 0 && !T->halted)
+    if (T->nended == T->nparts && T->buffered == 0 && out == 0 && !T->halted &&
+        L->builds >= T->eos_not_before)
         return CTL_EOS;
     return CTL_NONE;
 }
@@ -87,6 +88,34 @@ void trl_maybe_control(tr_loop *L, uint32_t t) {
         return;
     T->in_ctl = 1;
     L->ctl[L->nctl++] = t;
+}
+
+/* T's last partition just ended. Partitions that went idle before may have
+ * ended meanwhile too, their wake-ups still on their way (a source that ends
+ * every partition at once wakes them one by one): they are polled again at
+ * once, and T's end of stream waits for the build after that poll, so the ends
+ * of stream that fall due together run together, whatever the order the
+ * wake-ups arrived in (rule 11; a shutdown ALL asked by one of them then ends
+ * the run after all of them, as in the reference engine). */
+void trl_eos_gate(tr_loop *L, uint32_t t) {
+    if (!L->nidle || L->phase != PH_RUNNING)
+        return;
+    for (uint32_t u = 0; u < L->cfg.ntasks; u++) {
+        task *U = &L->tasks[u];
+        for (uint32_t p = 0; p < U->nparts; p++) {
+            if (U->parts[p].state == TR_PART_IDLE) {
+                U->parts[p].state = TR_PART_ACTIVE;
+                trl_queue_refill(L, u, p);
+            }
+        }
+    }
+    L->nidle = 0;
+    task *T = &L->tasks[t];
+    if (!T->eos_not_before)
+        L->eos_waiting++;
+    /* this batch's refill results are in by the end of the next one: the
+     * build after it decides */
+    T->eos_not_before = L->builds + 2;
 }
 
 void trl_mark_dirty(tr_loop *L, uint32_t t) {
@@ -504,6 +533,19 @@ static void build_batch(tr_loop *L) {
     if (L->phase == PH_FINISHED)
         return;
     L->nbatch = L->bpos = 0;
+    L->builds++;
+    if (TR_UNLIKELY(L->eos_waiting)) { /* see trl_eos_gate */
+        for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
+            task *T = &L->tasks[t];
+            if (T->eos_not_before && L->builds >= T->eos_not_before) {
+                T->eos_not_before = 0;
+                L->eos_waiting--;
+                trl_maybe_control(L, t);
+            }
+        }
+        if (L->eos_waiting)
+            L->progress = 1; /* build again, batch or not */
+    }
     if (atomic_load_explicit(&L->error, TR_ACQUIRE)) { /* pairs with post_error's CAS */
         trl_finish(L, TR_STOP_ERROR);
         return;

@@ -235,11 +235,13 @@ class MemorySystem(System):
         parts = self._live.get(stream)
         if parts is None:
             raise KeyError(f"no live stream {stream!r} in system {self.name!r}")
+        wakes = []
         for i in range(len(parts)) if partition is None else [partition]:
             p = self._live_partition(stream, i)
             with p.cond:
                 p.ended = True
-                wake = p.wakeup
+                wakes.append(p.wakeup)
+        for wake in wakes:  # once every partition has ended: a reader woken first sees them all
             if wake is not None:
                 wake()
 

@@ -325,3 +325,35 @@ def test_a_due_timer_cancelled_or_moved_later_holds_its_task_back_no_more(engine
         driver.pending[0].complete()
         driver.advance(100)
         assert fired == ([] if change == "cancel" else ["t"])
+
+
+def test_ends_of_stream_of_one_end_input_all_run_before_a_shutdown_all_of_one_of_them(engine: str) -> None:
+    # rules 11, 14 and docs/testing.md (deterministic): end_input() ends every partition at
+    # once; every task's end_of_stream runs, then the shutdown ALL asked by the first ends the
+    # run, every time (the C engine skipped the others' now and then: the partitions' wake-ups
+    # reached the loop one by one, and the first task's end of stream ran before the others'
+    # partitions were seen to end)
+    seen: dict[tuple[str, tuple[str, ...]], int] = {}
+    log: list[str] = []
+
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            self.name = context.task_name
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+            log.append(self.name)
+            if self.name == "Partition 0":
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    for _ in range(60):
+        log.clear()
+        with TestDriver(Task, inputs={"in": 3}, engine=engine) as driver:
+            driver.start()
+            result = driver.end_input()
+            assert result is not None
+            key = (result.reason, tuple(log))
+            seen[key] = seen.get(key, 0) + 1
+    assert seen == {("end_of_stream", ("Partition 0", "Partition 1", "Partition 2")): 60}
