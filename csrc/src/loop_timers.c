@@ -75,7 +75,7 @@ void trl_heap_compact(tr_loop *L) {
         heap_sift_down(L, i);
 }
 
-static void check_timeout(tr_loop *L, uint32_t t) {
+static void check_timeout(tr_loop *L, uint32_t t, int64_t when) {
     task *T = &L->tasks[t];
     uint64_t s = tr_sequencer_released_upto(T->seq);
     uint64_t end = tr_sequencer_next_seq(T->seq);
@@ -87,7 +87,11 @@ static void check_timeout(tr_loop *L, uint32_t t) {
     }
     inflight *f = &T->infl[s & T->infl_mask];
     int64_t deadline = f->t0 + L->cfg.callback_timeout_ns;
-    if (deadline <= L->now) {
+    /* an entry armed for a callback completed since (its deadline `when` is
+     * earlier): the heap orders the real deadline first, so of the callbacks
+     * past theirs the earliest deadline times out, at one deadline the first
+     * task's (rule 16; as the reference engine) */
+    if (deadline <= L->now && deadline <= when) {
         L->to_task = t;
         L->to_part = f->part;
         L->to_seq = s;
@@ -118,7 +122,7 @@ void trl_fire_timers(tr_loop *L) {
         hent e = heap_pop(L);
         task *T = &L->tasks[e.task];
         if (e.kind == H_CBTIMEOUT) {
-            check_timeout(L, e.task);
+            check_timeout(L, e.task, e.when);
             continue;
         }
         if (L->phase != PH_RUNNING || (T->done && e.kind != H_COMMIT))

@@ -835,6 +835,22 @@ def test_of_callbacks_past_their_deadlines_the_earliest_deadline_times_out(
     d.close()
 
 
+def test_at_one_deadline_the_first_task_times_out_after_a_completion_of_the_other(engine: str) -> None:
+    # rule 16, as above: partition 1 had a callback that completed before its deadline; the
+    # C loop kept that callback's deadline in its timer heap, checked partition 1 first when
+    # it fell due, and named partition 1's later callback (its deadline equal to partition 0's)
+    d = TestDriver(_NeverCompletes, inputs={"in": 2}, engine=engine, config={"task.callback.timeout.ms": 100})
+    d.send("in", "early", partition=1)
+    d.advance(10)
+    d.pending[0].complete()
+    d.send("in", "m", partition=1)
+    d.send("in", "m", partition=0)
+    with pytest.raises(tailrace.CallbackTimeoutError) as info:
+        d.advance(100)
+    assert (info.value.task, info.value.offset) == ("Partition 0", 0)
+    d.close()
+
+
 class _HoldsUnlessStop(tailrace.AsyncStreamTask):
     def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
         if envelope.message == "stop":
