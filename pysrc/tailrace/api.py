@@ -134,6 +134,11 @@ class TaskContext:
         time already past fires at the next chance, ``inf`` never). ValueError for a NaN ``when``."""
         if not callable(fn):
             raise TypeError(f"timer callback for key {key!r} is not callable: {fn!r}")
+        if self.loop is None and _is_coroutine_function(fn):
+            raise TypeError(
+                f"timer callback for key {key!r} is an async def, which only a task with async def "
+                "process() runs (docs/asyncio.md); make it a plain function"
+            )
         at = float(when)
         if at != at:  # NaN: neither past nor future (inf is: it never fires)
             raise ValueError(f"timer for key {key!r}: when is NaN; give a time.time() value")
@@ -298,6 +303,17 @@ def check_task_class(cls: type, window_ms: int | None = None) -> list[str]:
         raise ConfigError(
             f"task class {qual} defines neither process() nor process_async() (nor async def process()){hint}"
         )
+    if not _is_coroutine_function(getattr(cls, "process", None)):
+        # only a task with async def process runs on an event loop: any other task would
+        # call an async hook, get a coroutine, and never run it
+        coro = [h for h in HOOKS if _is_coroutine_function(getattr(cls, h, None))]
+        if coro:
+            names = ", ".join(f"{h}()" for h in coro)
+            raise ConfigError(
+                f"task class {qual} defines {names} with async def, which only a task with "
+                f"async def process() runs (docs/asyncio.md); make {'them' if len(coro) > 1 else 'it'} "
+                "plain methods, or process() an async def"
+            )
     warnings = [
         f"task class {qual}: method {n}() looks like a misspelling of the hook {h}(), "
         f"which it does not define; {n}() is never called"

@@ -668,6 +668,60 @@ def test_a_stream_task_with_async_def_process_runs_on_the_loop(engine: str) -> N
     assert result.committed == {ssp(0): 2}
 
 
+@pytest.mark.parametrize("style", ["sync", "callback"])
+def test_async_def_hooks_of_a_task_without_async_def_process_are_refused(engine: str, style: str) -> None:
+    # docs/asyncio.md: coroutine hooks run only for a task with async def process; any other
+    # task called them, got coroutines, never ran them, and the run "succeeded" (timers its
+    # async init set never existed)
+    from tailrace import ConfigError, StreamTask
+
+    ran: list[str] = []
+
+    class Sync(StreamTask):
+        async def init(self, context: Any) -> None:  # type: ignore[override]
+            ran.append("init")
+
+        def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            ran.append("process")
+
+        async def end_of_stream(self, collector: Any, coordinator: Any) -> None:  # type: ignore[override]
+            ran.append("eos")
+
+    class Callback(AsyncStreamTask):
+        def process_async(self, env: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            ran.append("process")
+            callback.complete()
+
+        async def close(self) -> None:  # type: ignore[override]
+            ran.append("close")
+
+    mem = MemorySystem("mem").add_stream("in", [["a"]])
+    with pytest.raises(ConfigError, match=r"async def.*only a task with async def process\(\)") as info:
+        Container(Sync if style == "sync" else Callback, inputs=["mem.in"], systems=[mem], engine=engine).run()
+    assert ("init(), end_of_stream()" if style == "sync" else "close()") in str(info.value)
+    assert ran == []
+
+
+def test_an_async_def_timer_of_a_sync_task_is_refused_at_schedule(engine: str) -> None:
+    from tailrace import StreamTask
+
+    class Sync(StreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+
+        def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            self.context.schedule("t", self.context.now(), self.fire)
+
+        async def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+    mem = MemorySystem("mem").add_stream("in", [["a"]])
+    with pytest.raises(TaskError) as info:
+        Container(Sync, inputs=["mem.in"], systems=[mem], engine=engine).run()
+    assert isinstance(info.value.__cause__, TypeError)
+    assert "timer callback for key 't' is an async def" in str(info.value.__cause__)
+
+
 @pytest.mark.parametrize("debug", [False, True])
 def test_each_message_has_its_own_current_task_which_is_done_once_it_is(engine: str, debug: bool) -> None:
     # docs/asyncio.md: current_task() works from the first line of process; the queued path
