@@ -697,7 +697,8 @@ def test_async_def_hooks_of_a_task_without_async_def_process_are_refused(engine:
 
     mem = MemorySystem("mem").add_stream("in", [["a"]])
     with pytest.raises(ConfigError, match=r"async def.*only a task with async def process\(\)") as info:
-        Container(Sync if style == "sync" else Callback, inputs=["mem.in"], systems=[mem], engine=engine).run()
+        task = Sync if style == "sync" else Callback
+        Container(task, inputs=["mem.in"], systems=[mem], engine=engine).run()
     assert ("init(), end_of_stream()" if style == "sync" else "close()") in str(info.value)
     assert ran == []
 
