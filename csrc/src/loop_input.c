@@ -113,7 +113,8 @@ tr_status tr_loop_push_inputs_keyed(tr_loop *L, uint32_t t, uint32_t p, const ui
         trl_maybe_ready(L, t);
         /* read on while there is room: a task whose buffered keys are all busy
          * dispatches nothing, so no dispatch would queue the next refill, and a
-         * later message with a free key would wait for a completion (rule 30) */
+         * later message with a free key would wait for a completion (rule 30;
+         * and take_keyed reads on past half the buffer when every key is busy) */
         if (part_used(P, 1) <= P->fill / 2)
             trl_queue_refill(L, t, p);
     }

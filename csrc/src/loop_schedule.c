@@ -325,6 +325,14 @@ static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t 
     uint64_t pos;
     if (!key_pick(T, &p, &pos)) {
         T->kblocked = 1; /* every buffered key is busy: wait for a completion */
+        /* and read on while a buffer has room: the look-ahead is the whole buffer
+         * (rule 31), not the half that refills wait for, also when messages
+         * arrive one at a time */
+        for (uint32_t q = 0; q < T->nparts; q++) {
+            part *Q = &T->parts[q];
+            if (Q->state == TR_PART_ACTIVE && part_used(Q, 1) < Q->fill)
+                trl_queue_refill(L, t, q);
+        }
         return TR_NO_SEQ;
     }
     part *P = &T->parts[p];

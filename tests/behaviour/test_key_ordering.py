@@ -415,3 +415,33 @@ def test_a_stop_of_a_keyed_pool_task_with_a_store_commits_it_and_replays_nothing
     assert sorted(calls) == list(range(len(keys)))  # each message exactly once
     state = checkpoints.state("Partition 0", "counts", "tailrace-job")
     assert len(state) == 37 and sum(json.loads(v) for v in state.values()) == len(keys)
+
+
+@pytest.mark.parametrize("arrival", ["one by one", "at once"])
+def test_the_look_ahead_is_the_whole_input_buffer_however_the_input_arrives(engine: str, arrival: str) -> None:
+    # rule 31 and docs/ordering.md: the loop looks ahead as far as the partition's input
+    # buffer for a free key. With input arriving one message at a time both engines read on
+    # only while the buffer was at most half full: a free key 9 messages behind a busy one
+    # waited for it to complete, with a buffer of 16
+    from tailrace.testing import TestDriver
+
+    class Holds(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            pass  # completed by the test
+
+    config = {"task.ordering": "key", "task.max.concurrency": 4, "task.input.buffer.size": 16}
+    with TestDriver(Holds, inputs={"in": 1}, config=config, engine=engine) as driver:
+        keys = ["a"] * 15 + ["b"]
+        for key in keys:
+            if arrival == "one by one":
+                driver.send("in", "m", key=key)
+            else:
+                driver.system.append("in", 0, "m", key=key)
+        driver.settle()
+        assert [(p.offset, p.envelope.key) for p in driver.pending] == [(0, "a"), (15, "b")]
+        driver.pending[1].complete()
+        driver.send("in", "m", key="c")  # the buffer is full (16 from the watermark): not read
+        assert [(p.offset, p.envelope.key) for p in driver.pending] == [(0, "a")]
+        driver.pending[0].complete()
+        driver.settle()
+        assert [(p.offset, p.envelope.key) for p in driver.pending] == [(1, "a"), (16, "c")]

@@ -738,9 +738,16 @@ class ReferenceEngine:
                 continue
             fill = min(cap, _RUN_FILL) if t.inline and self._runs else cap
             for p in t.parts:
-                held = len(p.order) if t.keyed else len(p.buffer)  # rule 31: from the watermark
-                if p.at_end or held > fill // 2:
-                    continue
+                if t.keyed:
+                    # rule 31: counted from the watermark, and read on up to the whole buffer
+                    # (a keyed task's buffer may hold only busy keys: no dispatch frees it)
+                    held = len(p.order)
+                    if p.at_end or held >= fill:
+                        continue
+                else:
+                    held = len(p.buffer)
+                    if p.at_end or held > fill // 2:
+                        continue
                 try:
                     batch = p.reader.poll(fill - held)
                     ended = not batch and p.reader.at_end()
