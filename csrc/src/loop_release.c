@@ -276,10 +276,15 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
                 trl_queue_refill(L, t, p);
         }
         /* fill_run moved the round robin past every message it put in the run: one
-         * that ended early (a request, a failure, a barrier) rewinds it to the first
-         * message not consumed, whose partition is next (rule 5) */
-        if (consumed < L->run_count)
-            T->rr = L->run_parts[consumed];
+         * that ended early (a request, a failure, a barrier, an escape) rewinds it to
+         * the partition after the last message consumed (rule 5; not to the next
+         * message's partition: one empty when the run was filled may have input now) */
+        if (consumed == 0 && L->run_count) {
+            T->rr = L->run_parts[0];
+        } else if (consumed < L->run_count) {
+            uint32_t last = L->run_parts[consumed - 1];
+            T->rr = last + 1 == T->nparts ? 0 : last + 1;
+        }
     }
     /* ended by tr_loop_run_yield (a barrier or a stop), not by a failure, a request
      * or its end: the task keeps its turn (trl_carry) */

@@ -445,3 +445,27 @@ def test_the_look_ahead_is_the_whole_input_buffer_however_the_input_arrives(engi
         driver.pending[0].complete()
         driver.settle()
         assert [(p.offset, p.envelope.key) for p in driver.pending] == [(1, "a"), (16, "c")]
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_a_task_s_partitions_take_turns_after_a_message_that_escaped_a_run(engine: str, ordering: str) -> None:
+    # rule 5: one task owns in[0] and in2[0]; after in2 was served, in is next. The C loop
+    # rewound its round robin to in2 (the partition of the next message when the run was
+    # filled, in being empty then), so in2's second message ran before in's
+    from tailrace.testing import TestDriver
+
+    log: list[str] = []
+
+    class Holds(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            log.append(f"{envelope.stream}:{envelope.offset}")
+
+    with TestDriver(Holds, inputs={"in": 1, "in2": 1}, config={"task.ordering": ordering}, engine=engine) as d:
+        d.send("in", "A0", key="x")
+        d.send("in2", "B0", key="x")
+        d.send("in2", "B1", key="x")
+        d.pending[0].complete()  # A0 done: B0 runs
+        d.send("in", "A1", key="x")
+        for _ in range(3):
+            d.pending[0].complete()
+    assert log == ["in:0", "in2:0", "in:1", "in2:1"]
