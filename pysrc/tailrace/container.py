@@ -291,6 +291,13 @@ class Container:
                     allowed=", ".join(sorted(self.systems)) or "no systems defined",
                 )
             n = system.partitions(ss.stream)
+            if n < 1:
+                # the C engine would refuse a task over nothing, the Python one read nothing: refused
+                # here for both, before anything starts
+                raise InputError(
+                    "input stream has no partitions (a job reads at least one partition of each input)",
+                    source=f"{ss.system}.{ss.stream}",
+                )
             ssps.extend(SystemStreamPartition(ss.system, ss.stream, p) for p in range(n))
         if len(set(ssps)) != len(ssps):
             raise ConfigError("an input partition is listed twice", key="inputs")

@@ -206,7 +206,10 @@ class MemorySystem(System):
         """A live input stream of ``partitions`` partitions, at most ``capacity`` waiting in each."""
         self._check_new(stream)
         if partitions < 1 or capacity < 1:
-            raise ValueError("partitions and capacity must be >= 1")
+            raise ValueError(
+                f"stream {stream!r}: partitions and capacity must be >= 1, "
+                f"got partitions={partitions!r}, capacity={capacity!r}"
+            )
         self._live[stream] = [_LivePartition(capacity) for _ in range(partitions)]
         return self
 

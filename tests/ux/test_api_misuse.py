@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import tailrace
-from tailrace.errors import ConfigError
+from tailrace.errors import ConfigError, InputError
 
 from .conftest import mypy_strict
 
@@ -85,6 +85,26 @@ def test_container_refuses_one_str_as_its_inputs(engine: Any) -> None:
     ) as e:
         tailrace.Container(Echo, inputs="mem.w", systems=[mem], engine=engine)
     assert "(one input is ['mem.w'])" in str(e.value)
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_an_input_stream_with_no_partitions_is_refused_naming_it(engine: Any, tmp_path: Path) -> None:
+    # the C engine failed with "dispatch loop: TR_EINVAL", the Python one ran reading nothing
+    for other in ([], ["mem.other"]):
+        mem = tailrace.MemorySystem("mem").add_stream("words", []).add_stream("other", [["x"]])
+        c = tailrace.Container(Echo, inputs=["mem.words", *other], systems=[mem], engine=engine)
+        with pytest.raises(InputError) as e:
+            c.run()
+        assert str(e.value) == (
+            "mem.words: input stream has no partitions (a job reads at least one partition of each input)"
+        )
+    # a file system's stream directory without partition files: refused as well
+    (tmp_path / "lines").mkdir()
+    files = tailrace.FileSystem("files", tmp_path)
+    with pytest.raises(InputError, match=r"lines: stream directory has no partition files"):
+        tailrace.Container(Echo, inputs=["files.lines"], systems=[files], engine=engine).run()
+    with pytest.raises(ValueError, match=r"^stream 'live': partitions and capacity must be >= 1, got"):
+        tailrace.MemorySystem("mem").add_live_stream("live", 0)
 
 
 def test_file_system_options_of_the_wrong_type_are_config_errors_naming_them(tmp_path: Path) -> None:
