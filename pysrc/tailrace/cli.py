@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TextIO
 
 from .config import describe_keys
 from .container import ENGINES, Container, load_engine
-from .errors import ConfigError, SetupError, TailraceError, TaskError
+from .errors import ConfigError, InputError, SetupError, TailraceError, TaskError
 from .jobfile import JOB_FILE, JobSpec, load_job, parse_override
 from .metrics import RunResult, TaskMetrics
 from .types import Offset, SystemStreamPartition
@@ -1347,7 +1347,16 @@ def cmd_load(args: argparse.Namespace) -> int:
     else:
         # the job file's count (checked against Redis), recorded: a job that later declares
         # another count is refused rather than reading only some of the partitions
-        system.create_stream(ss.stream, system.partitions(ss.stream), exist_ok=True)
+        try:
+            n = system.partitions(ss.stream)
+        except InputError:  # neither Redis nor the job file knows the stream: nothing to append to
+            raise ConfigError(
+                f"Redis at {system.where} has no stream {ss.stream!r}: create it with this command's "
+                f"--partitions N (N partitions), or give its partition count in the 'streams' table of "
+                f"[systems.{ss.system}]",
+                key="--partitions",
+            ) from None
+        system.create_stream(ss.stream, n, exist_ok=True)
     started = time.monotonic()
     counts = append_pipelined(
         system, ss.stream, read_messages(path, fmt), key_field=args.key_field, batch=args.batch

@@ -225,6 +225,24 @@ def test_load_records_the_job_file_s_partition_count(redis_server: RedisServer, 
     assert "30 messages processed" in done.stderr + done.stdout
 
 
+def test_load_to_a_stream_redis_lacks_asks_for_its_partition_count(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # README "Several machines": on a fresh Redis, load without --partitions has nothing to
+    # append to; the error names the option that creates the stream, and nothing is written
+    job = write_job(tmp_path, redis_server.url)
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(10)))
+    done = run_cli("load", str(job), str(data))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "config key '--partitions'" in done.stderr and "has no stream 'in'" in done.stderr, done.stderr
+    assert "--partitions N" in done.stderr, done.stderr
+    assert redis_server.client().dbsize() == 0
+    done = run_cli("load", str(job), str(data), "--partitions", "2", "--end")
+    assert done.returncode == 0, done.stderr
+    assert RedisSystem("redis", redis_server.url).partitions("in") == 2
+
+
 def test_a_refused_login_is_said_so_at_once_without_the_password(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis", password="s3cret-pw").start()
     try:
