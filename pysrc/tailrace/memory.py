@@ -11,7 +11,7 @@ from typing import Any
 
 from ._core import make_envelopes
 from .config import options_checked
-from .errors import InputError
+from .errors import ConfigError, InputError
 from .interfaces import CheckpointStore, PartitionReader, Producer, StateChanges, System
 from .types import Offset, SystemStreamPartition
 
@@ -322,8 +322,14 @@ class MemoryCheckpointStore(CheckpointStore):
 
     @options_checked
     def __init__(self, history_limit: int | None = 1000) -> None:
-        if history_limit is not None and history_limit < 0:
-            raise ValueError(f"history_limit must be >= 0 or None, got {history_limit}")
+        if history_limit is not None and (
+            isinstance(history_limit, bool) or not isinstance(history_limit, int) or history_limit < 0
+        ):
+            raise ConfigError(
+                f"expected an integer >= 0 or None, got {history_limit!r}",
+                key="history_limit",
+                allowed="an integer >= 0 (0 records no write), or None (records every write)",
+            )
         self._data: dict[str, dict[str, dict[SystemStreamPartition, Offset]]] = {}
         # job -> (task, store) -> encoded key -> encoded value
         self._state: dict[str, dict[tuple[str, str], dict[bytes, bytes]]] = {}

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tailrace import Container, MemorySystem, StreamTask
+from tailrace.errors import ConfigError
+from tailrace.jobfile import load_job
 from tailrace.memory import MemoryCheckpointStore
 from tailrace.types import SystemStreamPartition as SSP
 
@@ -57,6 +61,30 @@ def test_default_history_is_bounded_and_none_keeps_everything_and_zero_nothing()
 def test_negative_history_limit_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="history_limit"):
         MemoryCheckpointStore(history_limit=-1)
+
+
+@pytest.mark.parametrize("value", [-1, "10", 2.5, True])
+def test_a_bad_history_limit_is_a_config_error_naming_it_from_python_and_the_job_file(
+    tmp_path: Path, value: Any
+) -> None:
+    # docs/python-jobs.md: the keywords are the job file's keys, with the same checks and
+    # messages; a str gave a TypeError from a comparison, -1 a raw traceback from the job file
+    expected = (
+        f"expected an integer >= 0 or None, got {value!r} (allowed: an integer >= 0 (0 records "
+        "no write), or None (records every write))"
+    )
+    with pytest.raises(ConfigError) as e:
+        MemoryCheckpointStore(history_limit=value)
+    assert str(e.value) == f"config key 'history_limit': {expected}"
+    job = tmp_path / "job.toml"
+    toml_value = json.dumps(value)  # TOML spells these as JSON does
+    job.write_text(
+        '[job]\nname = "j"\ntask = "t.py:T"\ninputs = ["mem.a"]\n[systems.mem]\ntype = "memory"\n'
+        f'[checkpoints]\ntype = "memory"\nhistory_limit = {toml_value}\n'
+    )
+    with pytest.raises(ConfigError) as e:
+        load_job(job)
+    assert str(e.value) == f"{job}: config key 'checkpoints.history_limit': {expected}"
 
 
 class _CommitEach(StreamTask):
