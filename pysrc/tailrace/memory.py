@@ -20,9 +20,9 @@ _TEXT = (str, bytes, bytearray)  # sequences, but never a partition or a list of
 
 def partition_lists(stream: str, partitions: Iterable[Sequence[Any]]) -> list[list[Any]]:
     """``partitions`` as lists, one of messages per partition. TypeError naming the stream
-    for a str or bytes given as the partitions or as one partition: taken as a sequence, it
-    would be its characters."""
-    if isinstance(partitions, _TEXT):
+    for a str or bytes given as the partitions or as one partition (taken as a sequence, it
+    would be its characters), or for something that is no sequence at all (a count)."""
+    if isinstance(partitions, _TEXT) or not _iterable(partitions):
         raise TypeError(
             f"stream {stream!r}: expected a list of partitions, each a list of messages, got "
             f"{partitions!r} (a stream of one partition is [[m1, m2, ...]])"
@@ -30,8 +30,16 @@ def partition_lists(stream: str, partitions: Iterable[Sequence[Any]]) -> list[li
     return [_partition(stream, p, part, "messages") for p, part in enumerate(partitions)]
 
 
+def _iterable(value: Any) -> bool:
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _partition(stream: str, p: int, part: Iterable[Any], what: str) -> list[Any]:
-    if isinstance(part, _TEXT):
+    if isinstance(part, _TEXT) or not _iterable(part):
         raise TypeError(
             f"stream {stream!r} partition {p}: expected a list of {what}, got {part!r} "
             "(a stream of one partition is [[m1, m2, ...]])"
@@ -161,7 +169,8 @@ class _MemoryProducer(Producer):
 class MemorySystem(System):
     """In-memory streams for tests and examples.
 
-    ``add_stream(name, partitions)`` defines a bounded input stream from lists;
+    ``add_stream(name, partitions)`` defines a bounded input stream from lists (one list
+    of messages per partition: ``[["a", "b"]]`` is one partition of two messages);
     ``add_live_stream(name, n)`` a live one fed by ``append`` from any thread
     (blocks while ``capacity`` messages wait); ``end(name, partition)`` marks the
     end of a live partition. Output streams are created on first send and read
@@ -191,7 +200,7 @@ class MemorySystem(System):
         parts: list[Sequence[Any]] = list(partition_lists(stream, partitions))
         ks: list[Sequence[Any] | None] = [None] * len(parts)
         if keys is not None:
-            if isinstance(keys, _TEXT):
+            if isinstance(keys, _TEXT) or not _iterable(keys):
                 raise TypeError(f"stream {stream!r}: expected a list of key lists, got {keys!r}")
             ks = [None if k is None else _partition(stream, p, k, "keys") for p, k in enumerate(keys)]
         if len(ks) != len(parts):

@@ -61,14 +61,19 @@ class Echo(tailrace.StreamTask):
         collector.send("mem.out", envelope.message)
 
 
-@pytest.mark.parametrize("partitions", [["hello", "world"], "hello", [b"ab"], [["ok"], "no"]])
-def test_add_stream_refuses_a_str_where_a_partition_is_expected(partitions: Any) -> None:
-    # each str would be a partition of characters: refused, naming the stream
+@pytest.mark.parametrize("partitions", [["hello", "world"], "hello", [b"ab"], [["ok"], "no"], 2, [1, 2]])
+def test_add_stream_refuses_a_str_or_a_count_where_partitions_are_expected(partitions: Any) -> None:
+    # each str would be a partition of characters, and a count is no list of partitions: refused,
+    # naming the stream
     with pytest.raises(TypeError, match=r"^stream 'w'.*expected a list of") as e:
         tailrace.MemorySystem("mem").add_stream("w", partitions)
     assert "[[m1, m2, ...]]" in str(e.value)
     with pytest.raises(TypeError, match=r"^stream 'w' partition 0: expected a list of keys"):
         tailrace.MemorySystem("mem").add_stream("w", [["a", "b"]], keys=["xy"])
+    with pytest.raises(TypeError, match=r"^stream 'w' partition 0: expected a list of keys"):
+        tailrace.MemorySystem("mem").add_stream("w", [["a", "b"]], keys=[3])
+    with pytest.raises(TypeError, match=r"^stream 'w': expected a list of key lists, got 3"):
+        tailrace.MemorySystem("mem").add_stream("w", [["a", "b"]], keys=3)
 
 
 def test_add_stream_takes_any_other_sequence() -> None:
