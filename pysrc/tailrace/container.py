@@ -210,6 +210,8 @@ class Container:
     ``inputs``: ``"system.stream"`` names (every partition) or explicit
     SystemStreamPartitions. Tasks are grouped by partition number (Samza's
     GroupByPartition): task "Partition N" owns partition N of every input.
+    ``systems``: the systems inputs and outputs name, a list (each system under its own
+    name: two of one name are a ConfigError) or a mapping name -> system.
     ``config``: Samza keys (or snake_case keywords). ``checkpoints``: a
     CheckpointStore (default: in memory). ``engine``: "c" (default) or "python".
     ``stores``: key-value stores of every task (rules 25-29), ``{NAME: {option:
@@ -246,7 +248,20 @@ class Container:
         if isinstance(systems, Mapping):
             self.systems = dict(systems)
         else:
-            self.systems = {s.name: s for s in systems}
+            self.systems = {}
+            for s in systems:
+                first = self.systems.get(s.name)
+                if first is s:
+                    raise ConfigError(f"system {s.name!r} is listed twice", key="systems")
+                if first is not None:
+                    # the second would replace the first without a word (a job file's systems
+                    # are a table, keyed by name: no duplicate gets this far)
+                    raise ConfigError(
+                        f"two systems are named {s.name!r} ({type(first).__name__} and "
+                        f"{type(s).__name__}): give each a name of its own",
+                        key="systems",
+                    )
+                self.systems[s.name] = s
         if isinstance(inputs, (str, bytes)):
             raise ConfigError(
                 f"expected a list of 'system.stream' names or SystemStreamPartitions, got {inputs!r} "

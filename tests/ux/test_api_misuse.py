@@ -112,6 +112,22 @@ def test_an_input_stream_with_no_partitions_is_refused_naming_it(engine: Any, tm
         tailrace.MemorySystem("mem").add_live_stream("live", 0)
 
 
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_two_systems_of_one_name_are_refused_naming_it(engine: Any, tmp_path: Path) -> None:
+    # the second replaced the first without a word, and the run blamed the input stream
+    mem = tailrace.MemorySystem("mem").add_stream("words", [["x"]])
+    for other in (tailrace.MemorySystem(), tailrace.FileSystem("mem", tmp_path)):
+        with pytest.raises(ConfigError) as e:
+            tailrace.Container(Echo, inputs=["mem.words"], systems=[mem, other], engine=engine)
+        assert str(e.value) == (
+            f"config key 'systems': two systems are named 'mem' (MemorySystem and {type(other).__name__}): "
+            "give each a name of its own"
+        )
+    with pytest.raises(ConfigError) as e:
+        tailrace.Container(Echo, inputs=["mem.words"], systems=[mem, mem], engine=engine)
+    assert str(e.value) == "config key 'systems': system 'mem' is listed twice"
+
+
 def test_file_system_options_of_the_wrong_type_are_config_errors_naming_them(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"config key 'systems.f.path': expected a directory path \(a string\)"
