@@ -204,6 +204,22 @@ InputSpec = str | SystemStreamPartition
 _WARNED: set[str] = set()  # start-up warnings already logged by this process
 
 
+def check_task_factory(task: object) -> None:
+    """TypeError naming what was given unless ``task`` can make tasks (a class, or a
+    factory called once per task): an instance would fail later as "object is not callable"."""
+    if callable(task):
+        return
+    name = type(task).__qualname__
+    if callable(getattr(task, "process", None)) or callable(getattr(task, "process_async", None)):
+        got = (
+            f"an instance of {name}: pass the class {name} itself (the container makes one instance per task)"
+        )
+    else:
+        text = repr(task)
+        got = f"{text if len(text) <= 80 else text[:77] + '...'} ({name})"
+    raise TypeError(f"expected a task class (or a factory returning a task), got {got}")
+
+
 class Container:
     """Runs a task class (or factory) over inputs; one run loop, many tasks.
 
@@ -239,6 +255,7 @@ class Container:
         clock: Clock | None = None,
         **config_kwargs: Any,
     ) -> None:
+        check_task_factory(task)
         if stores is not None:
             config_kwargs["stores"] = stores
         self._clock = clock if clock is not None else SYSTEM_CLOCK

@@ -12,6 +12,7 @@ import pytest
 
 import tailrace
 from tailrace.errors import ConfigError, InputError
+from tailrace.testing import TestDriver
 
 from .conftest import mypy_strict
 
@@ -126,6 +127,23 @@ def test_two_systems_of_one_name_are_refused_naming_it(engine: Any, tmp_path: Pa
     with pytest.raises(ConfigError) as e:
         tailrace.Container(Echo, inputs=["mem.words"], systems=[mem, mem], engine=engine)
     assert str(e.value) == "config key 'systems': system 'mem' is listed twice"
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_task_instance_where_a_class_is_expected_is_refused_naming_it(engine: Any) -> None:
+    # it failed when planning with "TypeError: 'Echo' object is not callable"
+    mem = tailrace.MemorySystem("mem").add_stream("w", [["a"]])
+    expected = "expected a task class (or a factory returning a task), got "
+    instance = "an instance of Echo: pass the class Echo itself (the container makes one instance per task)"
+    with pytest.raises(TypeError) as e:
+        tailrace.Container(Echo(), inputs=["mem.w"], systems=[mem], engine=engine)
+    assert str(e.value) == expected + instance
+    with pytest.raises(TypeError) as e:
+        TestDriver(Echo(), inputs={"w": 1}, engine=engine)
+    assert str(e.value) == expected + instance
+    with pytest.raises(TypeError) as e:
+        tailrace.Container("task.py:Echo", inputs=["mem.w"], systems=[mem], engine=engine)
+    assert str(e.value) == expected + "'task.py:Echo' (str)"
 
 
 def test_file_system_options_of_the_wrong_type_are_config_errors_naming_them(tmp_path: Path) -> None:

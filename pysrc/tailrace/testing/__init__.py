@@ -29,7 +29,7 @@ from typing import Any
 from ..api import task_kind
 from ..clock import ManualClock
 from ..config import Config, parse_config
-from ..container import Container, EngineName
+from ..container import Container, EngineName, check_task_factory
 from ..errors import ConfigError, TailraceError
 from ..interfaces import CheckpointStore
 from ..memory import MemoryCheckpointStore, MemorySystem, partition_lists
@@ -144,6 +144,7 @@ class TestDriver:
         start: float = 1_700_000_000.0,
         default_output_system: str | None = None,
     ) -> None:
+        check_task_factory(task)  # an instance: refused here, not by the factory that calls it
         if not inputs:
             raise ConfigError("a test driver needs at least one input stream", key="inputs")
         parsed = parse_config(config)
