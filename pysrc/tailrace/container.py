@@ -223,6 +223,8 @@ def check_task_factory(task: object) -> None:
 class Container:
     """Runs a task class (or factory) over inputs; one run loop, many tasks.
 
+    ``task``: the task class, or a factory called once per task that returns its
+    instance (an instance is a TypeError: the container makes one per task).
     ``inputs``: ``"system.stream"`` names (every partition) or explicit
     SystemStreamPartitions. Tasks are grouped by partition number (Samza's
     GroupByPartition): task "Partition N" owns partition N of every input.
@@ -230,6 +232,9 @@ class Container:
     name: two of one name are a ConfigError) or a mapping name -> system.
     ``config``: Samza keys (or snake_case keywords). ``checkpoints``: a
     CheckpointStore (default: in memory). ``engine``: "c" (default) or "python".
+    ``default_output_system``: the system of a bare stream name in ``collector.send``
+    (``"out"`` for ``"NAME.out"``; one of ``systems``, else ConfigError; the job file's
+    ``[job] default_output``).
     ``stores``: key-value stores of every task (rules 25-29), ``{NAME: {option:
     value}}`` with the options of ``stores.NAME.*`` (``{}`` for the defaults) or a
     list of names; tasks get them with ``context.store(NAME)`` in ``init``.

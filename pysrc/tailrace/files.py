@@ -795,6 +795,11 @@ class FileSystem(System):
     ``output_format``: ``"jsonl"`` (default) or ``"msgpack"`` (``partition-N.msgpack``
     files of msgpack values back to back; needs ``tailrace[fast]``). Inputs are read in
     the format their files' extension names.
+
+    Thread-safety: readers start no thread; the engine polls them on its loop thread.
+    The producer's ``send`` is safe from any thread (a task on the thread pool, a thread
+    completing a callback): see :class:`FileProducer`; the engine calls its ``flush``
+    on the loop thread, before every checkpoint.
     """
 
     @options_checked

@@ -174,7 +174,13 @@ class MemorySystem(System):
     ``add_live_stream(name, n)`` a live one fed by ``append`` from any thread
     (blocks while ``capacity`` messages wait); ``end(name, partition)`` marks the
     end of a live partition. Output streams are created on first send and read
-    back with ``messages(stream, partition)``.
+    back with ``messages(stream, partition)``; ``output_partitions`` is the
+    partition count of an output stream (default 1) unless ``set_output_partitions``
+    gave it one.
+
+    Thread-safety: ``append`` and ``end`` are safe from any thread, also while a
+    container runs; the producer's ``send`` is safe from any thread. Define streams
+    (``add_stream``, ``add_live_stream``) before the container starts.
     """
 
     @options_checked

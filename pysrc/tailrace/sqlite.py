@@ -311,7 +311,16 @@ def _claim_name(fd: int, name: str) -> bool:
 
 
 class SqliteCheckpointStore(CheckpointStore):
-    """Committed offsets in a SQLite file (see module doc). Loop-thread use only."""
+    """Committed offsets and state in a SQLite file (see module doc).
+
+    ``path``: the database file (also the job file's ``[checkpoints] path``); ``open``
+    creates it, and its directory, when missing.
+
+    Thread-safety: ``open``, ``load``, ``write``, ``reset`` and ``close`` on the loop
+    thread only (one container per job and store: see the module doc); ``state_get``
+    and ``state_scan`` from any thread (each reading thread has a read-only
+    connection of its own).
+    """
 
     @options_checked
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -68,3 +68,33 @@ def test_the_exported_backends_are_the_real_classes() -> None:
     assert {"FileSystem", "SqliteCheckpointStore", "RedisSystem", "RedisCheckpointStore"} <= set(
         tailrace.__all__
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "FileSystem",
+        "MemorySystem",
+        "RedisSystem",
+        "SqliteCheckpointStore",
+        "MemoryCheckpointStore",
+        "RedisCheckpointStore",
+        "Container",
+    ],
+)
+def test_each_class_s_docstring_lists_its_options_and_its_thread_safety(name: str) -> None:
+    # the doc: "its docstring lists its options and its thread-safety"
+    import inspect
+
+    import tailrace
+
+    cls = getattr(tailrace, name)
+    doc = inspect.getdoc(cls) or ""
+    options = [
+        p.name
+        for p in inspect.signature(cls).parameters.values()
+        if p.name != "name" and p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    missing = [option for option in options if f"``{option}``" not in doc]
+    assert not missing, f"{name}'s docstring does not name {missing}"
+    assert "thread" in doc, f"{name}'s docstring says nothing about threads"

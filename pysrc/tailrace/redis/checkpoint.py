@@ -202,7 +202,8 @@ class RedisCheckpointStore(CheckpointStore):
     Options (also the keys of a job file's ``[checkpoints]`` table with ``type =
     "redis"``): ``url``, ``cluster``, ``prefix``, ``lease_ms``, ``retry_s`` (how long
     Redis may stay unreachable before a call fails; a member applies it to every
-    Redis call of the job, its systems' included).
+    Redis call of the job, its systems' included). ``client``: a redis-py client to use
+    instead of connecting to ``url`` (``close`` leaves it open).
 
     ``stop_deadline``: once due (a member's graceful stop ran out of
     ``task.shutdown.ms``), writes give up at once instead of retrying.

@@ -571,7 +571,16 @@ class RedisSystem(System):
     ``buffer``: entries read ahead per partition; ``codec``: ``json`` (default),
     ``str``, ``bytes`` or ``msgpack``. ``retry_s``: how long Redis may stay unreachable
     before a read or write fails (a member of a job with Redis checkpoints sets it to the
-    checkpoints' ``retry_s``).
+    checkpoints' ``retry_s``). ``prefix``: the first part of every Redis key (default
+    ``tr``; docs/redis.md's layout). ``block_ms``: the longest one ``XREAD`` waits for new
+    entries (default 200). ``client``: a redis-py client (``redis.Redis`` or
+    ``RedisCluster``) to use instead of connecting to ``url``; ``close`` leaves it open.
+
+    Thread-safety: the readers of a container are fed by one reading thread per system
+    (one per partition on a Redis Cluster), which hands each batch to the engine's loop
+    thread. The producer's ``send`` is safe from any thread (one lock per producer).
+    ``append``, ``end_stream``, ``create_stream`` and ``read_all`` go through the
+    system's redis-py client, which redis-py makes safe to share between threads.
 
     The keyword arguments are also the options of a job file's ``[systems.NAME]``
     table with ``type = "redis"``. Raises InputError naming the URL when Redis does not answer at start.
