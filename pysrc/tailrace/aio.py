@@ -47,6 +47,7 @@ from ._core import AsyncioStepper
 from ._core import aio_first_step as _first_step
 from .api import AsyncStreamTask, Callback, Collector, Coordinator, Envelope, TaskContext, TimerService
 from .config import Config
+from .errors import ConfigError
 
 log = logging.getLogger("tailrace.aio")
 
@@ -71,16 +72,28 @@ _ABANDONED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 PARK_SLICE_S = 0.005
 
 
+def _uvloop(required: bool) -> Any:
+    """The uvloop module, or None when it does not import; ConfigError saying how to
+    install it when ``required`` (``USE_UVLOOP`` or ``use_uvloop`` is True)."""
+    try:
+        return importlib.import_module("uvloop")  # optional extra: tailrace[uvloop]
+    except ImportError as e:
+        if required:
+            raise ConfigError(
+                f"tailrace.aio.USE_UVLOOP (or use_uvloop) is True, but uvloop does not import ({e}): "
+                "pip install 'tailrace[uvloop]', or set it to None (uvloop when installed) or "
+                "False (asyncio's loop)"
+            ) from e
+        return None
+
+
 def new_event_loop(use_uvloop: bool | None = None) -> asyncio.AbstractEventLoop:
-    """A new event loop: uvloop's when ``uvloop`` imports (or ``use_uvloop`` is True),
-    else asyncio's default. ``use_uvloop=False`` forces the default loop."""
+    """A new event loop: uvloop's when ``uvloop`` imports (or ``use_uvloop`` is True:
+    ConfigError when it does not), else asyncio's default. ``use_uvloop=False`` forces
+    the default loop."""
     if use_uvloop is not False:
-        try:
-            uvloop = importlib.import_module("uvloop")  # optional extra: tailrace[uvloop]
-        except ImportError:
-            if use_uvloop:
-                raise
-        else:
+        uvloop = _uvloop(bool(use_uvloop))
+        if uvloop is not None:
             loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
             return loop
     return asyncio.new_event_loop()
@@ -144,6 +157,8 @@ class AsyncioRunner:
 
     def __init__(self, *, use_uvloop: bool | None = None, name: str = "tailrace-asyncio") -> None:
         self._use_uvloop = USE_UVLOOP if use_uvloop is None else use_uvloop
+        if self._use_uvloop:
+            _uvloop(True)  # missing: refused now, while the container plans, not in a task's first step
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

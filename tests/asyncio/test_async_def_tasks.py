@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import itertools
 import random
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ import pytest
 from tailrace import (
     AsyncStreamTask,
     CallbackTimeoutError,
+    ConfigError,
     Container,
     MemoryCheckpointStore,
     MemorySystem,
@@ -375,6 +377,34 @@ def test_async_init_failure_names_the_phase(engine: str) -> None:
         Container(T, inputs=["mem.in"], systems=[mem], engine=engine).run()
     assert info.value.phase == "init"
     assert info.value.__cause__ is boom
+
+
+def test_use_uvloop_without_uvloop_is_a_config_error_before_any_task_starts(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it was "task 'Partition 0' failed in init: ModuleNotFoundError", for a task with no init
+    from tailrace import aio
+
+    started: list[str] = []
+
+    class T(AsyncStreamTask):
+        def __init__(self) -> None:
+            started.append("made")
+
+        async def process(self, env: Any, collector: Any, coordinator: Any) -> None:
+            started.append("process")
+
+    monkeypatch.setattr(aio, "USE_UVLOOP", True)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # uvloop does not import
+    mem = MemorySystem("mem").add_stream("in", [[1, 2]])
+    with pytest.raises(ConfigError) as info:
+        Container(T, inputs=["mem.in"], systems=[mem], engine=engine).run()
+    message = str(info.value)
+    assert message.startswith("tailrace.aio.USE_UVLOOP (or use_uvloop) is True, but uvloop does not import")
+    assert "pip install 'tailrace[uvloop]'" in message
+    assert started == ["made"]  # planned, never started
+    with pytest.raises(ConfigError, match=r"tailrace\.aio\.USE_UVLOOP"):
+        aio.new_event_loop(True)
 
 
 def test_callback_timeout_cancels_the_coroutine(engine: str) -> None:
