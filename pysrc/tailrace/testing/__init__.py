@@ -353,6 +353,10 @@ class TestDriver:
         One step fires a periodic window at most once (windows coalesce, rule 8): advance one
         period at a time to see every window of a span.
         """
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)):
+            raise TypeError(f"advance takes milliseconds as a number, got {ms!r}")
+        if not ms >= 0:  # (NaN too)
+            raise ValueError(f"a clock never goes back: advance({ms!r}) (milliseconds, >= 0)")
         self.start()
         self.clock.advance(ms / 1000)
         self.settle()
@@ -402,7 +406,19 @@ class TestDriver:
 
     def store(self, task: str, name: str) -> dict[bytes, bytes]:
         """The committed contents of state store ``name`` of ``task`` (encoded keys and values),
-        as the checkpoint store holds them."""
+        as the checkpoint store holds them. KeyError naming an unknown task or store, and the
+        known ones."""
+        # tasks group partitions by number (GroupByPartition): "Partition N" for each N of an input
+        count = max(self.system.partitions(stream) for stream in self._streams)
+        tasks = [f"Partition {p}" for p in range(count)]
+        if task not in tasks:
+            raise KeyError(f"no task {task!r}: the tasks are {', '.join(map(repr, tasks))}")
+        stores = sorted(self.container.config.stores)
+        if name not in stores:
+            known = "the job has no stores"
+            if stores:
+                known = f"the tasks' stores are {', '.join(map(repr, stores))}"
+            raise KeyError(f"no state store {name!r}: {known}")
         state = getattr(self.checkpoints, "state", None)
         if state is None:
             raise TypeError(f"{type(self.checkpoints).__name__} does not expose store contents")
