@@ -549,10 +549,11 @@ def _reporter(args: argparse.Namespace, spec: JobSpec, source: _MetricsSource) -
     )
 
 
-def _check_state_dir(spec: JobSpec) -> None:
+def _check_state_dir(spec: JobSpec, *, create: bool = True) -> None:
     """One clear line (SetupError, exit 2) when the SQLite store's directory cannot be
     created or written, before SQLite reports it as something else. Changes nothing
-    but creating a missing directory; never suggests deleting anything."""
+    but creating a missing directory (unless ``create`` is false: a missing one is left
+    missing, as read-only commands find it); never suggests deleting anything."""
     table = spec.tree.get("checkpoints") or {"type": "sqlite"}
     if not isinstance(table, dict) or table.get("type", "sqlite") != "sqlite":
         return
@@ -563,6 +564,8 @@ def _check_state_dir(spec: JobSpec) -> None:
     where = "[checkpoints] path in " + str(spec.source)
     state = path.parent
     if not state.is_dir():
+        if not create:
+            return
         try:
             state.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -1263,10 +1266,13 @@ def _print_committed(spec: JobSpec, out: TextIO) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     spec = _load(args)
-    _check_state_dir(spec)
+    _check_state_dir(spec, create=False)  # read only: creates nothing
     committed = _committed(spec)
     print(f"job {spec.name!r}, checkpoints: {_store_text(spec)}")
     if not committed:
+        path = None if _is_distributed(spec) else getattr(spec.checkpoint_store(), "path", None)
+        if path is not None and not Path(path).exists():
+            print(f"  no checkpoint store yet: {path} does not exist (no run has created it)")
         print("  no checkpoints: the next run starts every input from the beginning")
         return 0
     print(f"  {'task':<16} {'partition':<28} committed offset")

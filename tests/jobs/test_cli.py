@@ -338,6 +338,20 @@ def test_checkpoints_are_sqlite_when_only_their_path_is_given(tmp_path: Path) ->
     assert r.returncode == 0 and "files.in" in r.stdout, (r.stdout, r.stderr)
 
 
+def test_checkpoints_show_of_a_job_that_never_ran_creates_nothing(tmp_path: Path) -> None:
+    # a read-only command: it made the job's state/ directory
+    job = copy_example("wordcount", tmp_path)
+    before = sorted(p.relative_to(job) for p in job.rglob("*"))
+    shown = run_cli(["checkpoints", "show", str(job)])
+    assert shown.returncode == 0, shown.stderr
+    assert sorted(p.relative_to(job) for p in job.rglob("*")) == before
+    db = job / "state" / "checkpoints.db"
+    assert shown.stdout.splitlines()[1:] == [
+        f"  no checkpoint store yet: {db} does not exist (no run has created it)",
+        "  no checkpoints: the next run starts every input from the beginning",
+    ]
+
+
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
     r = run_cli(["run", str(tmp_path)])
     assert r.returncode == 2 and "directory has no job.toml" in r.stderr
