@@ -418,7 +418,9 @@ def test_a_stop_of_a_keyed_pool_task_with_a_store_commits_it_and_replays_nothing
 
 
 @pytest.mark.parametrize("arrival", ["one by one", "at once"])
-def test_the_look_ahead_is_the_whole_input_buffer_however_the_input_arrives(engine: str, arrival: str) -> None:
+def test_the_look_ahead_is_the_whole_input_buffer_however_the_input_arrives(
+    engine: str, arrival: str
+) -> None:
     # rule 31 and docs/ordering.md: the loop looks ahead as far as the partition's input
     # buffer for a free key. With input arriving one message at a time both engines read on
     # only while the buffer was at most half full: a free key 9 messages behind a busy one
@@ -448,7 +450,9 @@ def test_the_look_ahead_is_the_whole_input_buffer_however_the_input_arrives(engi
 
 
 @pytest.mark.parametrize("ordering", ["partition", "key"])
-def test_a_task_s_partitions_take_turns_after_a_message_that_escaped_a_run(engine: str, ordering: str) -> None:
+def test_a_task_s_partitions_take_turns_after_a_message_that_escaped_a_run(
+    engine: str, ordering: str
+) -> None:
     # rule 5: one task owns in[0] and in2[0]; after in2 was served, in is next. The C loop
     # rewound its round robin to in2 (the partition of the next message when the run was
     # filled, in being empty then), so in2's second message ran before in's
@@ -460,7 +464,8 @@ def test_a_task_s_partitions_take_turns_after_a_message_that_escaped_a_run(engin
         def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
             log.append(f"{envelope.stream}:{envelope.offset}")
 
-    with TestDriver(Holds, inputs={"in": 1, "in2": 1}, config={"task.ordering": ordering}, engine=engine) as d:
+    config = {"task.ordering": ordering}
+    with TestDriver(Holds, inputs={"in": 1, "in2": 1}, config=config, engine=engine) as d:
         d.send("in", "A0", key="x")
         d.send("in2", "B0", key="x")
         d.send("in2", "B1", key="x")
