@@ -1284,7 +1284,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     spec = _load(args)
-    _check_state_dir(spec)
+    _check_state_dir(spec, create=False)  # a job that never ran: nothing to create
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("refusing to reset checkpoints without confirmation; pass --yes")
@@ -1300,6 +1300,10 @@ def cmd_reset(args: argparse.Namespace) -> int:
         print(f"deleted {n} checkpoints of job {spec.name!r}; the next run starts from the beginning")
         return 0
     store = spec.checkpoint_store()
+    path = getattr(store, "path", None)
+    if path is not None and not Path(path).exists():  # never ran: nothing to delete, nothing created
+        print(f"nothing to delete: {path} does not exist (no run of job {spec.name!r} has created it)")
+        return 0
     reset = getattr(store, "reset", None)
     if reset is None:
         raise ConfigError(

@@ -166,6 +166,12 @@ class _MemoryProducer(Producer):
         self._system._output(stream, partition).append((key, message))
 
 
+def _check_partition_count(n: object, key: str) -> None:
+    """ConfigError naming ``key`` unless ``n`` is an integer >= 1 (a partition count)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"expected an integer >= 1, got {n!r}", key=key, allowed="an integer >= 1")
+
+
 class MemorySystem(System):
     """In-memory streams for tests and examples.
 
@@ -185,6 +191,7 @@ class MemorySystem(System):
 
     @options_checked
     def __init__(self, name: str = "mem", *, output_partitions: int = 1) -> None:
+        _check_partition_count(output_partitions, "output_partitions")
         super().__init__(name)
         self._bounded: dict[str, tuple[list[Sequence[Any]], list[Sequence[Any] | None]]] = {}
         self._live: dict[str, list[_LivePartition]] = {}
@@ -280,6 +287,7 @@ class MemorySystem(System):
 
     # -- outputs --------------------------------------------------------------
     def set_output_partitions(self, stream: str, n: int) -> None:
+        _check_partition_count(n, f"set_output_partitions({stream!r})")
         self._output_partitions[stream] = n
 
     def output_partitions(self, stream: str) -> int:

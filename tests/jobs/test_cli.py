@@ -352,6 +352,17 @@ def test_checkpoints_show_of_a_job_that_never_ran_creates_nothing(tmp_path: Path
     ]
 
 
+def test_checkpoints_reset_of_a_job_that_never_ran_creates_nothing(tmp_path: Path) -> None:
+    # it made state/ and an empty checkpoint database to delete nothing from
+    job = copy_example("wordcount", tmp_path)
+    before = sorted(p.relative_to(job) for p in job.rglob("*"))
+    reset = run_cli(["checkpoints", "reset", "--yes", str(job)])
+    assert reset.returncode == 0, reset.stderr
+    assert sorted(p.relative_to(job) for p in job.rglob("*")) == before
+    db = job / "state" / "checkpoints.db"
+    assert reset.stdout.strip() == f"nothing to delete: {db} does not exist (no run of job 'wordcount' has created it)"
+
+
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
     r = run_cli(["run", str(tmp_path)])
     assert r.returncode == 2 and "directory has no job.toml" in r.stderr

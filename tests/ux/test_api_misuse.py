@@ -77,6 +77,16 @@ def test_add_stream_refuses_a_str_or_a_count_where_partitions_are_expected(parti
         tailrace.MemorySystem("mem").add_stream("w", [["a", "b"]], keys=3)
 
 
+@pytest.mark.parametrize("count", [0, -1, 2.0, "2", True])
+def test_a_memory_system_s_output_partitions_must_be_a_count(count: Any) -> None:
+    # it was taken as given: the first send failed the task (0: "a stream needs at least one
+    # partition", "2": TypeError), naming neither the system nor the option
+    with pytest.raises(ConfigError, match=r"output_partitions.*expected an integer >= 1"):
+        tailrace.MemorySystem("mem", output_partitions=count)
+    with pytest.raises(ConfigError, match=r"set_output_partitions\('out'\).*expected an integer >= 1"):
+        tailrace.MemorySystem("mem").set_output_partitions("out", count)
+
+
 def test_add_stream_takes_any_other_sequence() -> None:
     mem = tailrace.MemorySystem("mem").add_stream("w", (("a", "b"), range(2)), keys=[None, ["k", "l"]])
     result = tailrace.Container(Echo, inputs=["mem.w"], systems=[mem], engine="python").run()
