@@ -429,11 +429,9 @@ void tr_loop_timeout_info(const tr_loop *L, uint32_t *t, uint32_t *p, uint64_t *
 
 size_t tr_loop_drain_items(tr_loop *L, uint64_t *out, size_t max) {
     size_t n = 0;
-    while (n < max && L->bpos < L->nbatch) {
-        tr_op *op = &L->batch[L->bpos++];
-        if (op->kind == TR_OP_PROCESS)
-            out[n++] = op->item;
-    }
+    /* the batch's PROCESS ops not handed out (OPF_LAZY) took nothing: their
+     * messages are still in the rings, given back below */
+    L->bpos = L->nbatch;
     for (uint32_t t = 0; n < max && t < L->cfg.ntasks; t++) {
         task *T = &L->tasks[t];
         while (n < max && T->redo_count) {

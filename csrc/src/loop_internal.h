@@ -55,6 +55,11 @@
 
 #define MAX_PARTS (1u << 20) /* partitions per task (loop.h) */
 #define BATCH_MAX 64u
+/* a loop-thread PROCESS op in the batch whose message is taken when it is handed
+ * out (tr_loop_next_op), not when the batch is built: a barrier or a stop that
+ * fell due meanwhile (a timer set by the message before it) skips it, with
+ * nothing taken to give back (rules 8, 19, 23). Never seen by the binding. */
+#define OPF_LAZY 0x80000000u
 /* Messages buffered across all partitions the loop aims for: with many
  * partitions each one is refilled in smaller polls (at least a run's worth,
  * never more than the input buffer, rule 6), so the messages waiting stay few

@@ -26,14 +26,16 @@ static int runnable(const tr_loop *L, const task *T) {
         if (T->redo_count)
             return 1; /* already hold their seqs */
     }
-    if (T->buffered == 0 || T->kblocked)
+    /* queued: lazy PROCESS ops in the batch, each to take one message (pool
+     * tasks have none) */
+    if (T->buffered <= T->queued || T->kblocked)
         return 0;
     /* keyed loop-thread tasks: max concurrency counts invoked, not completed
      * (rule 2); the wider sequencer window holds the completed-unreleased */
     if (T->keyed && !(T->flags & TR_TASK_POOL) &&
-        T->acquired - T->completions >= L->cfg.max_concurrency)
+        T->acquired - T->completions + T->queued >= L->cfg.max_concurrency)
         return 0;
-    if (tr_sequencer_outstanding(T->seq) >= T->limit)
+    if (tr_sequencer_outstanding(T->seq) + T->queued >= T->limit)
         return 0;
     return 1;
 }
@@ -445,25 +447,20 @@ uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item
     return seq;
 }
 
-/* A loop-thread task's next PROCESS op: to `dst`, or to the batch when dst is NULL. */
+/* A loop-thread task's next message, taken now, as a PROCESS op in `dst`. */
 static int dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
     uint32_t p;
     uint64_t item, handle;
     uint64_t seq = trl_take_one(L, t, &p, &item, &handle);
     if (seq == TR_NO_SEQ)
         return 0;
-    if (dst) {
-        memset(dst, 0, sizeof *dst);
-        dst->kind = TR_OP_PROCESS;
-        dst->task = t;
-        dst->partition = p;
-        dst->seq = seq;
-        dst->item = item;
-        dst->handle = handle;
-    } else {
-        emit(L, TR_OP_PROCESS, t, p, 0, seq, item, handle);
-        L->tasks[t].queued++;
-    }
+    memset(dst, 0, sizeof *dst);
+    dst->kind = TR_OP_PROCESS;
+    dst->task = t;
+    dst->partition = p;
+    dst->seq = seq;
+    dst->item = item;
+    dst->handle = handle;
     return 1;
 }
 
@@ -511,7 +508,9 @@ static void dispatch_ready(tr_loop *L, uint32_t t, uint32_t *pool_budget) {
         uint32_t taken = trl_dispatch_pool(L, t, budget < POOL_WINDOW ? budget : POOL_WINDOW);
         *pool_budget = taken < budget ? budget - taken : 0;
     } else {
-        (void)dispatch_one(L, t, NULL); /* none: kblocked, not ready */
+        /* taken when handed out (OPF_LAZY); runnable() counts it from now */
+        emit(L, TR_OP_PROCESS, t, 0, OPF_LAZY, 0, 0, 0);
+        T->queued++;
     }
     trl_maybe_ready(L, t);
 }
@@ -812,19 +811,6 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     /* ops the workers handed back after the loop's last drain: their items
      * join the tails that tr_loop_drain_items gives back to the binding */
     trl_drain_completions(L);
-    /* PROCESS ops built but never handed out (an error stopped the batch, as
-     * when a failure freed a key and its next message was taken): never
-     * invoked, so neither processed nor outstanding (rule 2) */
-    for (uint32_t i = L->bpos; i < L->nbatch; i++) {
-        const tr_op *op = &L->batch[i];
-        if (op->kind != TR_OP_PROCESS)
-            continue;
-        task *T = &L->tasks[op->task];
-        unbump_n(&T->processed, 1);
-        unbump_n(&L->chosen, 1);
-        if (T->keyed)
-            kinflight_add(T, -1);
-    }
     if (L->internal != TR_OK && result == TR_OK)
         result = L->internal;
     return result;
@@ -863,19 +849,34 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
             L->progress = 1;
             continue;
         }
+        if (op->kind == TR_OP_PROCESS) {
+            /* OPF_LAZY: take its message now, unless a barrier or a stop fell due
+             * since the build (a timer the message before it set, a shutdown it
+             * asked: rules 8, 19, 23) or there is none to take (every buffered
+             * key busy); then it is skipped with nothing taken, and the task
+             * keeps its turn for the next build */
+            task *T = &L->tasks[op->task];
+            T->queued--;
+            if (!tr_loop_run_yield(L) && runnable(L, T) && dispatch_one(L, op->task, out))
+                break;
+            if (!T->in_ready)
+                trl_carry(L, op->task);
+            L->progress = 1;
+            continue;
+        }
         if (op->kind != TR_OP_RUN || !tr_loop_run_yield(L))
             break;
         carry_run(L, op->task); /* it would end before its first message */
     }
-    *out = *op;
     L->handed++;
     L->chain = 0;
     if (op->kind == TR_OP_PROCESS) {
-        task *T = &L->tasks[op->task];
-        T->queued--;
-        if (T->infl) /* invoked now (rule 16: its timeout counts from here) */
-            tr_loop_invoked_at(L, op->task, op->seq, trl_now(L));
-    } else if (op->kind == TR_OP_RUN) {
+        if (L->tasks[op->task].infl) /* invoked now (rule 16: its timeout counts from here) */
+            tr_loop_invoked_at(L, op->task, out->seq, trl_now(L));
+        return 1;
+    }
+    *out = *op;
+    if (op->kind == TR_OP_RUN) {
         out->count = fill_run(L, op->task, op->count);
         out->partition = L->run_parts[0];
         out->item = (uint64_t)(uintptr_t)L->run_items;

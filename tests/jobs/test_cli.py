@@ -360,7 +360,8 @@ def test_checkpoints_reset_of_a_job_that_never_ran_creates_nothing(tmp_path: Pat
     assert reset.returncode == 0, reset.stderr
     assert sorted(p.relative_to(job) for p in job.rglob("*")) == before
     db = job / "state" / "checkpoints.db"
-    assert reset.stdout.strip() == f"nothing to delete: {db} does not exist (no run of job 'wordcount' has created it)"
+    said = f"nothing to delete: {db} does not exist (no run of job 'wordcount' has created it)"
+    assert reset.stdout.strip() == said
 
 
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:

@@ -357,3 +357,40 @@ def test_ends_of_stream_of_one_end_input_all_run_before_a_shutdown_all_of_one_of
             key = (result.reason, tuple(log))
             seen[key] = seen.get(key, 0) + 1
     assert seen == {("end_of_stream", ("Partition 0", "Partition 1", "Partition 2")): 60}
+
+
+@pytest.mark.parametrize("window", [True, False])
+def test_a_timer_due_now_set_by_process_holds_back_the_messages_after_it(engine: str, window: bool) -> None:
+    # rules 8, 23: once a timer is due, no new message of its task is invoked until it ran.
+    # With several messages dispatched in one pass (task.max.concurrency 4, after a completion
+    # or a window), the C loop invoked those after the one whose process set the timer
+    log: list[str] = []
+
+    class Task(tailrace.AsyncStreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            log.append(envelope.message)
+            if envelope.message == "B":
+                self.context.schedule("now", self.context.now(), self.fire)
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            log.append("timer")
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            log.append("window")
+
+    config: dict[str, Any] = {"task.max.concurrency": 4}
+    if window:
+        config["task.window.ms"] = 50
+    with TestDriver(Task, inputs={"in": 1}, engine=engine, config=config) as driver:
+        driver.send("in", "A")
+        driver.advance(50)  # the window (if any) is due, waiting for A
+        for message in "BCDEF":
+            driver.system.append("in", 0, message)
+        driver.settle()
+        driver.pending[0].complete()  # A done: the window runs, then B; B's timer is due at once
+        assert log == ["A", "window", "B"] if window else ["A", "B"]
+        driver.pending[0].complete()  # B done: the timer runs, then C, D, E, F
+        assert log[-5:] == ["timer", "C", "D", "E", "F"]
