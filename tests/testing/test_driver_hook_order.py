@@ -394,3 +394,35 @@ def test_a_timer_due_now_set_by_process_holds_back_the_messages_after_it(engine:
         assert log == ["A", "window", "B"] if window else ["A", "B"]
         driver.pending[0].complete()  # B done: the timer runs, then C, D, E, F
         assert log[-5:] == ["timer", "C", "D", "E", "F"]
+
+
+def test_a_timer_set_for_now_by_a_timer_runs_before_the_next_task_s_timers(engine: str) -> None:
+    # docs/testing.md: what falls due within one advance runs task by task; a timer function
+    # that sets its own key again for context.now() fell due then, so it runs before the next
+    # task's timers (and before a shutdown ALL those ask for). The reference engine deferred
+    # it to its next pass: the tasks' timers interleaved, and a shutdown of the second task
+    # left the first task's second firing out
+    log: list[str] = []
+
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            self.context = context
+            self.n = 0
+            context.schedule("a", context.now() + 0.1, self.fire)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        def fire(self, key: Any, collector: Any, coordinator: Any) -> None:
+            p = self.context.partitions[0].partition
+            log.append(f"t{p}:{self.n}")
+            self.n += 1
+            if p == 0 and self.n < 3:
+                self.context.schedule("a", self.context.now(), self.fire)
+            if p == 1:
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    with TestDriver(Task, inputs={"in": 2}, engine=engine) as driver:
+        driver.advance(100)
+        assert driver.result is not None and driver.result.reason == "shutdown"
+    assert log == ["t0:0", "t0:1", "t0:2", "t1:0"]

@@ -108,6 +108,8 @@ _RUN_MAX = 64
 # input buffer: decoded messages then wait briefly enough to be processed while still in the
 # CPU cache (on bench/e2e.py's file job, 4 tasks, buffers of 1024 cost ~20% more CPU than 256)
 _RUN_FILL = 256
+# rounds of one task's barriers a pass runs back to back (_run_barriers)
+_BARRIER_ROUNDS = 64
 
 
 def _after(now: float, seconds: float) -> float:
@@ -767,39 +769,59 @@ class ReferenceEngine:
 
     # -- 5. barriers: commit, window, timers ----------------------------------
     def _run_barriers(self, commit_only: bool) -> bool:
+        """Task by task, what is due: commits, then windows and timers (``_task_barriers``).
+        What a task's hooks make due for it at once (a commit they ask for, a timer they
+        set for now) runs before the next task's (as the C loop: docs/testing.md), up to
+        ``_BARRIER_ROUNDS`` rounds a pass (a timer that sets itself for now again and again
+        still lets the loop see a stop)."""
+        ran = False
+        for t in self._tasks:
+            hooked = False  # a window or timers of t ran in this pass
+            for _ in range(_BARRIER_ROUNDS):
+                if self._failure is not None:
+                    return ran
+                did, hooks, commit_only = self._task_barriers(t, commit_only)
+                ran |= did
+                hooked |= hooks
+                if not (hooked and did) or self._stop_flag or t.done or t.outstanding:
+                    break
+                if not (t.commit_requested or (not commit_only and (t.window_due or self._timer_due(t)))):
+                    break
+        return ran
+
+    def _task_barriers(self, t: _Task, commit_only: bool) -> tuple[bool, bool, bool]:
+        """One round of ``t``'s due barriers: (whether one ran, whether a window or timers
+        ran, commit_only from now on)."""
         ran = False
         now = self._clock.monotonic()
-        for t in self._tasks:
-            if self._failure is not None:
-                break
-            if not commit_only:
-                self._check_stop()  # O(1); no window or timer once a stop is due
-                commit_only = self._draining
-            # the commit period runs while running; a graceful stop's drain waits for the
-            # outstanding callbacks and then commits once (rule 19; as the C engine)
-            if t.next_commit is not None and now >= t.next_commit and not self._draining:
-                t.commit_requested = True
-                t.next_commit = _rearm(t.next_commit, self.config.commit_ms / 1000, now)
-            if not commit_only and not t.done and t.next_window is not None and now >= t.next_window:
-                if not t.window_due:
-                    t.window_due_at = t.next_window
-                t.window_due = True  # coalesced: one pending window at a time (rule 8)
-                t.next_window = _rearm(t.next_window, self.config.window_ms / 1000, now)
-            if t.commit_requested:
-                if self.config.async_commit or not t.unresolved:  # rules 9, 10
-                    # the held tail may carry the next commit request: run it too
-                    while t.commit_requested and self._failure is None:
-                        self._commit(t)
-                        t.commit_requested = False
-                        if t.release_stopped:
-                            t.release_stopped = False
-                            self._release(t)  # the held tail (rule 15)
-                    ran = True
-                continue  # commit has priority over window and timers
-            if commit_only or t.done or t.outstanding:
-                continue
-            ran |= self._run_hooks(t)
-        return ran
+        if not commit_only:
+            self._check_stop()  # O(1); no window or timer once a stop is due
+            commit_only = self._draining
+        # the commit period runs while running; a graceful stop's drain waits for the
+        # outstanding callbacks and then commits once (rule 19; as the C engine)
+        if t.next_commit is not None and now >= t.next_commit and not self._draining:
+            t.commit_requested = True
+            t.next_commit = _rearm(t.next_commit, self.config.commit_ms / 1000, now)
+        if not commit_only and not t.done and t.next_window is not None and now >= t.next_window:
+            if not t.window_due:
+                t.window_due_at = t.next_window
+            t.window_due = True  # coalesced: one pending window at a time (rule 8)
+            t.next_window = _rearm(t.next_window, self.config.window_ms / 1000, now)
+        if t.commit_requested:
+            if self.config.async_commit or not t.unresolved:  # rules 9, 10
+                # the held tail may carry the next commit request: run it too
+                while t.commit_requested and self._failure is None:
+                    self._commit(t)
+                    t.commit_requested = False
+                    if t.release_stopped:
+                        t.release_stopped = False
+                        self._release(t)  # the held tail (rule 15)
+                ran = True
+            return ran, False, commit_only  # commit has priority over window and timers
+        if commit_only or t.done or t.outstanding:
+            return ran, False, commit_only
+        hooks = self._run_hooks(t)
+        return hooks, hooks, commit_only
 
     def _run_hooks(self, t: _Task) -> bool:
         """Run ``t``'s due window and timers in the order they fell due, the window first
