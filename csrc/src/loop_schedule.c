@@ -816,6 +816,23 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     return result;
 }
 
+/* A lazy PROCESS op of T is skipped: a stop or an error came, or a timer of T
+ * itself is due, set since the build (by the message before it, usually: its
+ * timer_due is set only when the next build fires it). Barriers of other tasks,
+ * and T's window and commit periods, are the next build's business, as for ops
+ * taken when built: a period shorter than what runs between two builds must not
+ * keep every message from running. */
+static inline int lazy_held(tr_loop *L, const task *T) {
+    /* relaxed: hints; build_batch and next_op act on the stop and the error */
+    if (atomic_load_explicit(&L->stop_requested, TR_RELAXED) ||
+        atomic_load_explicit(&L->error, TR_RELAXED) || L->phase != PH_RUNNING)
+        return 1;
+    /* relaxed: on this thread when the task's own code set it; from another
+     * thread a hint that the next build reads through its CQ_TIMER item */
+    int64_t when = atomic_load_explicit(&T->timer_when, TR_RELAXED);
+    return when != INT64_MAX && when <= trl_now(L);
+}
+
 int tr_loop_next_op(tr_loop *L, tr_op *out) {
     /* an error posted by an op of this batch stops it before the next op
      * (acquire: pairs with post_error's CAS); the rest is left for drain_items */
@@ -857,7 +874,7 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
              * keeps its turn for the next build */
             task *T = &L->tasks[op->task];
             T->queued--;
-            if (!tr_loop_run_yield(L) && runnable(L, T) && dispatch_one(L, op->task, out))
+            if (!lazy_held(L, T) && runnable(L, T) && dispatch_one(L, op->task, out))
                 break;
             if (!T->in_ready)
                 trl_carry(L, op->task);
