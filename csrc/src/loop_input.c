@@ -113,9 +113,13 @@ tr_status tr_loop_push_inputs_keyed(tr_loop *L, uint32_t t, uint32_t p, const ui
         trl_maybe_ready(L, t);
         /* read on while there is room: a task whose buffered keys are all busy
          * dispatches nothing, so no dispatch would queue the next refill, and a
-         * later message with a free key would wait for a completion (rule 30;
-         * and take_keyed reads on past half the buffer when every key is busy) */
-        if (part_used(P, 1) <= P->fill / 2)
+         * later message with a free key would wait for a completion (rule 30).
+         * Up to the whole buffer, not half of it: the look-ahead is the buffer
+         * (rule 31), counted from the watermark, where messages completed behind
+         * a slow one keep their slots; a partition left with no refill queued
+         * above half of it read nothing more until that slow one completed (a
+         * wake-up finds the partition active and queues nothing) */
+        if (part_used(P, 1) < P->fill)
             trl_queue_refill(L, t, p);
     }
     return TR_OK;

@@ -45,7 +45,8 @@ static void key_release(tr_loop *L, uint32_t t, uint32_t p, uint64_t pos) {
     if (P->kbase != from) {
         uint64_t last = P->kbase - 1;
         wm_note(L, t, p, last, P->handles[last & P->mask]);
-        if (part_used(P, 1) <= P->fill / 2)
+        /* room again: read on, to the whole buffer (as tr_loop_push_inputs_keyed) */
+        if (part_used(P, 1) < P->fill)
             trl_queue_refill(L, t, p);
     }
 }

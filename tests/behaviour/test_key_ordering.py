@@ -474,3 +474,34 @@ def test_a_task_s_partitions_take_turns_after_a_message_that_escaped_a_run(
         for _ in range(3):
             d.pending[0].complete()
     assert log == ["in:0", "in2:0", "in:1", "in2:1"]
+
+
+def test_a_free_key_behind_completed_messages_is_read_and_invoked(engine: str) -> None:
+    # rules 30, 31: one task, two partitions, buffers of 3. in2's first two messages completed
+    # but wait for the watermark behind in@2 (slow, key x); in2@2 (key y, free again) is in
+    # the look-ahead and must run. The C loop never read it: in2's buffer was above half full
+    # from the watermark, so no refill was queued, and the wake-up of its arrival found the
+    # partition active and changed nothing
+    from tailrace.testing import TestDriver
+
+    class Task(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            if (envelope.stream, envelope.offset) == ("in2", 0):
+                callback.complete()
+
+    def ids(d: Any) -> list[str]:
+        return [f"{p.envelope.stream}@{p.offset}" for p in d.pending]
+
+    config = {"task.max.concurrency": 4, "task.ordering": "key", "task.input.buffer.size": 3}
+    with TestDriver(Task, inputs={"in": 1, "in2": 1}, engine=engine, config=config) as d:
+        d.send("in", 0, key="z")
+        d.send("in", 1, key="z")
+        d.pending[0].complete()  # in@0
+        d.send("in", 2, key="x")
+        d.send("in2", 0, key="y")  # completed in its call
+        d.send("in2", 1, key="y")
+        d.send("in2", 2, key="y")
+        assert ids(d) == ["in@1", "in@2", "in2@1"]
+        d.pending[0].complete()  # in@1
+        d.pending[1].complete()  # in2@1: key y is free
+        assert ids(d) == ["in@2", "in2@2"]
