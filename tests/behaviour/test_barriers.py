@@ -382,3 +382,38 @@ def test_no_end_of_stream_runs_after_a_timer_failed(engine: str) -> None:
     with pytest.raises(TaskError, match="timer broke"):
         run_job(engine, Task, bounded([[1]]), task_max_concurrency=2)
     assert ran == ["timer"]
+
+
+@pytest.mark.parametrize("kind", ["callback", "coroutine"])
+def test_a_window_longer_than_its_period_does_not_starve_the_task(engine: str, kind: str) -> None:
+    # rules 5, 8: a window that takes longer than task.window.ms is due again as soon as it
+    # ends; the task still gets turns between windows. The reference engine ran windows back
+    # to back and an async task processed about one message in thirty windows
+    import asyncio
+
+    done = threading.Event()
+
+    class Callback(AsyncStreamTask):
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            callback.complete()
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            time.sleep(0.01)
+
+    class Coroutine(AsyncStreamTask):
+        async def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+        async def window(self, collector: Any, coordinator: Any) -> None:
+            await asyncio.sleep(0.01)
+
+    outcome: list[Any] = []
+
+    def run() -> None:
+        task = Callback if kind == "callback" else Coroutine
+        outcome.append(run_job(engine, task, bounded([list(range(60))]), task_window_ms=1)[0])
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(20), "the task starved: its windows ran back to back"
+    assert outcome[0].reason == "end_of_stream" and outcome[0].processed == 60

@@ -309,6 +309,9 @@ class _Task:
         self.commit_requested = False
         self.next_commit = _after(now, cfg.commit_ms / 1000) if cfg.commit_ms > 0 else None
         self.next_window = _after(now, cfg.window_ms / 1000) if self.window is not None else None
+        # its window ran past the next window's time: the task gets a turn before that one
+        # holds it back (rule 5: a window longer than task.window.ms must not starve it)
+        self.window_overran = False
         self.window_due = False  # the window timer fired; the window has not run yet (rule 8)
         self.window_due_at = 0.0  # when the pending window fell due (monotonic seconds)
         self.voted = False
@@ -855,7 +858,7 @@ class ReferenceEngine:
             return True
         if t.next_commit is not None and now >= t.next_commit and not self.config.async_commit:
             return True
-        if t.window_due or (t.next_window is not None and now >= t.next_window):
+        if t.window_due or (t.next_window is not None and now >= t.next_window and not t.window_overran):
             return True
         return self._timer_due(t)
 
@@ -926,6 +929,8 @@ class ReferenceEngine:
                 self._fail(TaskError(t.name, original=e, phase="window"))
                 return
         self._apply_requests(t, coordinator.take())
+        if t.next_window is not None and self._clock.monotonic() >= t.next_window:
+            t.window_overran = True
 
     def _run_timers(self, t: _Task, until: float) -> bool:
         """Run ``t``'s timers due at ``until`` (epoch seconds), in time order (rule 23)."""
@@ -1024,6 +1029,7 @@ class ReferenceEngine:
                         break
                     k, requests = self._run(t, due, limit)
                     round_sent += k
+                    t.window_overran = False  # it had its turn
                     if requests or self._failure is not None:
                         halt = True  # the loop acts on requests and failures first (rules 14-16)
                         break
@@ -1047,6 +1053,7 @@ class ReferenceEngine:
                     continue  # every buffered key is busy (rule 31)
                 cb = self._invoke(t, chosen)
                 round_sent += 1
+                t.window_overran = False  # it had its turn
                 if self._failure is not None:
                     break
                 if cb._done and (cb.requests or (cb.coordinator is not None and cb.coordinator._requests)):
