@@ -74,7 +74,10 @@
 #define SPIN_ROUNDS 256     /* polls of the completion queue before parking */
 #define TICK_NS 100000000LL /* run_batch at least this often while idle (signals) */
 #define MIN_IDLE_NS 1000000LL
-#define POOL_WINDOW 128u                /* seqs a pool task may have queued/running on its worker */
+#define POOL_WINDOW 128u /* seqs a pool task may have queued/running on its worker */
+/* ops of a pool task handed to its worker per turn: tasks sharing a worker take
+ * turns of this many messages on it (rule 5), not POOL_WINDOW each */
+#define POOL_TURN 16u
 #define POOL_BATCH 64u                  /* items a worker pops from its queue at once */
 #define POOL_PEND 256u                  /* completions a worker buffers before one bulk push */
 #define POOL_BUDGET 1024u               /* ops per run_pool_batch call (lock hold) */

@@ -505,7 +505,7 @@ static void dispatch_ready(tr_loop *L, uint32_t t, uint32_t *pool_budget) {
     }
     if (T->flags & TR_TASK_POOL) {
         uint32_t budget = *pool_budget;
-        uint32_t taken = trl_dispatch_pool(L, t, budget < POOL_WINDOW ? budget : POOL_WINDOW);
+        uint32_t taken = trl_dispatch_pool(L, t, budget < POOL_TURN ? budget : POOL_TURN);
         *pool_budget = taken < budget ? budget - taken : 0;
     } else {
         /* taken when handed out (OPF_LAZY); runnable() counts it from now */

@@ -357,6 +357,26 @@ def test_tasks_that_share_a_pool_thread_take_turns_between_barriers(engine: str,
     assert min(first.count(p) for p in range(4)) >= 150, [first.count(p) for p in range(4)]
 
 
+def test_tasks_that_share_a_pool_thread_take_short_turns(engine: str) -> None:
+    # rule 5 on the pool: 3 tasks on 1 pool thread. The C loop handed each task up to 128
+    # messages at once, so its calls ran in bursts of 128 (0x128 1x128 2x128 ...); turns are
+    # 16 messages now (the reference engine alternates message by message)
+    order: list[int] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            order.append(envelope.partition)
+
+    n = 300
+    run_job(engine, Task, bounded([list(range(n)) for _ in range(3)]), job_container_thread_pool_size=1)
+    assert sorted(order) == [p for p in range(3) for _ in range(n)]
+    longest = run = 0
+    for i, p in enumerate(order[: 2 * n]):  # while every task still has input
+        run = run + 1 if i and order[i - 1] == p else 1
+        longest = max(longest, run)
+    assert longest <= 32, longest
+
+
 def test_a_task_s_end_of_stream_does_not_wait_for_another_task_s_call_on_its_pool_thread(engine: str) -> None:
     # rule 4, tasks never wait on each other: tasks 0 and 1 share the one pool thread; task 0's
     # message is done at once, task 1's takes 0.5 s. Task 0's end_of_stream runs meanwhile
