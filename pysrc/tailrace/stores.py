@@ -41,6 +41,23 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+# serdes whose arrays decode to lists: a store key read back from one is a tuple (a list
+# is no key: unhashable), so a tuple key reads back as the tuple it was, committed or not
+_ARRAY_KEYS = frozenset({"json", "msgpack"})
+
+
+def _as_key(obj: Any) -> Any:
+    return tuple(_as_key(x) for x in obj) if type(obj) is list else obj
+
+
+def _tuple_keys(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def decode_key(data: bytes) -> Any:
+        key = decode(data)
+        return _as_key(key) if type(key) is list else key
+
+    return decode_key
+
+
 class _PyAbsent:
     """Cache marker: the key is known not to exist (deleted, or missing in the backend)."""
 
@@ -359,6 +376,8 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         i, n = 0, len(overlay)
         kdecode = self._kserde.decode
         absent, encoded = _ABSENT, _Encoded
+        if self._kserde.name in _ARRAY_KEYS:
+            kdecode = _tuple_keys(kdecode)
         for kb, vb in committed:
             while i < n and overlay[i][0] <= kb:
                 okb, key, value = overlay[i]
