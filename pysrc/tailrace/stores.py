@@ -374,7 +374,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         self, overlay: list[tuple[bytes, Any, Any]], committed: Iterator[tuple[bytes, bytes]]
     ) -> Iterator[tuple[Any, Any]]:
         i, n = 0, len(overlay)
-        kdecode = self._kserde.decode
+        kdecode: Callable[[bytes], Any] = self._kserde.decode
         absent, encoded = _ABSENT, _Encoded
         if self._kserde.name in _ARRAY_KEYS:
             kdecode = _tuple_keys(kdecode)
