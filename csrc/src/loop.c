@@ -67,6 +67,7 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
     L->coarse_lag = cfg->clock_fn ? 0 : tr_coarse_lag_ns(); /* a configured clock is exact */
     L->run_until = INT64_MAX;
     L->run_check_from = INT64_MAX;
+    L->run_slice_end = INT64_MAX;
     atomic_init(&L->timer_min_new, INT64_MAX);
     if (L->cfg.max_idle_ns < MIN_IDLE_NS)
         L->cfg.max_idle_ns = MIN_IDLE_NS;

@@ -78,6 +78,9 @@
 /* ops of a pool task handed to its worker per turn: tasks sharing a worker take
  * turns of this many messages on it (rule 5), not POOL_WINDOW each */
 #define POOL_TURN 16u
+/* a RUN op ends after this long (coarse clock), keeping the rest of its turn: the
+ * counters it reports at its end (progress, metrics) are never older than that */
+#define RUN_SLICE_NS 100000000LL
 #define POOL_BATCH 64u                  /* items a worker pops from its queue at once */
 #define POOL_PEND 256u                  /* completions a worker buffers before one bulk push */
 #define POOL_BUDGET 1024u               /* ops per run_pool_batch call (lock hold) */
@@ -321,7 +324,10 @@ struct tr_loop {
      * timeout) as of the last build; a run ends before a message that would
      * start after it (tr_loop_run_yield, rule 8, 9, 23) */
     int64_t run_until;
-    int64_t run_check_from; /* run_until - coarse clock lag: earlier, certainly not due */
+    int64_t run_check_from; /* min(run_until - coarse lag, run_slice_end): earlier, go on */
+    /* the coarse clock's reading past which a RUN op in progress ends (RUN_SLICE_NS
+     * after it began; INT64_MAX outside runs) */
+    int64_t run_slice_end;
     int64_t coarse_lag;
     /* the earliest user timer set (tr_loop_set_user_timer, any thread, usually a
      * process call inside a run) since the last build took it (exchange to
@@ -438,6 +444,7 @@ int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t 
 void trl_heap_compact(tr_loop *L);
 void trl_maybe_ready(tr_loop *L, uint32_t t);
 void trl_eos_gate(tr_loop *L, uint32_t t);
+void trl_run_slice(tr_loop *L, int64_t end);
 void trl_carry(tr_loop *L, uint32_t t);
 void trl_maybe_control(tr_loop *L, uint32_t t);
 void trl_pool_unhold(tr_loop *L, task *T);

@@ -217,6 +217,7 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
         (escape && (consumed == 0 || completed != consumed - 1)))
         return TR_EINVAL;
     T->in_run = 0;
+    trl_run_slice(L, INT64_MAX);
     uint32_t esc_part = UINT32_MAX;
     uint64_t esc_pos = 0;
     if (escape) {

@@ -489,7 +489,14 @@ static void start_final(tr_loop *L) {
  * when the coarse clock may already be past it. */
 static inline void set_run_until(tr_loop *L, int64_t when) {
     L->run_until = when;
-    L->run_check_from = when > INT64_MIN + L->coarse_lag ? when - L->coarse_lag : INT64_MIN;
+    int64_t from = when > INT64_MIN + L->coarse_lag ? when - L->coarse_lag : INT64_MIN;
+    L->run_check_from = from < L->run_slice_end ? from : L->run_slice_end;
+}
+
+/* A RUN op begins (end: RUN_SLICE_NS from now) or ended (INT64_MAX). */
+void trl_run_slice(tr_loop *L, int64_t end) {
+    L->run_slice_end = end;
+    set_run_until(L, L->run_until);
 }
 
 /* Dispatch to a runnable task taken off the ready or carry ring. */
@@ -894,6 +901,7 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
     }
     *out = *op;
     if (op->kind == TR_OP_RUN) {
+        trl_run_slice(L, trl_coarse_now(L) + RUN_SLICE_NS);
         out->count = fill_run(L, op->task, op->count);
         out->partition = L->run_parts[0];
         out->item = (uint64_t)(uintptr_t)L->run_items;
@@ -961,8 +969,11 @@ int tr_loop_run_yield(tr_loop *L) {
         set_run_until(L, set);
     /* one coarse read per message; the exact clock only in the last tick or two
      * before the earliest timer */
-    if (TR_LIKELY(trl_coarse_now(L) < L->run_check_from))
+    int64_t coarse = trl_coarse_now(L);
+    if (TR_LIKELY(coarse < L->run_check_from))
         return 0;
+    if (coarse >= L->run_slice_end)
+        return 1; /* a run's time slice is over: it keeps the rest of its turn */
     return trl_now(L) >= L->run_until;
 }
 

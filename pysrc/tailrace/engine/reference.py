@@ -108,6 +108,8 @@ _RUN_MAX = 64
 # input buffer: decoded messages then wait briefly enough to be processed while still in the
 # CPU cache (on bench/e2e.py's file job, 4 tasks, buffers of 1024 cost ~20% more CPU than 256)
 _RUN_FILL = 256
+# seconds after which a run ends, keeping the rest of its turn (as the C loop's RUN_SLICE_NS)
+_RUN_SLICE_S = 0.1
 # rounds of one task's barriers a pass runs back to back (_run_barriers)
 _BARRIER_ROUNDS = 64
 
@@ -1027,7 +1029,10 @@ class ReferenceEngine:
                     if limit <= 0:
                         halt = True
                         break
-                    k, requests = self._run(t, due, limit)
+                    # a run ends after _RUN_SLICE_S too (the counters it brings up to date
+                    # at its end, for the progress line and metrics, are never older)
+                    run_due = min(due, self._monotonic() + _RUN_SLICE_S)
+                    k, requests = self._run(t, run_due, limit)
                     round_sent += k
                     t.window_overran = False  # it had its turn
                     if requests or self._failure is not None:
@@ -1037,7 +1042,7 @@ class ReferenceEngine:
                     if (
                         k < limit
                         and t.buffered()
-                        and (self._poke or self._stop_flag or self._monotonic() >= due)
+                        and (self._poke or self._stop_flag or self._monotonic() >= run_due)
                     ):
                         # cut by a barrier or a stop: it keeps the rest of its turn (rule 5),
                         # as in the C loop (trl_carry); else with runs cut at every commit
