@@ -282,7 +282,8 @@ def _handled(args: argparse.Namespace, work: Callable[[], int]) -> int:
         return work()
     except ConfigError as e:
         log.debug("config error", exc_info=True)
-        print(f"tailrace: config error: {e}", file=sys.stderr)
+        spec = getattr(args, "spec", None)
+        print(f"tailrace: config error: {spec.attributed(e) if spec is not None else e}", file=sys.stderr)
         return 2
     except SetupError as e:
         log.debug("environment error", exc_info=True)
@@ -291,8 +292,10 @@ def _handled(args: argparse.Namespace, work: Callable[[], int]) -> int:
     except TaskError as e:
         if isinstance(e.original, ConfigError):  # tailrace's refusal, found once the task ran
             log.debug("config error found while running", exc_info=True)
+            spec = getattr(args, "spec", None)
+            original = spec.attributed(e.original) if spec is not None else e.original
             where = f"task {e.task!r}, {e.phase}" + (f" of {e.ssp}" if e.ssp is not None else "")
-            print(f"tailrace: config error: {e.original} (found when {where} first used it)", file=sys.stderr)
+            print(f"tailrace: config error: {original} (found when {where} first used it)", file=sys.stderr)
             return 2
         log.debug("job failed", exc_info=True)
         print(describe_task_error(e, getattr(args, "spec", None)), file=sys.stderr)
@@ -491,14 +494,20 @@ def describe_task_error(e: TaskError, spec: JobSpec | None) -> str:
 
 
 # -- run ----------------------------------------------------------------------
-def _load(args: argparse.Namespace) -> JobSpec:
+def _load_spec(args: argparse.Namespace) -> JobSpec:
     overrides = dict(parse_override(item) for item in getattr(args, "config", []))
     return load_job(args.job, overrides, engine=getattr(args, "engine", None))
 
 
+def _load(args: argparse.Namespace) -> JobSpec:
+    """The job of ``args``, kept as ``args.spec`` too (for describe_task_error, and to say
+    which errors found after it was loaded a ``--config`` pair caused)."""
+    spec = args.spec = _load_spec(args)
+    return spec
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
-    args.spec = spec  # for describe_task_error
     _check_state_dir(spec)
     if _is_kafka(spec):
         return _run_kafka(args, spec)
@@ -650,7 +659,7 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     from ._stopping import arm_backstop
     from .redis.membership import Member, member_spec_from_job
 
-    member_spec = member_spec_from_job(spec, lambda: _load(args))  # checks [checkpoints] is Redis
+    member_spec = member_spec_from_job(spec, lambda: _load_spec(args))  # checks [checkpoints] is Redis
     count = _container_count(args, spec)
     if count != 1:
         return _run_local_containers(args, spec, count)

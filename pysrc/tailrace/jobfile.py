@@ -146,10 +146,18 @@ class JobSpec:
     tree: dict[str, Any]
     default_output: str | None = None
     systems: dict[str, System] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # the --config pairs applied over the file
 
     @property
     def base(self) -> Path:
         return self.source.parent
+
+    def attributed(self, e: ConfigError) -> ConfigError:
+        """``e`` said to come from ``--config KEY=VALUE`` when KEY was given there (a value the
+        job file does not hold), else ``e`` itself."""
+        if e.source not in (None, str(self.source)):
+            return e
+        return _attributed(e, self.overrides, str(self.source))
 
     def checkpoint_store(self) -> CheckpointStore:
         """A new (unopened) store as configured in ``[checkpoints]``."""
@@ -173,7 +181,13 @@ class JobSpec:
 
     def load_task(self) -> Any:
         """The task class (or factory) named by ``job.task``."""
-        return load_task(self.task, self.base, self.source)
+        try:
+            return load_task(self.task, self.base, self.source)
+        except ConfigError as e:
+            attributed = self.attributed(e)
+            if attributed is e:
+                raise
+            raise attributed from e
 
     def container(
         self,
@@ -226,17 +240,26 @@ def load_job(
     try:
         return _load_job(job, overrides, engine)
     except ConfigError as e:
-        if e.key is None or not overrides or e.key not in overrides:
+        attributed = _attributed(e, overrides or {}, e.source)
+        if attributed is e:
             raise
-        source = f"--config {e.key}={overrides[e.key]!r}" + (f" (over {e.source})" if e.source else "")
-        raise ConfigError(e.reason, key=e.key, allowed=e.allowed, source=source) from e
+        raise attributed from e
+
+
+def _attributed(e: ConfigError, overrides: Mapping[str, Any], over: str | None) -> ConfigError:
+    """``e`` with its source ``--config KEY=VALUE (over FILE)`` when its key was given with
+    ``--config``, else ``e`` itself."""
+    if e.key is None or e.key not in overrides:
+        return e
+    source = f"--config {e.key}={overrides[e.key]!r}" + (f" (over {over})" if over else "")
+    return ConfigError(e.reason, key=e.key, allowed=e.allowed, source=source)
 
 
 def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: EngineName | None) -> JobSpec:
     path = resolve_job_path(job)
     src = str(path)
-    tree = _read_tree(path)
-    tree = _apply_overrides(tree, dict(overrides or {}), src)
+    file_tree = _read_tree(path)
+    tree = _apply_overrides(file_tree, dict(overrides or {}), src)
     checkpoints_t = tree.get("checkpoints")
     if isinstance(checkpoints_t, dict) and checkpoints_t and "type" not in checkpoints_t:
         # [checkpoints] path = ... alone (or --config checkpoints.path=...): sqlite, the default type
@@ -299,6 +322,18 @@ def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: Engi
         options = dict(stable)
         kind = options.pop("type", None)
         make = SYSTEM_TYPES.get(kind) if isinstance(kind, str) else None
+        file_systems = file_tree.get("systems")
+        if kind is None and not (isinstance(file_systems, dict) and sname in file_systems):
+            # a table made by --config systems.NAME.OPTION alone: most likely a misspelt system
+            given = next(k for k in overrides or {} if f"{k}.".startswith(f"systems.{sname}."))
+            known = sorted(file_systems) if isinstance(file_systems, dict) else []
+            raise ConfigError(
+                f"the job file has no [systems.{sname}] table (its systems: {', '.join(known) or 'none'}); "
+                f"a new system needs its type too: --config systems.{sname}.type=TYPE",
+                key=given,
+                allowed=", ".join(SYSTEM_TYPES),
+                source=src,
+            )
         if make is None:
             raise ConfigError(
                 f"unknown system type {kind!r}",
@@ -334,7 +369,9 @@ def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: Engi
             allowed=", ".join(sorted(systems)),
             source=src,
         )
-    spec = JobSpec(path, name, task, list(inputs), eng, config, tree, default_output, systems)
+    spec = JobSpec(
+        path, name, task, list(inputs), eng, config, tree, default_output, systems, dict(overrides or {})
+    )
     spec.checkpoint_store()  # validate [checkpoints] now, before anything runs
     return spec
 

@@ -293,6 +293,39 @@ def test_a_bad_value_given_with_config_is_said_to_come_from_config(tmp_path: Pat
         assert r.returncode == 2 and "argument --progress-interval: expected a number of seconds" in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("override", "extra", "needle"),
+    [
+        (["job.task=copy.py:Nope"], [], "config key 'job.task': copy.py defines no 'Nope'"),
+        (["job.task=nosuch.py:X"], [], "config key 'job.task': task file "),
+        (["job.task=bad.py:Bad"], [], "config key 'job.task': task class Bad defines neither process()"),
+        (
+            ["systems.nosys.path=x"],
+            [],
+            "config key 'systems.nosys.path': the job file has no [systems.nosys] table (its systems: files)",
+        ),
+        (
+            ["systems.files.output_format=msgpack"],
+            ["--containers", "2"],
+            "config key 'systems.files.output_format': ",
+        ),
+    ],
+)
+def test_an_error_a_config_override_causes_names_the_override_not_the_job_file(
+    tmp_path: Path, override: list[str], extra: list[str], needle: str
+) -> None:
+    # errors found after the job file was read (the task, the --containers checks) and a
+    # table made by --config alone were blamed on job.toml
+    job = write_job(tmp_path)
+    (tmp_path / "bad.py").write_text(
+        "class Bad:\n    def proces(self, envelope, collector, coordinator): ...\n"
+    )
+    (key, _, value) = override[0].partition("=")
+    r = run_cli(["run", str(job), "--no-progress", "--config", override[0], *extra])
+    assert r.returncode == 2, r.stderr
+    assert f"tailrace: config error: --config {key}='{value}' (over {job}): {needle}" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("engine", ["c", "python"])
 def test_a_period_past_a_32_bit_int_is_a_config_error_before_any_state_is_made(
     engine: str, tmp_path: Path
