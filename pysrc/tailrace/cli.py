@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import functools
 import gc
 import json
@@ -508,6 +509,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
+    _check_file_inputs(spec)
     _check_state_dir(spec)
     if _is_kafka(spec):
         return _run_kafka(args, spec)
@@ -558,11 +560,44 @@ def _reporter(args: argparse.Namespace, spec: JobSpec, source: _MetricsSource) -
     )
 
 
+def _check_file_inputs(spec: JobSpec) -> None:
+    """A file input whose directory does not exist (a misspelt stream in ``job.inputs``, or
+    a wrong ``path``) is a configuration error (exit 2), said before anything is made or
+    run. A stream directory that exists but is malformed (a partition gap, an unexpected
+    file, mixed formats) is bad input, which the run reports (InputError, exit 1)."""
+    from .files import FileSystem
+
+    for name in spec.inputs:
+        sname, _, stream = name.partition(".")
+        system = spec.systems.get(sname)
+        if not isinstance(system, FileSystem) or not stream:
+            continue
+        if not system.path.is_dir():
+            what = "is not a directory" if system.path.exists() else "does not exist"
+            raise ConfigError(
+                f"input {name!r}: the input directory {system.path} of system {sname!r} {what}",
+                key=f"systems.{sname}.path",
+                source=str(spec.source),
+            )
+        directory = system.path / stream
+        if not directory.is_dir():
+            what = "is not a directory" if directory.exists() else "does not exist"
+            streams = sorted(e.name for e in system.path.iterdir() if e.is_dir() and e.name[0] != ".")
+            raise ConfigError(
+                f"input {name!r}: its stream directory {directory} {what}",
+                key="job.inputs",
+                allowed=", ".join(f"{sname}.{s}" for s in streams) or f"none: {system.path} holds no stream",
+                source=str(spec.source),
+            )
+
+
 def _check_state_dir(spec: JobSpec, *, create: bool = True) -> None:
     """One clear line (SetupError, exit 2) when the SQLite store's directory cannot be
-    created or written, before SQLite reports it as something else. Changes nothing
-    but creating a missing directory (unless ``create`` is false: a missing one is left
-    missing, as read-only commands find it); never suggests deleting anything."""
+    created or written, before SQLite reports it as something else. Changes nothing: a
+    missing directory is made by the store when the run opens it, so a run refused
+    before that leaves none behind (``create``: whether it could be made is checked;
+    false: a missing one is fine, as read-only commands find it); never suggests
+    deleting anything."""
     table = spec.tree.get("checkpoints") or {"type": "sqlite"}
     if not isinstance(table, dict) or table.get("type", "sqlite") != "sqlite":
         return
@@ -575,13 +610,19 @@ def _check_state_dir(spec: JobSpec, *, create: bool = True) -> None:
     if not state.is_dir():
         if not create:
             return
-        try:
-            state.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
+        existing = state
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            problem: int | None = errno.EEXIST if existing == state else errno.ENOTDIR
+        else:
+            problem = None if os.access(existing, os.W_OK | os.X_OK) else errno.EACCES
+        if problem is not None:
             raise SetupError(
-                f"cannot create the state directory {state} ({e.strerror}); create it with write "
-                f"permission for this user, or point {where} at a writable directory"
-            ) from None
+                f"cannot create the state directory {state} ({os.strerror(problem)}); create it with "
+                f"write permission for this user, or point {where} at a writable directory"
+            )
+        return  # nothing in it yet to check
     if not os.access(state, os.W_OK | os.X_OK):
         held = " (the checkpoints in it are intact)" if path.exists() else ""
         raise SetupError(

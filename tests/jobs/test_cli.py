@@ -546,6 +546,53 @@ def test_partition_gap_is_an_error(engine: str, tmp_path: Path) -> None:
     r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
     assert r.returncode == 1
     assert "partition gap: partition-1.jsonl missing" in r.stderr
+    assert not (tmp_path / "state").exists()  # refused before the run made anything
+
+
+def test_a_missing_input_stream_directory_is_a_config_error_naming_the_input(tmp_path: Path) -> None:
+    # running-jobs.md: a misspelt input (its directory does not exist) is a configuration
+    # error, exit 2; it exited 1 as bad input, and left an empty state/ behind
+    job = write_job(tmp_path)
+    job.write_text(job.read_text().replace('inputs = ["files.in"]', 'inputs = ["files.inn"]'))
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 2, r.stderr
+    assert (
+        f"tailrace: config error: {job}: config key 'job.inputs': input 'files.inn': its stream "
+        f"directory {tmp_path / 'data' / 'inn'} does not exist (allowed: files.in)" in r.stderr
+    ), r.stderr
+    r = run_cli(
+        [
+            "run",
+            str(job),
+            "--no-progress",
+            "--config",
+            'job.inputs=["files.in"]',
+            "--config",
+            "systems.files.path=nodata",
+        ]
+    )
+    assert r.returncode == 2, r.stderr
+    assert (
+        f"config key 'systems.files.path': input 'files.in': the input directory {tmp_path / 'nodata'} "
+        "of system 'files' does not exist" in r.stderr
+    ), r.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_run_refused_before_it_starts_creates_no_state_directory(tmp_path: Path) -> None:
+    # --metrics-port without prometheus-client is refused after the job was loaded: the
+    # state/ directory was made already
+    job = write_job(tmp_path)
+    blocked = tmp_path / "blocked"
+    (blocked / "prometheus_client").mkdir(parents=True)
+    (blocked / "prometheus_client" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    r = run_cli(["run", str(job), "--no-progress", "--metrics-port", "0"], env={"PYTHONPATH": str(blocked)})
+    assert r.returncode == 2, r.stderr
+    assert "--metrics-port needs prometheus-client" in r.stderr, r.stderr
+    assert not (tmp_path / "state").exists()
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "state" / "cp.db").is_file()
 
 
 def test_corrupt_store_stops_start_up(engine: str, tmp_path: Path) -> None:
