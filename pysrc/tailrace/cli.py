@@ -62,6 +62,19 @@ def _log_level_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=argparse.SUPPRESS, choices=_LEVELS, help="log level")
 
 
+def _config_option(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """``--config KEY=VALUE``, repeatable: the job file as ``run`` reads it."""
+    parser.add_argument(
+        "--config",
+        "-c",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (or a job.*, systems.<name>.*, stores.<name>.* or checkpoints.* entry); "
+        f"repeatable{what}",
+    )
+
+
 @functools.cache
 def _help_width() -> int:
     """What argparse's formatters would compute (``shutil.get_terminal_size().columns - 2``),
@@ -116,15 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--engine", choices=sorted(ENGINES), help="run loop engine (default: the job file's, else c)"
     )
-    run.add_argument(
-        "--config",
-        "-c",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (or a job.*, systems.<name>.*, stores.<name>.* or checkpoints.* entry); "
-        "repeatable",
-    )
+    _config_option(run)
     prog = run.add_mutually_exclusive_group()
     prog.add_argument(
         "--progress",
@@ -177,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
         "show", help="print the committed offset of every partition", formatter_class=_Formatter
     )
     show.add_argument("job", metavar="JOB", help=job_help)
+    _config_option(show, ": give those of the run (job.name, checkpoints.*) to find its checkpoints")
     _log_level_option(show)
     show.set_defaults(fn=cmd_show)
     reset = cps.add_parser(
@@ -185,6 +191,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     reset.add_argument("job", metavar="JOB", help=job_help)
+    _config_option(reset, ": give those of the run (job.name, checkpoints.*) to find its checkpoints")
     _log_level_option(reset)
     reset.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     reset.set_defaults(fn=cmd_reset)

@@ -397,6 +397,28 @@ def test_checkpoints_reset_of_a_job_that_never_ran_creates_nothing(tmp_path: Pat
     assert reset.stdout.strip() == said
 
 
+def test_checkpoints_show_and_reset_take_the_config_overrides_of_the_run(tmp_path: Path) -> None:
+    # running-jobs.md suggests --config job.name=test-run: its checkpoints could be neither
+    # shown nor reset (show and reset refused --config)
+    job = write_job(tmp_path)
+    test_run = ["--config", "job.name=test-run", "--config", "checkpoints.path=state/test.db"]
+    assert run_cli(["run", str(job), "--no-progress", *test_run]).returncode == 0
+    shown = run_cli(["checkpoints", "show", str(job), *test_run])
+    assert shown.returncode == 0, shown.stderr
+    assert f"job 'test-run', checkpoints: sqlite {tmp_path / 'state' / 'test.db'}" in shown.stdout, (
+        shown.stdout
+    )
+    assert re.search(r"files\.in\[0\] +9\n", shown.stdout), shown.stdout
+    reset = run_cli(["checkpoints", "reset", str(job), "--yes", *test_run])
+    assert reset.returncode == 0, reset.stderr
+    assert "deleted 1 checkpoint rows of job 'test-run'" in reset.stdout, reset.stdout
+    shown = run_cli(
+        ["checkpoints", "show", str(job), "-c", "job.name=test-run", "-c", "checkpoints.path=state/test.db"]
+    )
+    assert "no checkpoints: the next run starts every input from the beginning" in shown.stdout, shown.stdout
+    assert not (tmp_path / "state" / "cp.db").exists()  # the job file's own store was never touched
+
+
 def test_missing_job_and_bad_toml(tmp_path: Path) -> None:
     r = run_cli(["run", str(tmp_path)])
     assert r.returncode == 2 and "directory has no job.toml" in r.stderr
