@@ -1404,6 +1404,10 @@ def cmd_load(args: argparse.Namespace) -> int:
         )
     path = Path(args.file)
     if not path.is_file():
+        if path.is_dir():
+            raise SetupError(f"{path}: is a directory; load reads one file (JSON Lines or text)")
+        if path.exists():
+            raise SetupError(f"{path}: not a regular file; load reads one file (JSON Lines or text)")
         raise SetupError(f"{path}: no such file")
     fmt = args.format or ("text" if path.suffix == ".txt" else "jsonl")
     if args.partitions is not None:

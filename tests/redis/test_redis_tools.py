@@ -135,6 +135,22 @@ def test_load_refuses_bad_counts_naming_the_option(redis_server: RedisServer, tm
         assert f"argument {option}: expected an integer >= 1" in bad.stderr, bad.stderr
 
 
+def test_load_says_what_is_wrong_with_a_path_that_is_not_a_file(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # /dev/null and a directory were said to be "no such file", though they exist
+    job = write_job(tmp_path, redis_server.url)
+    for path, said in (
+        (tmp_path, "is a directory"),
+        (Path("/dev/null"), "not a regular file"),
+        (tmp_path / "absent.jsonl", "no such file"),
+    ):
+        done = cli("load", str(job), str(path), "--partitions", "1")
+        assert done.returncode == 2, done.stderr
+        assert f"tailrace: error: {path}: {said}" in done.stderr, done.stderr
+    assert redis_server.client().dbsize() == 0  # nothing created
+
+
 def test_load_is_pipelined(redis_server: RedisServer, tmp_path: Path) -> None:
     job = write_job(tmp_path, redis_server.url)
     loaded = load(tmp_path, job, 20000)
