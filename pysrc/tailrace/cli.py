@@ -1249,15 +1249,31 @@ def _print_summary(
 
 
 # -- checkpoints ----------------------------------------------------------------
-def _redis_inputs(spec: JobSpec) -> list[SystemStreamPartition]:
-    """Every input partition of a Redis-checkpointed job (asks each input's system)."""
+def _redis_inputs(spec: JobSpec, missing: list[str] | None = None) -> list[SystemStreamPartition]:
+    """Every input partition of a Redis-checkpointed job (asks each input's system). An input
+    stream that does not exist yet is left out and described in ``missing`` when it is
+    given (else its InputError is raised)."""
+    from .redis import RedisSystem
     from .types import parse_system_stream
 
     out: list[SystemStreamPartition] = []
     for name in spec.inputs:
         ss = parse_system_stream(name)
         system = spec.systems[ss.system]
-        n = system.partitions(ss.stream)
+        try:
+            n = system.partitions(ss.stream)
+        except InputError as e:
+            if missing is None:
+                raise
+            if not isinstance(system, RedisSystem):
+                missing.append(f"input {name} does not exist yet: {e}")
+                continue
+            stream = f" --stream {name}" if len(spec.inputs) > 1 else ""
+            missing.append(
+                f"input {name} does not exist yet: Redis at {system.where} has no stream {ss.stream!r}; "
+                f"create it with: tailrace load {spec.source} FILE{stream} --partitions N"
+            )
+            continue
         out.extend(SystemStreamPartition(ss.system, ss.stream, p) for p in range(n))
     return out
 
@@ -1270,15 +1286,19 @@ def _redis_store_args(spec: JobSpec) -> tuple[str, bool, str]:
         store.close()
 
 
-def _committed(spec: JobSpec) -> dict[str, dict[SystemStreamPartition, Offset]]:
-    """Committed offsets per task (Redis jobs: per partition, under "Partition N")."""
+def _committed(
+    spec: JobSpec, missing: list[str] | None = None
+) -> dict[str, dict[SystemStreamPartition, Offset]]:
+    """Committed offsets per task (Redis jobs: per partition, under "Partition N"; an input
+    stream that does not exist yet is described in ``missing``, see _redis_inputs)."""
     if _is_distributed(spec):
         from .redis.tools import committed_offsets
 
         url, cluster, prefix = _redis_store_args(spec)
         per_task: dict[str, dict[SystemStreamPartition, Offset]] = {}
         kafka = _kafka_systems(spec)
-        for ssp, off in committed_offsets(url, cluster, prefix, spec.name, _redis_inputs(spec)).items():
+        inputs = _redis_inputs(spec, missing)
+        for ssp, off in committed_offsets(url, cluster, prefix, spec.name, inputs).items():
             if ssp.system in kafka:  # a Kafka offset N is kept in Redis as the id "0-N"
                 from .kafka.checkpoint import _offset_of_id
 
@@ -1324,8 +1344,11 @@ def _print_committed(spec: JobSpec, out: TextIO) -> None:
 def cmd_show(args: argparse.Namespace) -> int:
     spec = _load(args)
     _check_state_dir(spec, create=False)  # read only: creates nothing
-    committed = _committed(spec)
+    missing: list[str] = []
+    committed = _committed(spec, missing)
     print(f"job {spec.name!r}, checkpoints: {_store_text(spec)}")
+    for line in missing:
+        print(f"  {line}")
     if not committed:
         path = None if _is_distributed(spec) else getattr(spec.checkpoint_store(), "path", None)
         if path is not None and not Path(path).exists():
@@ -1353,7 +1376,14 @@ def cmd_reset(args: argparse.Namespace) -> int:
         from .redis.tools import reset_checkpoints
 
         url, cluster, prefix = _redis_store_args(spec)
-        n = reset_checkpoints(url, cluster, prefix, spec.name, _redis_inputs(spec))
+        missing: list[str] = []
+        inputs = _redis_inputs(spec, missing)
+        for line in missing:
+            print(line)
+        if not inputs:  # no run has read anything: nothing to delete, nothing to touch
+            print(f"nothing to delete: no input stream of job {spec.name!r} exists yet")
+            return 0
+        n = reset_checkpoints(url, cluster, prefix, spec.name, inputs)
         print(f"deleted {n} checkpoints of job {spec.name!r}; the next run starts from the beginning")
         return 0
     store = spec.checkpoint_store()

@@ -151,6 +151,31 @@ def test_load_says_what_is_wrong_with_a_path_that_is_not_a_file(
     assert redis_server.client().dbsize() == 0  # nothing created
 
 
+def test_show_and_reset_of_a_job_whose_stream_does_not_exist_yet(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # they failed with "tailrace: error: ... has no stream 'in'" (exit 1): a job that never
+    # ran has no checkpoints, as a SQLite job that never ran is told
+    job = write_job(tmp_path, redis_server.url)
+    absent = (
+        f"input redis.in does not exist yet: Redis at {redis_server.url} has no stream 'in'; "
+        f"create it with: tailrace load {job} FILE --partitions N"
+    )
+    shown = cli("checkpoints", "show", str(job))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[1:] == [
+        f"  {absent}",
+        "  no checkpoints: the next run starts every input from the beginning",
+    ], shown.stdout
+    reset = cli("checkpoints", "reset", str(job), "--yes")
+    assert reset.returncode == 0, reset.stderr
+    assert reset.stdout.splitlines() == [
+        absent,
+        "nothing to delete: no input stream of job 'tools' exists yet",
+    ]
+    assert redis_server.client().dbsize() == 0  # nothing written
+
+
 def test_load_is_pipelined(redis_server: RedisServer, tmp_path: Path) -> None:
     job = write_job(tmp_path, redis_server.url)
     loaded = load(tmp_path, job, 20000)
