@@ -200,14 +200,19 @@ def _parser() -> argparse.ArgumentParser:
         "load",
         help="append a file (JSON Lines or text) to a Redis input stream of a job, pipelined",
         description="Append every line of FILE to a stream of the job's Redis system, 1,000 per round "
-        "trip. A message goes to the partition of its key (--key-field), else round robin.",
+        "trip. A message goes to the partition of its key (--key-field: every message must have it), "
+        "else round robin. A stream that has ended (an end marker) is refused.",
         formatter_class=_Formatter,
     )
     load.add_argument("job", metavar="JOB", help=job_help)
     load.add_argument("file", metavar="FILE", help="a .jsonl (one JSON value a line) or .txt file")
     load.add_argument("--stream", metavar="SYSTEM.STREAM", help="the stream (default: the job's only input)")
     load.add_argument("--format", choices=["jsonl", "text"], help="default: text for .txt, else jsonl")
-    load.add_argument("--key-field", metavar="FIELD", help="JSON field whose value is the message key")
+    load.add_argument(
+        "--key-field",
+        metavar="FIELD",
+        help="JSON field whose value is the message key; a message without it stops the load",
+    )
     load.add_argument(
         "--partitions",
         type=_positive_int,
@@ -1409,7 +1414,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     """Append a file's lines to a Redis stream of the job, pipelined."""
     from .redis import RedisSystem
-    from .redis.tools import append_pipelined, read_messages
+    from .redis.tools import append_pipelined, ended_partitions, read_messages
     from .types import parse_system_stream
 
     spec = _load(args)
@@ -1440,6 +1445,12 @@ def cmd_load(args: argparse.Namespace) -> int:
             raise SetupError(f"{path}: not a regular file; load reads one file (JSON Lines or text)")
         raise SetupError(f"{path}: no such file")
     fmt = args.format or ("text" if path.suffix == ".txt" else "jsonl")
+    if args.key_field is not None and fmt == "text":
+        raise ConfigError(
+            f"a text file's messages are strings, with no field to take a key from ({path})",
+            key="--key-field",
+            allowed="--key-field with a JSON Lines file (--format jsonl)",
+        )
     if args.partitions is not None:
         try:
             system.create_stream(ss.stream, args.partitions, exist_ok=True)
@@ -1458,10 +1469,16 @@ def cmd_load(args: argparse.Namespace) -> int:
                 key="--partitions",
             ) from None
         system.create_stream(ss.stream, n, exist_ok=True)
+    ended = ended_partitions(system, ss.stream)
+    if ended:  # docs/redis.md: an end marker is final
+        raise SetupError(
+            f"stream {target} has ended: {', '.join(f'{target}[{p}]' for p in ended)} "
+            f"end{'s' if len(ended) == 1 else ''} with an end marker (tailrace load --end, "
+            "RedisSystem.end_stream), and a reader never reads past it; nothing was appended"
+        )
     started = time.monotonic()
-    counts = append_pipelined(
-        system, ss.stream, read_messages(path, fmt), key_field=args.key_field, batch=args.batch
-    )
+    messages = read_messages(path, fmt, key_field=args.key_field)
+    counts = append_pipelined(system, ss.stream, messages, key_field=args.key_field, batch=args.batch)
     if args.end:
         system.end_stream(ss.stream)
     seconds = time.monotonic() - started

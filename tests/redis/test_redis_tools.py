@@ -176,6 +176,52 @@ def test_show_and_reset_of_a_job_whose_stream_does_not_exist_yet(
     assert redis_server.client().dbsize() == 0  # nothing written
 
 
+def test_load_refuses_a_stream_that_has_ended(redis_server: RedisServer, tmp_path: Path) -> None:
+    # redis.md: an end marker is final, entries after it are never read; load appended
+    # after it without a word
+    job = write_job(tmp_path, redis_server.url)
+    assert load(tmp_path, job, 10, "--end").returncode == 0
+    client = redis_server.client()
+    before = {k: client.xlen(k) for k in client.keys("tr:{in:*}:s")}
+    assert len(before) == 4
+    for extra in ((), ("--end",)):
+        again = load(tmp_path, job, 10, *extra)
+        assert again.returncode == 2, again.stderr
+        assert (
+            "tailrace: error: stream redis.in has ended: redis.in[0], redis.in[1], redis.in[2], redis.in[3] "
+            "end with an end marker" in again.stderr
+        ), again.stderr
+        assert "nothing was appended" in again.stderr, again.stderr
+    assert {k: client.xlen(k) for k in before} == before
+
+
+def test_load_refuses_a_message_without_its_key_field(redis_server: RedisServer, tmp_path: Path) -> None:
+    # a --key-field missing from every line (a misspelt field) silently loaded round robin
+    job = write_job(tmp_path, redis_server.url)
+    data = tmp_path / "keyed.jsonl"
+    data.write_text('{"user": "a", "i": 1}\n{"user": "b", "i": 2}\n\n[3]\n{"user": "c", "i": 4}\n')
+    system = RedisSystem("redis", redis_server.url)
+    typo = cli("load", str(job), str(data), "--partitions", "2", "--key-field", "usr")
+    assert typo.returncode == 1, typo.stderr
+    assert (
+        f"tailrace: error: {data}:1: the message has no field 'usr' (--key-field); its fields: 'user', 'i'; "
+        "nothing was appended" in typo.stderr
+    ), typo.stderr
+    assert [system.read_all("in", p) for p in range(2)] == [[], []]
+    bad = cli("load", str(job), str(data), "--key-field", "user")
+    assert bad.returncode == 1, bad.stderr
+    assert (
+        f"tailrace: error: {data}:4: the message is an array, not a JSON object with the --key-field 'user'; "
+        "the 2 messages before line 4 were appended to stream 'in', none from it on" in bad.stderr
+    ), bad.stderr
+    loaded = sorted(m["i"] for p in range(2) for _, _, m in system.read_all("in", p))
+    assert loaded == [1, 2]
+    text = cli("load", str(job), str(data), "--key-field", "user", "--format", "text")
+    assert text.returncode == 2, text.stderr
+    assert "config key '--key-field': a text file's messages are strings" in text.stderr, text.stderr
+    system.close()
+
+
 def test_load_is_pipelined(redis_server: RedisServer, tmp_path: Path) -> None:
     job = write_job(tmp_path, redis_server.url)
     loaded = load(tmp_path, job, 20000)

@@ -70,8 +70,10 @@ def reset_checkpoints(
         client.close()
 
 
-def read_messages(path: Path, fmt: str) -> Iterator[Any]:
-    """Messages of a JSON Lines (``jsonl``) or text (``text``) file; InputError names file and line."""
+def read_messages(path: Path, fmt: str, *, key_field: str | None = None) -> Iterator[Any]:
+    """Messages of a JSON Lines (``jsonl``) or text (``text``) file; InputError names file and
+    line. With ``key_field``, each message must be a JSON object whose ``key_field`` is set
+    (not null): a message without its key is refused, never sent round robin."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             line = raw.rstrip(b"\n").rstrip(b"\r")
@@ -84,9 +86,39 @@ def read_messages(path: Path, fmt: str) -> Iterator[Any]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                message = json.loads(line)
             except ValueError as e:
                 raise InputError(f"line is not valid JSON ({e})", source=str(path), line=n) from None
+            if key_field is not None and (not isinstance(message, dict) or message.get(key_field) is None):
+                raise InputError(_no_key(message, key_field), source=str(path), line=n)
+            yield message
+
+
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false"}
+_JSON_KINDS[type(None)] = "null"
+
+
+def _no_key(message: Any, key_field: str) -> str:
+    if not isinstance(message, dict):
+        kind = _JSON_KINDS.get(type(message), type(message).__name__)
+        return f"the message is {kind}, not a JSON object with the --key-field {key_field!r}"
+    if key_field in message:
+        return f"the message's --key-field {key_field!r} is null (every message needs a key)"
+    fields = ", ".join(repr(k) for k in list(message)[:10]) + (", ..." if len(message) > 10 else "")
+    return f"the message has no field {key_field!r} (--key-field); its fields: {fields or 'none'}"
+
+
+def ended_partitions(system: Any, stream: str) -> list[int]:
+    """The partitions of ``system``'s ``stream`` (a :class:`RedisSystem`) whose last entry
+    is an end marker: a reader stops there, so nothing appended after it would be read."""
+    from .system import EOS_FIELD
+
+    n = system.partitions(stream)
+    pipe = system.client.pipeline(transaction=False)
+    for p in range(n):
+        pipe.xrevrange(system.keys.stream(stream, p), count=1)
+    last = pipe.execute()
+    return [p for p, entries in enumerate(last) if entries and EOS_FIELD in entries[0][1]]
 
 
 def append_pipelined(
@@ -94,7 +126,9 @@ def append_pipelined(
 ) -> dict[int, int]:
     """Append ``messages`` to ``system``'s ``stream`` (a :class:`RedisSystem`), ``batch``
     XADDs per round trip (a pipeline). A message goes to the partition of its key
-    (``key_field`` of a JSON object), else round-robin. Returns messages per partition."""
+    (``key_field`` of a JSON object), else round-robin. Returns messages per partition. A bad
+    message (InputError from ``messages``) stops it: every message before it is appended, none
+    from it on, and the error says how many were."""
     from .system import _encoder  # the system's codec, so readers decode what was written
 
     n = system.partitions(stream)
@@ -103,21 +137,37 @@ def append_pipelined(
     pipe = system.client.pipeline(transaction=False)
     pending = 0
     rr = 0
-    for message in messages:
-        key = message.get(key_field) if key_field and isinstance(message, dict) else None
-        if key is None:
-            p, rr = rr % n, rr + 1
-        else:
-            p = _partition_of(key, n)
-        fields: dict[str, Any] = {"m": enc(message)}
-        if key is not None:
-            fields["k"] = enc(key)
-        pipe.xadd(system.keys.stream(stream, p), fields)
-        counts[p] += 1
-        pending += 1
-        if pending >= batch:
+    try:
+        for message in messages:
+            key = message.get(key_field) if key_field and isinstance(message, dict) else None
+            if key is None:
+                p, rr = rr % n, rr + 1
+            else:
+                p = _partition_of(key, n)
+            fields: dict[str, Any] = {"m": enc(message)}
+            if key is not None:
+                fields["k"] = enc(key)
+            pipe.xadd(system.keys.stream(stream, p), fields)
+            counts[p] += 1
+            pending += 1
+            if pending >= batch:
+                pipe.execute()
+                pending = 0
+    except InputError as e:
+        # a bad message: every message before it is appended, none from it on (where to resume)
+        if pending:
             pipe.execute()
-            pending = 0
+        done = sum(counts.values())
+        where = f"line {e.line}" if e.line is not None else "it"
+        if done == 0:
+            appended = "nothing was appended"
+        else:
+            them = "the message" if done == 1 else f"the {done:,} messages"
+            was = "was" if done == 1 else "were"
+            appended = f"{them} before {where} {was} appended to stream {stream!r}, none from it on"
+        error = InputError(f"{e}; {appended}")
+        error.source, error.line = e.source, e.line
+        raise error from None
     if pending:
         pipe.execute()
     return counts
@@ -129,4 +179,4 @@ def _partition_of(key: Any, n: int) -> int:
     return int(key_partition(key, n))
 
 
-__all__ = ["append_pipelined", "committed_offsets", "read_messages", "reset_checkpoints"]
+__all__ = ["append_pipelined", "committed_offsets", "ended_partitions", "read_messages", "reset_checkpoints"]
