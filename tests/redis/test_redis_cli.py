@@ -258,6 +258,24 @@ def test_a_refused_login_is_said_so_at_once_without_the_password(tmp_path: Path)
         server.kill()
 
 
+def test_a_password_a_server_without_one_refuses_is_said_so_at_start(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # a password alone (no user) logged redis-py in (HELLO 3 AUTH default PASSWORD: any
+    # password, to a server with none); the member joined and took leases, then its reader
+    # (AUTH PASSWORD) failed with "reading from Redis failed: auth:AuthenticationError"
+    bounded_input(redis_server, 2, 5).close()
+    for url in (f"unix://:s3cret-pw@{redis_server.sock}?db=0", f"{redis_server.url}&password=s3cret-pw"):
+        job = write_job(tmp_path, url)
+        done = run_cli("run", str(job), "--no-progress")
+        assert done.returncode == 1, done.stderr
+        assert "refused the login (the user and password in the URL)" in done.stderr, done.stderr
+        assert "called without any password configured" in done.stderr, done.stderr
+        assert "reading from Redis failed" not in done.stderr and "s3cret" not in done.stderr, done.stderr
+        client = redis_server.client()
+        assert not client.keys("*lease*") and not client.keys("*members*")  # it never joined
+
+
 @pytest.mark.parametrize("containers", ["1", "2"])
 def test_file_inputs_with_redis_checkpoints_are_refused_before_anything_runs(
     redis_server: RedisServer, tmp_path: Path, containers: str

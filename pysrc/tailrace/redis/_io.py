@@ -130,10 +130,23 @@ def auth_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+def _check_password_alone(client: Any) -> None:
+    """A password without a user name (``redis://:PASSWORD@host``, ``?password=``) logs in the
+    way tailrace's own connections (RespConnection: the readers and producers) send it,
+    ``AUTH PASSWORD``. redis-py sends ``HELLO 3 AUTH default PASSWORD``, which a server with
+    no password accepts whatever the password; ``AUTH PASSWORD`` it refuses. Sent here too,
+    every connection of the job fails alike at start, not the first read."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
+    password = kwargs.get("password")
+    if password is not None and not kwargs.get("username") and kwargs.get("credential_provider") is None:
+        client.execute_command("AUTH", password)
+
+
 def check(client: Any, url: str, error: Callable[[str], BaseException]) -> None:
     """PING the server; raise ``error(message naming the URL)`` when it does not answer."""
     try:
         client.ping()
+        _check_password_alone(client)
     except auth_errors() as e:
         raise error(
             f"Redis at {redact(url)} refused the login (the user and password in the URL): {e}"
