@@ -502,7 +502,8 @@ def describe_task_error(e: TaskError, spec: JobSpec | None) -> str:
             lines.append(f"  {type(original).__name__}: {original}")
         elif original.__traceback__ is None:
             lines.append(f"  (the {type(original).__name__} was handed to callback.fail(), never raised)")
-    lines.append("  run with --log-level DEBUG for the full traceback, tailrace's frames included")
+    if not log.isEnabledFor(logging.DEBUG):  # else the full traceback was just logged
+        lines.append("  run with --log-level DEBUG for the full traceback, tailrace's frames included")
     return "\n".join(lines)
 
 
@@ -725,18 +726,23 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     seconds = time.monotonic() - started
     print(
         f"member {result.member} of job {spec.name!r} left ({result.reason}) after {seconds:.2f} s: "
-        f"{_rate_text(result.processed, seconds)} in {result.runs} container runs; partitions "
-        f"finished here: {sorted(result.done)}\n  {result.skipped:,} bad lines skipped",
+        f"{_rate_text(result.processed, seconds)} in {_count(result.runs, 'container run')}; partitions "
+        f"finished here: {sorted(result.done)}\n  {_count(result.skipped, 'bad line')} skipped",
         flush=True,
     )
     _print_committed(spec, sys.stdout)
     return 0
 
 
+def _count(n: int, word: str, plural: str | None = None) -> str:
+    """``1 message``, ``2 messages``, ``1,000 messages``: ``n`` with ``word`` in its number."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
 def _rate_text(processed: int, seconds: float) -> str:
     """``N messages processed (R msg/s)``: the summaries' first figures."""
     rate = processed / seconds if seconds > 0 else 0.0
-    return f"{processed:,} messages processed ({rate:,.0f} msg/s)"
+    return f"{_count(processed, 'message')} processed ({rate:,.0f} msg/s)"
 
 
 def _kafka_systems(spec: JobSpec) -> set[str]:
@@ -799,9 +805,9 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
     seconds = time.monotonic() - started
     print(
         f"member of job {spec.name!r} left ({result.reason}) after {seconds:.2f} s: "
-        f"{_rate_text(result.processed, seconds)} in {result.runs} container runs; partitions "
+        f"{_rate_text(result.processed, seconds)} in {_count(result.runs, 'container run')}; partitions "
         f"assigned {result.assigned}, handed over {result.revoked}, lost {result.lost}, "
-        f"commits refused {result.fenced}\n  {result.skipped:,} bad lines skipped",
+        f"commits refused {result.fenced}\n  {_count(result.skipped, 'bad line')} skipped",
         flush=True,
     )
     _print_committed(spec, sys.stdout)
@@ -1245,7 +1251,7 @@ def _print_summary(
     failed = sum(t.failed for t in result.tasks.values())
     ignored = sum(t.ignored for t in result.tasks.values())
     more = f", failed {failed}, ignored exceptions {ignored}" if failed or ignored else ""
-    out.write(f"  {sum(skipped.values()):,} bad lines skipped{more}\n")
+    out.write(f"  {_count(sum(skipped.values()), 'bad line')} skipped{more}\n")
     out.write("  committed offsets:\n")
     for ssp, off in sorted(result.committed.items()):
         extra = f"  ({skipped[ssp]} skipped)" if skipped.get(ssp) else ""
@@ -1389,7 +1395,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
             print(f"nothing to delete: no input stream of job {spec.name!r} exists yet")
             return 0
         n = reset_checkpoints(url, cluster, prefix, spec.name, inputs)
-        print(f"deleted {n} checkpoints of job {spec.name!r}; the next run starts from the beginning")
+        print(
+            f"deleted {_count(n, 'checkpoint')} of job {spec.name!r}; the next run starts from the beginning"
+        )
         return 0
     store = spec.checkpoint_store()
     path = getattr(store, "path", None)
@@ -1406,7 +1414,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
         n = reset()
     finally:
         store.close()
-    print(f"deleted {n} checkpoint rows of job {spec.name!r}; the next run starts from the beginning")
+    print(
+        f"deleted {_count(n, 'checkpoint row')} of job {spec.name!r}; the next run starts from the beginning"
+    )
     return 0
 
 
@@ -1486,7 +1496,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     rate = total / seconds if seconds > 0 else 0.0
     spread = ", ".join(f"[{p}] {n:,}" for p, n in sorted(counts.items()))
     print(
-        f"appended {total:,} messages of {path} to {target} in {seconds:.2f} s ({rate:,.0f} msg/s):",
+        f"appended {_count(total, 'message')} of {path} to {target} in {seconds:.2f} s ({rate:,.0f} msg/s):",
         spread,
     )
     system.close()
@@ -1678,10 +1688,13 @@ def _run_file_containers(args: argparse.Namespace, spec: JobSpec, count: int) ->
     groups = {i: [p for p in numbers if p % count == i] for i in range(count)}
     started_ids = [i for i in range(count) if groups[i]]
     if len(started_ids) < count:
+        idle = [str(i) for i in range(count) if not groups[i]]
         log.info(
-            "the job has %d tasks: containers %s would have none and are not started",
-            len(numbers),
-            ", ".join(str(i) for i in range(count) if not groups[i]),
+            "the job has %s: %s %s would have none and %s not started",
+            _count(len(numbers), "task"),
+            "container" if len(idle) == 1 else "containers",
+            ", ".join(idle),
+            "is" if len(idle) == 1 else "are",
         )
     # what every container needs, loaded once here: each is a fork of this process
     spec.load_task()
@@ -1817,9 +1830,9 @@ def _print_containers_summary(
     for i, r in sorted(reports.items()):
         if r:
             log.info(
-                "container %d: %s messages in %.2f s, CPU %.2f s",
+                "container %d: %s in %.2f s, CPU %.2f s",
                 i,
-                f"{int(r.get('processed', 0)):,}",
+                _count(int(r.get("processed", 0)), "message"),
                 float(r.get("seconds", 0.0)),
                 float(r.get("cpu_s", 0.0)),
             )
@@ -1829,7 +1842,7 @@ def _print_containers_summary(
     reasons = sorted({str(r.get("reason", "stopped while starting")) for r in reports.values()})
     out.write(
         f"job {spec.name!r} finished ({', '.join(reasons)}) in {seconds:.2f} s: "
-        f"{_rate_text(processed, seconds)} by {len(reports)} containers\n"
+        f"{_rate_text(processed, seconds)} by {_count(len(reports), 'container')}\n"
     )
     skipped: dict[str, int] = {}
     for r in reports.values():
@@ -1837,7 +1850,7 @@ def _print_containers_summary(
     failed = sum(int(r.get("failed", 0)) for r in reports.values())
     ignored = sum(int(r.get("ignored", 0)) for r in reports.values())
     more = f", failed {failed}, ignored exceptions {ignored}" if failed or ignored else ""
-    out.write(f"  {sum(skipped.values()):,} bad lines skipped{more}\n")
+    out.write(f"  {_count(sum(skipped.values()), 'bad line')} skipped{more}\n")
     committed = getattr(store, "committed", None)
     offsets = (
         sorted((ssp, off) for per_task in committed().values() for ssp, off in per_task.items())

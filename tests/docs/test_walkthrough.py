@@ -52,7 +52,7 @@ def test_readme_walkthrough_then_the_example_tests(tmp_path: Path) -> None:
     # the run after the appended line processes just that line
     appended = next(i for i, c in enumerate(commands) if ">>" in c)
     rerun = next(i for i, c in enumerate(commands) if i > appended and c.startswith("tailrace run"))
-    assert "1 messages processed" in outputs[rerun], outputs[rerun]
+    assert "1 message processed" in outputs[rerun], outputs[rerun]
     # ... and the example tests still pass on that checkout
     tests = subprocess.run(
         [

@@ -411,7 +411,7 @@ def test_checkpoints_show_and_reset_take_the_config_overrides_of_the_run(tmp_pat
     assert re.search(r"files\.in\[0\] +9\n", shown.stdout), shown.stdout
     reset = run_cli(["checkpoints", "reset", str(job), "--yes", *test_run])
     assert reset.returncode == 0, reset.stderr
-    assert "deleted 1 checkpoint rows of job 'test-run'" in reset.stdout, reset.stdout
+    assert "deleted 1 checkpoint row of job 'test-run'" in reset.stdout, reset.stdout
     shown = run_cli(
         ["checkpoints", "show", str(job), "-c", "job.name=test-run", "-c", "checkpoints.path=state/test.db"]
     )
@@ -560,6 +560,25 @@ def test_skip_bad_lines_is_counted_in_the_summary(engine: str, tmp_path: Path) -
     assert "2 messages processed" in r.stdout and "2 bad lines skipped" in r.stdout
     assert "partition-0.jsonl:2: skipped a line that is not valid JSON" in r.stderr
     assert read_stream(tmp_path / "data" / "out") == [[{"a": 1}, {"a": 3}]]
+
+
+def test_summaries_say_1_message_and_1_bad_line_in_the_singular(tmp_path: Path) -> None:
+    # "1 messages processed", "1 bad lines skipped", "container 0: 1 messages in"
+    job = write_job(tmp_path, lines='{"a": 1}\nnope\n')
+    skip = ["--config", "systems.files.skip_bad_lines=true"]
+    r = run_cli(["run", str(job), "--no-progress", *skip])
+    assert r.returncode == 0, r.stderr
+    assert ": 1 message processed (" in r.stdout and "\n  1 bad line skipped\n" in r.stdout, r.stdout
+    shutil.rmtree(tmp_path / "state")
+    shutil.rmtree(tmp_path / "data" / "out")
+    r = run_cli(["run", str(job), "--no-progress", "--containers", "2", *skip])
+    assert r.returncode == 0, r.stderr
+    assert "the job has 1 task: container 1 would have none and is not started" in r.stderr, r.stderr
+    assert "container 0: 1 message in " in r.stderr, r.stderr
+    assert ": 1 message processed (" in r.stdout and "by 1 container\n" in r.stdout, r.stdout
+    assert "\n  1 bad line skipped\n" in r.stdout, r.stdout
+    reset = run_cli(["checkpoints", "reset", str(job), "--yes"])
+    assert reset.returncode == 0 and "deleted 1 checkpoint row of job 'copy'" in reset.stdout, reset.stdout
 
 
 def test_partition_gap_is_an_error(engine: str, tmp_path: Path) -> None:

@@ -86,6 +86,7 @@ def test_user_exception_names_input_line_and_shows_user_frames(
     assert full.returncode == 1
     assert "Traceback (most recent call last)" in full.stderr
     assert "tailrace" in full.stderr.split("Traceback (most recent call last)", 1)[1]
+    assert "run with --log-level DEBUG" not in full.stderr  # it is on: the traceback is above
 
 
 def test_log_level_after_the_subcommand_and_version(tmp_path: Path) -> None:
