@@ -92,6 +92,20 @@ void trl_maybe_control(tr_loop *L, uint32_t t) {
     L->ctl[L->nctl++] = t;
 }
 
+/* Every idle partition is polled again (their wake-ups may be lost or late). */
+static void repoll_idle(tr_loop *L) {
+    for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
+        task *T = &L->tasks[t];
+        for (uint32_t p = 0; p < T->nparts; p++) {
+            if (T->parts[p].state == TR_PART_IDLE) {
+                T->parts[p].state = TR_PART_ACTIVE;
+                trl_queue_refill(L, t, p);
+            }
+        }
+    }
+    L->nidle = 0;
+}
+
 /* T's last partition just ended. Partitions that went idle before may have
  * ended meanwhile too, their wake-ups still on their way (a source that ends
  * every partition at once wakes them one by one): they are polled again at
@@ -102,16 +116,7 @@ void trl_maybe_control(tr_loop *L, uint32_t t) {
 void trl_eos_gate(tr_loop *L, uint32_t t) {
     if (!L->nidle || L->phase != PH_RUNNING)
         return;
-    for (uint32_t u = 0; u < L->cfg.ntasks; u++) {
-        task *U = &L->tasks[u];
-        for (uint32_t p = 0; p < U->nparts; p++) {
-            if (U->parts[p].state == TR_PART_IDLE) {
-                U->parts[p].state = TR_PART_ACTIVE;
-                trl_queue_refill(L, u, p);
-            }
-        }
-    }
-    L->nidle = 0;
+    repoll_idle(L);
     task *T = &L->tasks[t];
     if (!T->eos_not_before)
         L->eos_waiting++;
@@ -591,18 +596,8 @@ static void build_batch(tr_loop *L) {
     }
     if (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_ACQUIRE))
         begin_drain(L, TR_STOP_EXTERNAL);
-    if (L->phase == PH_RUNNING && L->nidle && L->now >= L->next_idle_poll) {
-        for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
-            task *T = &L->tasks[t];
-            for (uint32_t p = 0; p < T->nparts; p++) {
-                if (T->parts[p].state == TR_PART_IDLE) {
-                    T->parts[p].state = TR_PART_ACTIVE;
-                    trl_queue_refill(L, t, p);
-                }
-            }
-        }
-        L->nidle = 0;
-    }
+    if (L->phase == PH_RUNNING && L->nidle && L->now >= L->next_idle_poll)
+        repoll_idle(L);
     if (L->phase == PH_DRAINING && L->nctl == 0 && (drained(L) || L->now >= L->drain_deadline))
         start_final(L);
     if (L->phase == PH_FINAL) {

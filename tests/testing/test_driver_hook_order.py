@@ -426,3 +426,37 @@ def test_a_timer_set_for_now_by_a_timer_runs_before_the_next_task_s_timers(engin
         driver.advance(100)
         assert driver.result is not None and driver.result.reason == "shutdown"
     assert log == ["t0:0", "t0:1", "t0:2", "t1:0"]
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_a_commit_asked_by_a_timer_runs_before_the_other_tasks_hooks_on_both_engines(
+    engine: str, stop: bool
+) -> None:
+    # one order on both engines: task 0's timer asks a commit; its commit runs first, then the
+    # hooks due go on in task order from task 0 again, as the C loop builds them: task 1's
+    # window (which may stop the container), then task 0's. The reference engine ran task 0's
+    # window before task 1's after this session's first change (task by task), unlike C
+    order: list[str] = []
+
+    class Task(tailrace.StreamTask):
+        def init(self, context: Any) -> None:
+            self.p = int(context.task_name[-1])
+            if self.p == 0:
+                context.schedule("b", context.now() + 0.11, self.timer)
+
+        def timer(self, key: Any, collector: Any, coordinator: Any) -> None:
+            order.append(f"timer{self.p}")
+            coordinator.commit(Scope.CURRENT_TASK)
+
+        def window(self, collector: Any, coordinator: Any) -> None:
+            order.append(f"window{self.p}")
+            if self.p == 1 and stop:
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+    with TestDriver(Task, inputs={"in": 2}, config={"task.window.ms": 150}, engine=engine) as driver:
+        driver.advance(150)
+        assert order == (["timer0", "window1"] if stop else ["timer0", "window1", "window0"])
+        assert driver.running is not stop

@@ -110,7 +110,7 @@ _RUN_MAX = 64
 _RUN_FILL = 256
 # seconds after which a run ends, keeping the rest of its turn (as the C loop's RUN_SLICE_NS)
 _RUN_SLICE_S = 0.1
-# rounds of one task's barriers a pass runs back to back (_run_barriers)
+# passes of barrier work one loop iteration runs back to back (_run_barriers)
 _BARRIER_ROUNDS = 64
 
 
@@ -774,31 +774,35 @@ class ReferenceEngine:
 
     # -- 5. barriers: commit, window, timers ----------------------------------
     def _run_barriers(self, commit_only: bool) -> bool:
-        """Task by task, what is due: commits, then windows and timers (``_task_barriers``).
-        What a task's hooks make due for it at once (a commit they ask for, a timer they
-        set for now) runs before the next task's (as the C loop: docs/testing.md), up to
-        ``_BARRIER_ROUNDS`` rounds a pass (a timer that sets itself for now again and again
-        still lets the loop see a stop)."""
+        """What is due, in passes over the tasks in task order, as the C loop builds its
+        control ops: commits run and the pass goes on; a task's window and timers end the
+        pass (the next starts again from task 0). So what a task's hooks make due for it at
+        once (a timer set for now, a commit then its window) runs before a later task's
+        hooks (docs/testing.md: task by task), and commits that fall due together all run
+        before the windows. At most ``_BARRIER_ROUNDS`` passes a loop iteration: a timer
+        that sets itself for now again and again still lets the loop see a stop."""
         ran = False
-        for t in self._tasks:
-            hooked = False  # a window or timers of t ran in this pass
-            for _ in range(_BARRIER_ROUNDS):
+        # periods fall due by the clock when the passes began: a window that ran past its
+        # next time waits for the next iteration, after its task had a turn (rule 5)
+        now = self._clock.monotonic()
+        for _ in range(_BARRIER_ROUNDS):
+            progressed = False
+            for t in self._tasks:
                 if self._failure is not None:
                     return ran
-                did, hooks, commit_only = self._task_barriers(t, commit_only)
-                ran |= did
-                hooked |= hooks
-                if not (hooked and did) or self._stop_flag or t.done or t.outstanding:
+                did, hooks, commit_only = self._task_barriers(t, commit_only, now)
+                progressed |= did
+                if hooks:
                     break
-                if not (t.commit_requested or (not commit_only and (t.window_due or self._timer_due(t)))):
-                    break
+            ran |= progressed
+            if not progressed or self._stop_flag:
+                break
         return ran
 
-    def _task_barriers(self, t: _Task, commit_only: bool) -> tuple[bool, bool, bool]:
-        """One round of ``t``'s due barriers: (whether one ran, whether a window or timers
-        ran, commit_only from now on)."""
+    def _task_barriers(self, t: _Task, commit_only: bool, now: float) -> tuple[bool, bool, bool]:
+        """One round of ``t``'s barriers due at ``now`` (monotonic): (whether one ran,
+        whether a window or timers ran, commit_only from now on)."""
         ran = False
-        now = self._clock.monotonic()
         if not commit_only:
             self._check_stop()  # O(1); no window or timer once a stop is due
             commit_only = self._draining
