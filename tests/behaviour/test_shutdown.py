@@ -302,3 +302,42 @@ def test_a_shutdown_requested_by_an_end_of_stream_stops_the_tasks_still_running(
     result, _store = run_job(engine, _EndShutsAllDown, system, task_max_idle_ms=600000)
     assert result.reason == "shutdown"
     assert system.messages("out") == ["eos 0"]
+
+
+def test_no_queued_pool_message_runs_once_a_graceful_stop_began(engine: str) -> None:
+    # rule 19: dispatch stops; a message queued on a pool thread behind a slow call is handed
+    # back, not invoked: the reference engine invoked it when the slow call returned, after
+    # the drain had given up (task.shutdown.ms), after close() and after run() returned
+    calls: list[tuple[int, int, float]] = []
+    lock = threading.Lock()
+
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            self.p = context.partitions[0].partition
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            with lock:
+                calls.append((self.p, envelope.offset, time.monotonic()))
+            if self.p == 0 and envelope.offset == 0:
+                time.sleep(0.4)
+            if self.p == 1:
+                time.sleep(0.05)  # task 0's next messages are queued behind its slow one by now
+                coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+    result, store = run_job(
+        engine,
+        Task,
+        bounded([list(range(5)), list(range(5))]),
+        job_container_thread_pool_size=2,
+        task_max_concurrency=4,
+        task_shutdown_ms=100,
+    )
+    ended = time.monotonic()
+    time.sleep(0.6)
+    assert result.reason == "shutdown"
+    with lock:
+        late = [c for c in calls if c[2] > ended]
+        task0 = [c[1] for c in calls if c[0] == 0]
+    assert late == [], late
+    assert task0 == [0]
+    assert store.committed("tailrace-job").get(ssp(0), -1) == -1

@@ -510,6 +510,14 @@ class ReferenceEngine:
                 # message is not invoked (rule 16; as the C loop, whose error is posted
                 # when the callback fails)
                 continue
+            if self._draining:
+                # a graceful stop began: dispatch has stopped, and a queued message is
+                # handed back, never invoked (rule 19; as the C loop's workers): not
+                # awaited by the drain, not committed; and never run after close()
+                with self._cv:
+                    self._events.append(("unrun", item[1], None))
+                    self._cv.notify()
+                continue
             busy[i] = True
             item[0].started += 1  # one pool thread per task: the only writer
             try:
@@ -606,6 +614,9 @@ class ReferenceEngine:
             t.unresolved.pop(cb.seq, None)
             if t.keyed:
                 t.busy.discard(cb.key)  # rule 30: the next message of this key may start
+            if kind == "unrun":
+                t.processed -= 1  # handed back by its pool thread: never invoked
+                continue  # nor completed: the watermark stays before it
             if kind == "late":
                 # rules 3, 16: completed during its own process_async call, which held the
                 # loop thread past the deadline (nothing could time it out meanwhile): it
