@@ -191,7 +191,11 @@ typedef struct task {
     uint8_t in_run;    /* a RUN op of this task is in the batch or being executed */
     uint32_t run_left; /* what a RUN op cut by a barrier left of its turn (0: a new turn) */
     uint8_t halted;    /* a message of a run failed: never dispatch to it again */
-    uint32_t queued;   /* PROCESS ops of this task in the batch, not handed out yet */
+    /* its last window ran past the next window's time: that one is put off a period,
+     * so the task gets its messages in between (trl_fire_timers; rules 5, 8) */
+    uint8_t window_overran;
+    int64_t window_started; /* the loop's clock when its window op was built */
+    uint32_t queued;        /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
     /* its last partition ended while others were idle: its end of stream waits
      * for the build that follows their re-poll (L->builds; see eos_gate) */

@@ -136,6 +136,15 @@ void trl_fire_timers(tr_loop *L) {
         if ((T->flags & TR_TASK_POOL) && (e.kind != H_COMMIT || !L->cfg.async_commit) &&
             (e.kind != H_USER || e.gen == T->timer_gen) && pool_served_since_barrier(T))
             atomic_store_explicit(&T->hold, 1, TR_RELAXED); /* see task.hold */
+        if (e.kind == H_WINDOW && T->window_overran) {
+            /* the window before ran past this one's time: this one comes a period
+             * from now, and the task's messages run in between (without this a
+             * window longer than its period ran back to back, and the task
+             * processed a message in hundreds of windows) */
+            T->window_overran = 0;
+            trl_heap_push(L, L->now + L->cfg.window_ns, e.task, H_WINDOW, 0);
+            continue;
+        }
         if (e.kind == H_WINDOW) {
             if (!T->window_due)
                 T->window_due_at = e.when;

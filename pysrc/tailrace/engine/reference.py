@@ -304,6 +304,7 @@ class _Task:
         # sequencing (rules 2, 12, 15)
         self.next_seq = 0
         self.next_release = 0
+        self.unrun = 0  # sequence numbers at the tail handed back unrun by the pool at a stop
         self.unresolved: dict[int, _Callback] = {}  # invoked, no completion yet (invocation order)
         self.held: dict[int, _Callback] = {}  # completed, not yet released
         self.release_stopped = False  # release stopped after a commit request (rule 15)
@@ -311,9 +312,6 @@ class _Task:
         self.commit_requested = False
         self.next_commit = _after(now, cfg.commit_ms / 1000) if cfg.commit_ms > 0 else None
         self.next_window = _after(now, cfg.window_ms / 1000) if self.window is not None else None
-        # its window ran past the next window's time: the task gets a turn before that one
-        # holds it back (rule 5: a window longer than task.window.ms must not starve it)
-        self.window_overran = False
         self.window_due = False  # the window timer fired; the window has not run yet (rule 8)
         self.window_due_at = 0.0  # when the pending window fell due (monotonic seconds)
         self.voted = False
@@ -344,8 +342,8 @@ class _Task:
 
     @property
     def outstanding(self) -> int:
-        """Invoked and not yet released (rule 2)."""
-        return self.next_seq - self.next_release
+        """Invoked and not yet released (rule 2); handed back unrun at a stop: not."""
+        return self.next_seq - self.next_release - self.unrun
 
     def buffered(self) -> bool:
         return any(p.buffer for p in self.parts)
@@ -615,7 +613,14 @@ class ReferenceEngine:
             if t.keyed:
                 t.busy.discard(cb.key)  # rule 30: the next message of this key may start
             if kind == "unrun":
-                t.processed -= 1  # handed back by its pool thread: never invoked
+                # handed back by its pool thread once the stop began: never invoked, so not
+                # outstanding (the drain does not wait for it) and not processed; a task's
+                # hand-backs are the tail of its sequence numbers (its thread runs them in
+                # order and invokes none after the first), so its state still commits
+                t.processed -= 1
+                t.unrun += 1
+                if cb.entry is not None:
+                    cb.entry[1] = 0  # task.ordering = key: buffered again, not taken ahead
                 continue  # nor completed: the watermark stays before it
             if kind == "late":
                 # rules 3, 16: completed during its own process_async call, which held the
@@ -875,7 +880,7 @@ class ReferenceEngine:
             return True
         if t.next_commit is not None and now >= t.next_commit and not self.config.async_commit:
             return True
-        if t.window_due or (t.next_window is not None and now >= t.next_window and not t.window_overran):
+        if t.window_due or (t.next_window is not None and now >= t.next_window):
             return True
         return self._timer_due(t)
 
@@ -937,6 +942,7 @@ class ReferenceEngine:
         assert t.window is not None
         coordinator = Coordinator()
         t.windows += 1  # one that raises ran too (as on the C engine)
+        started = self._clock.monotonic()
         try:
             t.window(t.collector, coordinator)
         except Exception as e:  # noqa: BLE001 - user code
@@ -946,8 +952,13 @@ class ReferenceEngine:
                 self._fail(TaskError(t.name, original=e, phase="window"))
                 return
         self._apply_requests(t, coordinator.take())
-        if t.next_window is not None and self._clock.monotonic() >= t.next_window:
-            t.window_overran = True
+        ended = self._clock.monotonic()
+        if t.next_window is not None and started < t.next_window <= ended:
+            # it ran past the next window's time: that one comes a period from now, and
+            # the task's messages run in between (rules 5, 8; as the C loop); a window that
+            # only waited for outstanding messages began after that time, and a test
+            # driver's clock stands still during a hook
+            t.next_window = _after(ended, self.config.window_ms / 1000)
 
     def _run_timers(self, t: _Task, until: float) -> bool:
         """Run ``t``'s timers due at ``until`` (epoch seconds), in time order (rule 23)."""
@@ -1049,7 +1060,6 @@ class ReferenceEngine:
                     run_due = min(due, self._monotonic() + _RUN_SLICE_S)
                     k, requests = self._run(t, run_due, limit)
                     round_sent += k
-                    t.window_overran = False  # it had its turn
                     if requests or self._failure is not None:
                         halt = True  # the loop acts on requests and failures first (rules 14-16)
                         break
@@ -1073,7 +1083,6 @@ class ReferenceEngine:
                     continue  # every buffered key is busy (rule 31)
                 cb = self._invoke(t, chosen)
                 round_sent += 1
-                t.window_overran = False  # it had its turn
                 if self._failure is not None:
                     break
                 if cb._done and (cb.requests or (cb.coordinator is not None and cb.coordinator._requests)):
