@@ -194,8 +194,8 @@ typedef struct task {
     /* its last window ran past the next window's time: that one is put off a period,
      * so the task gets its messages in between (trl_fire_timers; rules 5, 8) */
     uint8_t window_overran;
-    int64_t window_started; /* the loop's clock when its window op was built */
-    uint32_t queued;        /* PROCESS ops of this task in the batch, not handed out yet */
+    int64_t window_next; /* when the window after the pending one falls due (its heap entry) */
+    uint32_t queued;     /* PROCESS ops of this task in the batch, not handed out yet */
     uint32_t timer_gen;
     /* its last partition ended while others were idle: its end of stream waits
      * for the build that follows their re-poll (L->builds; see eos_gate) */

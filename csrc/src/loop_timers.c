@@ -142,14 +142,16 @@ void trl_fire_timers(tr_loop *L) {
              * window longer than its period ran back to back, and the task
              * processed a message in hundreds of windows) */
             T->window_overran = 0;
-            trl_heap_push(L, L->now + L->cfg.window_ns, e.task, H_WINDOW, 0);
+            T->window_next = L->now + L->cfg.window_ns;
+            trl_heap_push(L, T->window_next, e.task, H_WINDOW, 0);
             continue;
         }
         if (e.kind == H_WINDOW) {
             if (!T->window_due)
                 T->window_due_at = e.when;
             T->window_due = 1; /* coalesces: one pending window at a time */
-            trl_heap_push(L, rearm(e.when, L->cfg.window_ns, L->now), e.task, H_WINDOW, 0);
+            T->window_next = rearm(e.when, L->cfg.window_ns, L->now);
+            trl_heap_push(L, T->window_next, e.task, H_WINDOW, 0);
         } else if (e.kind == H_COMMIT) {
             T->commit_due = 1;
             trl_heap_push(L, rearm(e.when, L->cfg.commit_ns, L->now), e.task, H_COMMIT, 0);

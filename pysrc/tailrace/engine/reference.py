@@ -942,7 +942,6 @@ class ReferenceEngine:
         assert t.window is not None
         coordinator = Coordinator()
         t.windows += 1  # one that raises ran too (as on the C engine)
-        started = self._clock.monotonic()
         try:
             t.window(t.collector, coordinator)
         except Exception as e:  # noqa: BLE001 - user code
@@ -953,11 +952,9 @@ class ReferenceEngine:
                 return
         self._apply_requests(t, coordinator.take())
         ended = self._clock.monotonic()
-        if t.next_window is not None and started < t.next_window <= ended:
-            # it ran past the next window's time: that one comes a period from now, and
-            # the task's messages run in between (rules 5, 8; as the C loop); a window that
-            # only waited for outstanding messages began after that time, and a test
-            # driver's clock stands still during a hook
+        if t.next_window is not None and t.next_window <= ended:
+            # it ended when the next window was due already: that one comes a period from
+            # now, and the task's messages run in between (rules 5, 8; as the C loop)
             t.next_window = _after(ended, self.config.window_ms / 1000)
 
     def _run_timers(self, t: _Task, until: float) -> bool:
