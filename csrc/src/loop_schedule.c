@@ -217,9 +217,8 @@ void trl_apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
         begin_drain(L, TR_STOP_SHUTDOWN);
 }
 
-static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t flags, uint64_t seq,
-                 uint64_t item, uint64_t handle) {
-    tr_op *op = &L->batch[L->nbatch++];
+static void op_set(tr_op *op, uint32_t kind, uint32_t t, uint32_t p, uint32_t flags, uint64_t seq,
+                   uint64_t item, uint64_t handle) {
     op->kind = kind;
     op->task = t;
     op->partition = p;
@@ -229,6 +228,11 @@ static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t fla
     op->handle = handle;
     op->count = 0;
     op->reserved = 0;
+}
+
+static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t flags, uint64_t seq,
+                 uint64_t item, uint64_t handle) {
+    op_set(&L->batch[L->nbatch++], kind, t, p, flags, seq, item, handle);
 }
 
 /* Pick the partition to serve next (round robin over non-empty rings). */
@@ -459,13 +463,7 @@ static int dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
     uint64_t seq = trl_take_one(L, t, &p, &item, &handle);
     if (seq == TR_NO_SEQ)
         return 0;
-    memset(dst, 0, sizeof *dst);
-    dst->kind = TR_OP_PROCESS;
-    dst->task = t;
-    dst->partition = p;
-    dst->seq = seq;
-    dst->item = item;
-    dst->handle = handle;
+    op_set(dst, TR_OP_PROCESS, t, p, 0, seq, item, handle);
     return 1;
 }
 
@@ -869,11 +867,11 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
             continue;
         }
         if (op->kind == TR_OP_PROCESS) {
-            /* OPF_LAZY: take its message now, unless a barrier or a stop fell due
-             * since the build (a timer the message before it set, a shutdown it
-             * asked: rules 8, 19, 23) or there is none to take (every buffered
-             * key busy); then it is skipped with nothing taken, and the task
-             * keeps its turn for the next build */
+            /* OPF_LAZY: take its message now, unless lazy_held (a stop, an error,
+             * a timer of the task due now: rules 8, 19, 23), the task is no longer
+             * runnable, or there is none to take (every buffered key busy); then
+             * it is skipped with nothing taken, and the task keeps its turn for
+             * the next build */
             task *T = &L->tasks[op->task];
             T->queued--;
             if (!lazy_held(L, T) && runnable(L, T) && dispatch_one(L, op->task, out))
