@@ -17,9 +17,12 @@ hurts every side alike:
              (tasks 0, 2 and 1, 3), one SQLite store, shared output files (``--engines c,c2``)
 ``bytewax``  bytewax's FileSource/FileSink doing the same work, where bytewax is installed
 
-for each JSON library asked for (``--libs std,orjson``); every side uses the same library:
-``std`` blocks the orjson import in the child (tailrace's serdes then uses the standard
-library), ``orjson`` makes the loop call orjson and leaves tailrace's serdes on its orjson path.
+for each JSON library asked for (``--libs std,orjson``): ``std`` blocks the orjson import in
+the child (the loop and the floor use the standard library, and so does tailrace's serdes
+where its own compiled codec leaves a value or text to others), ``orjson`` makes the loop and
+the floor call orjson and leaves tailrace's serdes its orjson fallback. tailrace's compiled
+codec writes this job's records and reads its lines itself in both (the standard library's
+bytes and values; tailrace.serdes).
 
 Each run is checked: its output holds the same records as the loop's (as a multiset over all
 partitions, and per user in the same order). Printed per library and contender: the median

@@ -108,7 +108,7 @@ step "lint: ruff, mypy, clang-format, cython-lint"
 ruff check .
 ruff format --check .
 mypy
-find csrc bench/c -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run -Werror
+find csrc bench/c pysrc -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run -Werror
 cython-lint --max-line-length 110 pysrc/tailrace/*.pyx pysrc/tailrace/redis/*.pyx pysrc/tailrace/*.pxi pysrc/tailrace/*.pxd
 
 step "C tests: plain, ThreadSanitizer, ASan+UBSan"

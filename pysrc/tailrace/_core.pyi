@@ -77,9 +77,7 @@ class JsonCodec:
         scan_once: Callable[[str, int], tuple[Any, int]] | None = None,
         c_encoder: Callable[[Any, int], Sequence[str]] | None = None,
         markers: dict[int, Any] | None = None,
-        or_dumps: Callable[..., bytes] | None = None,
         or_loads: Callable[[Any], Any] | None = None,
-        or_encode_error: type[BaseException] | None = None,
         or_decode_error: type[BaseException] | None = None,
     ) -> None: ...
     @property

@@ -40,11 +40,14 @@ def file_decode_lines(bytes data not None, Py_ssize_t at, Py_ssize_t end, Py_ssi
         lines += 1
         if n and buf[start + n - 1] == 13:  # \r\n
             n -= 1
-        raw = PyBytes_FromStringAndSize(buf + start, n)
-        try:
-            message = codec.decode(raw) if codec is not None else decode(raw)
-        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep to read
-            return at, lines, e, base + start
+        # a plain JSON text is read straight from the chunk; any other line is made bytes
+        message = codec.read(buf + start, n) if codec is not None else _NOT_READ
+        if message is _NOT_READ:
+            raw = PyBytes_FromStringAndSize(buf + start, n)
+            try:
+                message = codec.decode_other(raw) if codec is not None else decode(raw)
+            except (ValueError, RecursionError) as e:  # RecursionError: nested too deep to read
+                return at, lines, e, base + start
         key = message.get(key_field) if keyed and type(message) is dict else None
         env = new_envelope_at(system, stream, partition, base + start, key, message)
         out.append(env)

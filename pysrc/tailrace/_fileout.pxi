@@ -133,18 +133,30 @@ cdef class FileSink:
     cdef send_to(self, list parts, str stream, Py_ssize_t partition, object key, object message):
         """``send`` with ``parts_of(stream)`` already found."""
         cdef object line
+        cdef object found = None
+        cdef FileOutput out
+        cdef JsonCodec codec = self.codec
+        if 0 <= partition < len(parts):
+            found = parts[partition]
+        if codec is not None and found is not None and codec.plain(message):
+            # a plain value, encoded into the codec's buffer and copied from there into
+            # the partition's, with no Python code in between (no bytes object either)
+            out = <FileOutput>found
+            out.append2(codec.w.buf, codec.w.len,
+                        PyBytes_AS_STRING(self.sep), PyBytes_GET_SIZE(self.sep), self.buf_size)
+            codec.trim()
+            if out.used >= self.limit:
+                self.producer._write_full(out)
+            return
         try:
             line = self.codec.encode(message) if self.codec is not None else self.encode(message)
         except (TypeError, ValueError, OverflowError) as e:
             raise ValueError(
                 f"file output {stream}[{partition}]: message is not {self.what}-serialisable: {e}"
             ) from None
-        cdef object found = None
-        if 0 <= partition < len(parts):
-            found = parts[partition]
         if found is None:
             found = self.producer._output(stream, partition)
-        cdef FileOutput out = <FileOutput?>found
+        out = <FileOutput?>found
         if type(line) is not bytes:  # another bytes-like object from a custom encoder
             line = bytes(line)
         out.append2(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line),

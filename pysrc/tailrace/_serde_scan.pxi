@@ -1,11 +1,12 @@
 # tailrace.serdes' JSON codec, compiled: it runs once per encoded or decoded message
-# (files, stores, Redis, Kafka), so neither the codec's choice between orjson and the
-# standard library nor its guard scans cost a Python frame. serdes keeps a pure-Python
-# version of everything here (used where the compiled core is missing) and tests check
-# that both give the standard library's bytes and values, and that the scans agree
-# with the regular expressions they stand for.
+# (files, stores, Redis, Kafka). Plain values and texts are written and read by its own
+# C (_jsonenc.h, _jsondec.h); the rest goes to orjson or the standard library, without
+# a Python frame for the choice or the guard scans. serdes keeps a pure-Python codec
+# (orjson where it agrees, else the standard library; used where the compiled core is
+# missing) and tests check that both give the standard library's bytes, values and
+# errors, and that the scans agree with the regular expressions they stand for.
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8String
 from libc.string cimport memcpy
 from cpython.dict cimport PyDict_Next
@@ -13,6 +14,30 @@ from cpython.dict cimport PyDict_Next
 cdef extern from "Python.h":
     # the codec calls orjson once per message: straight through vectorcall, no argument tuple
     object PyObject_CallOneArg(object callable, object arg)
+
+
+cdef extern from "_jsonenc.h":
+    # tailrace's encoder of plain values into a growing buffer (the header says what it takes)
+    ctypedef struct tr_jw:
+        char *buf
+        Py_ssize_t len
+        Py_ssize_t cap
+    int tr_json_plain(tr_jw *w, object obj) except -1
+    void tr_jw_trim(tr_jw *w, Py_ssize_t keep)
+    void tr_jw_free(tr_jw *w)
+
+
+cdef extern from "_jsondec.h":
+    # tailrace's reader of plain JSON texts (the header says what it takes)
+    ctypedef struct tr_jdcache:
+        pass
+    object tr_json_read(tr_jdcache *cache, const char *s, Py_ssize_t n, object bail)
+    void tr_jdcache_free(tr_jdcache *cache)
+
+
+DEF _SCRATCH_KEEP = 65536  # a codec's encoding buffer grown past this is let go after use
+
+cdef object _NOT_READ = object()  # JsonCodec.read: a text the plain reader does not take
 
 
 # Bytes a guard of json_std_decides starts from: e and E (a digit before them is an
@@ -149,53 +174,6 @@ cdef bint _scan_std_decides(const unsigned char *b, Py_ssize_t n) noexcept nogil
     return False
 
 
-DEF _PLAIN = 1  # _plain_walk: only dict, list, tuple, str, int, bool and None
-DEF _PLAIN_FLOATS = 2  # the same, and at least one float
-
-
-cdef int _plain_walk(object obj) except -1:
-    """What a value orjson just encoded is made of: 0 when anything but exact dicts (str
-    keys), lists, tuples, str, int, float, bool and None is in it (orjson writes a UUID, an
-    enum member and more that the standard library refuses), else _PLAIN, or _PLAIN_FLOATS
-    when a float is in it (only floats can come out differently). orjson has already
-    refused cycles and nesting deeper than its limit, so the recursion is bounded. It
-    runs no Python code, so nothing changes the value under it (the GIL is held)."""
-    cdef int found = _PLAIN
-    cdef Py_ssize_t pos = 0
-    cdef PyObject *kp
-    cdef PyObject *vp
-    if obj is None or _is_str(obj) or _is_int(obj) or _is_bool(obj):
-        return _PLAIN
-    if _is_float(obj):
-        return _PLAIN_FLOATS
-    if type(obj) is dict:
-        while PyDict_Next(obj, &pos, &kp, &vp):  # borrowed references: the dict holds them
-            if not _is_str(<object>kp):
-                return 0
-            found = _plain_fold(found, <object>vp)
-            if found == 0:
-                return 0
-        return found
-    if type(obj) is list or type(obj) is tuple:
-        for v in obj:
-            found = _plain_fold(found, v)
-            if found == 0:
-                return 0
-        return found
-    return 0
-
-
-cdef inline int _plain_fold(int found, object v) except -1:
-    """``found`` with what ``v`` is made of (0 once anything is not plain); the common
-    leaves without a call."""
-    if v is None or _is_str(v) or _is_int(v) or _is_bool(v):
-        return found
-    cdef int sub = _plain_walk(v)
-    if sub == 0:
-        return 0
-    return sub if sub > found else found
-
-
 def json_long_digits(bytes data not None):
     """True when ``data`` holds a run of 19 or more ASCII digits (regex ``[0-9]{19}``)."""
     return _scan_long_digits(<const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
@@ -211,20 +189,24 @@ def json_std_decides(bytes data not None):
 cdef class JsonCodec:
     """The ``json`` serde's two functions (tailrace.serdes), compiled.
 
-    The standard library decides every byte and value; orjson (when given) is a fast
-    path whose output is used only where it is the same: an encoding it refuses, of a
-    value holding anything but dicts, lists, tuples, str, int, float, bool and None
-    (orjson writes a UUID or an enum member, which the standard library refuses), or
-    with a float and bytes ``json_std_decides`` flags, and a decoding of bytes with a run of 19+
-    digits (orjson reads such integers as floats) or that it refuses, go to the
-    standard library. The standard library itself is called below its Python layer:
-    ``scan_once`` (json's C scanner) on a line that starts with ``{`` or ``[`` and
-    holds exactly one value, and ``c_encoder`` (json's C encoder, made once with the
-    encoder's settings and ``markers``), which is what ``json.loads`` and
-    ``JSONEncoder.encode`` end up calling. Anything else (other input, an error, the C
-    encoder in use by another thread while it runs Python code) goes through
-    ``std_loads`` / ``std_encode`` themselves, so values and error messages are theirs.
-    Thread-safe (the module keeps the GIL).
+    The standard library decides every byte and value. Encoding: a plain value (exact
+    dicts with str keys, lists, tuples, str, int within 64 bits, float, bool and None)
+    is written by tailrace's own encoder (``_jsonenc.h``), which writes the standard
+    library's bytes; anything else goes to the standard library (which writes it,
+    refuses it or raises as always). Decoding: bytes holding a plain text (no escapes,
+    integers of up to 18 digits; ``_jsondec.h`` says exactly) are read by tailrace's own
+    reader, which reads json.loads' values; other texts go on to orjson (when given), a
+    fast path used only where it reads the same values: bytes with a run of 19+ digits (orjson reads
+    such integers as floats), bytes that may nest deeper than the standard library
+    reads, and bytes orjson refuses go to the standard library. The standard library
+    itself is called below its Python layer: ``scan_once`` (json's C scanner) on a line
+    that starts with ``{`` or ``[`` and holds exactly one value, and ``c_encoder``
+    (json's C encoder, made once with the encoder's settings and ``markers``), which is
+    what ``json.loads`` and ``JSONEncoder.encode`` end up calling. Anything else (other
+    input, an error, the C encoder in use by another thread while it runs Python code)
+    goes through ``std_loads`` / ``std_encode`` themselves, so values and error messages
+    are theirs. Thread-safe (the module keeps the GIL; the plain encoder runs no Python
+    code between starting to fill its buffer and copying out of it).
     """
 
     cdef object std_encode  # JSONEncoder(...).encode: str
@@ -233,13 +215,13 @@ cdef class JsonCodec:
     cdef object c_encoder  # json.encoder.c_make_encoder(markers, ...) of std_encode's encoder, or None
     cdef dict markers  # c_encoder's circular-reference markers (empty between calls)
     cdef bint encoding  # c_encoder is running (it may call Python code: another thread waits no turn)
-    cdef object or_dumps  # orjson.dumps, or None
-    cdef object or_loads
-    cdef object or_encode_error
+    cdef object or_loads  # orjson.loads, or None
     cdef object or_decode_error
+    cdef tr_jw w  # the plain encoder's buffer: filled and copied out under one GIL hold
+    cdef tr_jdcache keys  # the plain reader's object keys
 
     def __init__(self, std_encode, std_loads, scan_once=None, c_encoder=None, markers=None,
-                 or_dumps=None, or_loads=None, or_encode_error=None, or_decode_error=None):
+                 or_loads=None, or_decode_error=None):
         if (c_encoder is None) != (markers is None):
             raise ValueError("JsonCodec: c_encoder and its markers dict go together")
         self.std_encode = std_encode
@@ -248,32 +230,35 @@ cdef class JsonCodec:
         self.c_encoder = c_encoder
         self.markers = markers
         self.encoding = False
-        self.or_dumps = or_dumps
         self.or_loads = or_loads
-        self.or_encode_error = or_encode_error if or_encode_error is not None else ()
         self.or_decode_error = or_decode_error if or_decode_error is not None else ()
+
+    def __dealloc__(self):
+        tr_jw_free(&self.w)
+        tr_jdcache_free(&self.keys)
 
     @property
     def fast(self):
-        """Which fast paths are on: ``(orjson, C scanner, C encoder)``."""
-        return (self.or_dumps is not None, self.scan_once is not None, self.c_encoder is not None)
+        """Which fast paths are on: ``(orjson decodes, C scanner, C encoder)``."""
+        return (self.or_loads is not None, self.scan_once is not None, self.c_encoder is not None)
+
+    cdef int plain(self, object obj) except -1:
+        """Encode ``obj`` into ``self.w`` (from its start) when it is plain: 1, else 0 and
+        nothing written. The caller copies ``w.buf[:w.len]`` out, then calls ``trim``,
+        before running any Python code."""
+        self.w.len = 0
+        return tr_json_plain(&self.w, obj)
+
+    cdef inline void trim(self) noexcept:
+        tr_jw_trim(&self.w, _SCRATCH_KEEP)
 
     cpdef bytes encode(self, object obj):
         """``obj`` as compact UTF-8 JSON (the standard library's bytes). Raises its errors."""
-        cdef object out
-        cdef int kind
-        if self.or_dumps is not None:
-            try:
-                # no options: the walk below keeps orjson's bytes only for values no option
-                # changes (tailrace.serdes)
-                out = PyObject_CallOneArg(self.or_dumps, obj)
-            except self.or_encode_error:
-                return self.encode_std(obj)
-            if type(out) is bytes:
-                kind = _plain_walk(obj)
-                if kind == _PLAIN or (kind == _PLAIN_FLOATS and not _scan_std_decides(
-                        <const unsigned char *>PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out))):
-                    return <bytes>out
+        cdef bytes out
+        if self.plain(obj):
+            out = PyBytes_FromStringAndSize(self.w.buf, self.w.len)
+            self.trim()
+            return out
         return self.encode_std(obj)
 
     cpdef bytes encode_std(self, object obj):
@@ -297,12 +282,26 @@ cdef class JsonCodec:
             return PyUnicode_AsUTF8String(self.std_encode(obj))
         return PyUnicode_AsUTF8String("".join(chunks))
 
+    cdef inline object read(self, const char *s, Py_ssize_t n):
+        """The value of the JSON text ``s[:n]`` (UTF-8) when the plain reader takes it, else
+        ``_NOT_READ`` (the caller then reads the text the other ways)."""
+        return tr_json_read(&self.keys, s, n, _NOT_READ)
+
     cpdef object decode(self, object data):
         """The value of one JSON text (bytes or str), as the standard library reads it.
-        orjson's path takes bytes and UTF-8 str only (it also reads a memoryview, which
-        the standard library refuses), and no text with a run of 19+ digits (orjson reads
-        such integers as floats) or that may nest deeper than the standard library reads
-        (``_may_nest_deep``)."""
+        Bytes go to the plain reader first (``read``), then the other ways (``decode_other``)."""
+        cdef object v
+        if type(data) is bytes:
+            v = self.read(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+            if v is not _NOT_READ:
+                return v
+        return self.decode_other(data)
+
+    cdef object decode_other(self, object data):
+        """``decode`` without the plain reader. orjson's path takes bytes and UTF-8 str only
+        (it also reads a memoryview, which the standard library refuses), and no text with
+        a run of 19+ digits (orjson reads such integers as floats) or that may nest deeper
+        than the standard library reads (``_may_nest_deep``)."""
         cdef const unsigned char *b
         cdef Py_ssize_t n
         cdef object raw

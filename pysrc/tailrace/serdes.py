@@ -16,11 +16,13 @@ msgpack   msgpack values (needs ``pip install 'tailrace[fast]'`` or msgpack)   b
 serde encodes its keys: scans run in the order of the encoded bytes, which is the
 natural order for ``str``, ``bytes`` and ``int`` keys.
 
-``json`` uses orjson when it is installed (``tailrace[fast]``) and the standard
-library otherwise. Both give the same bytes for the values JSON Lines jobs carry
-(str, int, float, bool, None, lists, dicts with str keys); anything orjson does not
-take (big ints, NaN, non-str dict keys) falls back to the standard library, so the
-result never depends on what is installed. Decoding falls back the same way.
+``json`` gives the standard library's bytes, values and errors, whatever is
+installed. Compiled (tailrace._core.JsonCodec), it writes plain values (exact dicts
+with str keys, lists, tuples, str, int within 64 bits, float, bool, None) and reads
+texts without backslash escapes itself, faster than orjson on records; anything else
+goes to orjson when it is installed (``tailrace[fast]``) where orjson reads the same
+values, else to the standard library. Without the compiled core, orjson's bytes and
+values are used where they are the standard library's (the same fallbacks).
 
 A value a serde cannot encode raises :class:`SerdeError` naming the serde and the
 value's type; callers add where it came from (store and key, topic and partition).
@@ -273,12 +275,7 @@ def _compiled_codec() -> Any:
         scan_once = None
     kw: dict[str, Any] = {}
     if _orjson is not None:
-        kw = dict(
-            or_dumps=_or_dumps,
-            or_loads=_or_loads,
-            or_encode_error=_OR_ERROR,
-            or_decode_error=_OR_DECODE_ERROR,
-        )
+        kw = dict(or_loads=_or_loads, or_decode_error=_OR_DECODE_ERROR)
     return JsonCodec(enc.encode, json.loads, scan_once, c_encoder, markers, **kw)
 
 

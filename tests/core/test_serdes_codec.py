@@ -186,9 +186,8 @@ def test_threads_encoding_the_same_values_get_the_same_bytes(codec: JsonCodec) -
     assert errors == []
 
 
-def test_a_flat_dict_of_plain_values_skips_the_guard_and_still_matches() -> None:
-    # a dict of str keys and str/int/bool/None values holds no float, so the codec takes
-    # orjson's bytes without scanning them: they must be the standard library's all the same
+def test_a_flat_dict_of_plain_values_is_written_as_the_standard_library_writes_it() -> None:
+    # records of str keys and str/int/bool/None values: the plain encoder's common case
     strings = [chr(c) for c in range(0x80)] + ["\u2028\u2029", "é\U0001f600", "null", "1e5", "0.00001", ""]
     ints = [0, -1, 2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**64), 2**100]
     values: list[Any] = [None, True, False, *strings, *ints]
@@ -282,3 +281,371 @@ def test_what_orjson_reads_but_the_standard_library_does_not_is_read_as_json_loa
 def test_the_serde_names_undecodable_str_input_in_its_error() -> None:
     with pytest.raises(serdes.SerdeError, match="cannot decode '0\\\\x0c'"):
         serdes.serde("json").decode("0\x0c")  # type: ignore[arg-type]
+
+
+# -- the plain encoder (_jsonenc.h): tailrace's own writer of the standard library's bytes --
+
+# every character, lone surrogates included (the standard library's encode refuses those)
+any_text = st.text(st.characters(exclude_categories=()), max_size=12)
+plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**64), max_value=2**64) | st.floats() | any_text,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(any_text | st.sampled_from(["user", "seq", "total"]), children, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+def _same_outcome(encode: Any, value: Any) -> None:
+    want, got = _error(_std_bytes, value), _error(encode, value)
+    assert got == want, value
+    if want is None:
+        assert encode(value) == _std_bytes(value), value
+
+
+@settings(max_examples=500, deadline=None)
+@given(plain_values)
+def test_the_plain_encoder_writes_the_standard_librarys_bytes_or_its_error(value: Any) -> None:
+    for c in (serdes._json_codec, _std_only()):
+        assert c is not None
+        _same_outcome(c.encode, value)
+
+
+def test_every_ascii_character_at_every_place_of_every_kind_of_str() -> None:
+    # the ASCII path copies 8 bytes at a time until a word may hold one to escape; the
+    # other kinds (1, 2 and 4 bytes a character) go a character at a time
+    codec = _std_only()
+    for kind_char in ("", "é", "\u20ac", "\U0001f600"):
+        for n in range(0, 19):
+            for c in [chr(i) for i in range(0x80)]:
+                for at in {0, n // 2, n}:
+                    s = "a" * at + c + "b" * (n - at) + kind_char
+                    assert codec.encode(s) == _std_bytes(s), (s, kind_char)
+                    assert codec.encode({s: s}) == _std_bytes({s: s}), s
+
+
+def test_ints_floats_and_literals_at_their_edges() -> None:
+    import sys
+
+    codec = _std_only()
+    ints = [0, 1, -1, 9, 10, 99, 100, 2**31, -(2**31), 2**63 - 1, -(2**63), 2**63, -(2**63) - 1, 2**64]
+    ints += [s * 10**k + d for k in range(20) for d in (-1, 0, 1) for s in (1, -1)]
+    floats = [0.0, -0.0, 1.0, 1.5, 1e16, 1e-7, 1e22, 1e300, 5e-324, 2.2250738585072014e-308, 0.1, 1 / 3]
+    floats += [float("nan"), float("inf"), float("-inf"), sys.float_info.max, -sys.float_info.min]
+    for v in [*ints, *floats, True, False, None, [True, False, None], (1, 2.5), ()]:
+        assert codec.encode(v) == _std_bytes(v), v
+        assert codec.encode({"v": [v]}) == _std_bytes({"v": [v]}), v
+
+
+def test_nesting_up_to_and_past_the_encoders_depth_and_cycles() -> None:
+    codec = _std_only()
+    for depth in (254, 255, 256, 257, 300, 900):
+        nested: Any = 1
+        for i in range(depth):
+            nested = [nested] if i % 2 else {"k": nested}
+        assert codec.encode(nested) == _std_bytes(nested), depth
+    too_deep: Any = []
+    for _ in range(100_000):
+        too_deep = [too_deep]
+    assert _error(codec.encode, too_deep) == _error(_std_bytes, too_deep)
+    cyclic: dict[str, Any] = {"a": 1}
+    cyclic["self"] = cyclic
+    with pytest.raises(ValueError, match="Circular reference detected"):
+        codec.encode(cyclic)
+
+
+def test_the_key_cache_never_writes_a_key_it_did_not_see() -> None:
+    # interned keys are cached by address (with a reference held): many keys, keys that
+    # come and go (a freed key's address may be reused by another str), equal keys that
+    # are not the cached object, and a key that is a str subclass
+    import gc
+    import sys
+
+    codec = _std_only()
+    for round_ in range(6):
+        keys = [sys.intern(f"k{round_}-{i}-" + "x" * (i % 50)) for i in range(700)]
+        records = [{keys[j]: j, keys[(j * 7) % 700]: "v", keys[(j * 13) % 700]: None} for j in range(700)]
+        for r in records:
+            assert codec.encode(r) == _std_bytes(r)
+        del keys, records
+        gc.collect()
+    probe = sys.intern("probe-key")
+    before = sys.getrefcount(probe)
+    c2 = _std_only()
+    assert c2.encode({probe: 1}) == b'{"probe-key":1}'
+    assert sys.getrefcount(probe) == before + 1  # the cache holds it
+    del c2
+    gc.collect()
+    assert sys.getrefcount(probe) == before  # and lets it go with the codec
+    fresh = "".join(["probe", "-key"])  # equal, not the cached object
+    assert fresh is not probe and codec.encode({fresh: 2, probe: 3}) == _std_bytes({fresh: 2, probe: 3})
+
+    class Key(str):
+        pass
+
+    assert codec.encode({Key("probe-key"): 1}) == _std_bytes({Key("probe-key"): 1})
+
+
+def test_a_huge_value_then_small_ones() -> None:
+    codec = _std_only()
+    big = {"s": "é" * 300_000 + "x" * 300_000, "l": list(range(50_000))}
+    assert codec.encode(big) == _std_bytes(big)
+    for v in ({"a": 1}, "b", [1.5]):
+        assert codec.encode(v) == _std_bytes(v)
+
+
+def test_a_file_output_writes_the_standard_librarys_lines_for_every_kind_of_value(tmp_path: Any) -> None:
+    # FileSink encodes a plain value straight into the partition's buffer (no bytes object)
+    # and anything else through the standard library: the file holds the same lines
+    import enum
+
+    from tailrace.files import FileProducer
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Name(str):
+        pass
+
+    values: list[Any] = [
+        {"user": "u1", "seq": 1, "total": 2},
+        {"n": Level.HIGH, "s": Name("x")},
+        {"big": 2**70, "f": 1e16, "nan": float("nan")},
+        [1, (2, "é\u2028\U0001f600")],
+        "x" * 5000,
+        {"k\n": '\x00\x1f"\\'},
+    ] * 40
+    p = FileProducer(tmp_path, lambda stream: 1, buffer_bytes=256)
+    for v in values:
+        p.send("o", 0, None, v)
+    with pytest.raises(ValueError, match=r"file output o\[0\]: message is not JSON-serialisable"):
+        p.send("o", 0, None, {"bad": "\ud800"})
+    p.close()
+    data = (tmp_path / "o" / "partition-0.jsonl").read_bytes()
+    assert data == b"".join(_std_bytes(v) + b"\n" for v in values)
+
+
+# -- the plain reader (_jsondec.h): tailrace's own reader of json.loads' values ----------
+
+
+def _texts_of(value: Any) -> list[bytes]:
+    """``value`` as the JSON texts producers write: compact, with spaces, indented, ASCII-only."""
+    out = []
+    for kw in (
+        {"ensure_ascii": False, "separators": (",", ":")},
+        {"ensure_ascii": False},
+        {"ensure_ascii": True},
+        {"ensure_ascii": False, "indent": 2},
+    ):
+        out.append(json.dumps(value, **kw).encode("utf-8", "surrogatepass"))  # type: ignore[arg-type]
+    return out
+
+
+# bytes that damage a JSON text in the ways that matter to a reader
+DAMAGE = b'"\\{}[],:-+.0159eE \t\n\r\x00\x1f\x7f\x80\xbf\xc2\xe0\xed\xf0\xf4\xff'
+
+
+def _same_read(codec: JsonCodec, data: bytes) -> None:
+    want, got = _error(json.loads, data), _error(codec.decode, data)
+    assert got == want, data
+    if want is None:  # repr: types (int or float, -0.0) and order of keys too
+        assert repr(codec.decode(data)) == repr(json.loads(data)), data
+
+
+@settings(max_examples=500, deadline=None)
+@given(plain_values)
+def test_the_plain_reader_reads_json_loads_values_from_every_way_of_writing_them(value: Any) -> None:
+    codec = serdes._json_codec
+    assert codec is not None
+    for data in _texts_of(value):
+        for text in (data, b" \t" + data + b"\r\n ", data + b" x"):
+            _same_read(codec, text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(plain_values, st.data())
+def test_the_plain_reader_reads_or_refuses_damaged_texts_as_json_loads_does(
+    value: Any, data: st.DataObject
+) -> None:
+    # bytes changed, cut, doubled or inserted anywhere: the same value or the same error
+    codec = serdes._json_codec
+    assert codec is not None
+    text = bytearray(data.draw(st.sampled_from(_texts_of(value))))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(text)))
+        how = data.draw(st.sampled_from(["set", "cut", "insert"]))
+        byte = data.draw(st.sampled_from(DAMAGE))
+        if how == "set" and at < len(text):
+            text[at] = byte
+        elif how == "cut":
+            del text[at:]
+        else:
+            text.insert(at, byte)
+    _same_read(codec, bytes(text))
+
+
+READER_EDGES = [
+    b"0",
+    b"-0",
+    b"-0.0",
+    b"0.0",
+    b"1e5",
+    b"1E+5",
+    b"1e-5",
+    b"-1.5e-3",
+    b"01",
+    b"1.",
+    b".5",
+    b"-",
+    b"--1",
+    b"1e",
+    b"1e+",
+    b"+1",
+    b"123456789012345678",
+    b"-123456789012345678",
+    b"1234567890123456789",
+    b"-9223372036854775808",
+    b"9223372036854775807",
+    b"9223372036854775808",
+    b"9999999999999999999",
+    b"-9999999999999999999",
+    b"[18446744073709551616]",
+    b"1.7976931348623157e308",
+    b"1.8e308",
+    b"1e400",
+    b"-1e400",
+    b"4.9e-324",
+    b"2e-400",
+    b"0." + b"1" * 80,
+    b"1" + b"0" * 30 + b".5",
+    b"[1,2,]",
+    b"[,]",
+    b"{,}",
+    b'{"a"}',
+    b'{"a":}',
+    b'{"a" : 1, "b" :[ ] ,"c":{ }}',
+    b'{"a":1,"a":2,"b":3,"a":4}',
+    b"true",
+    b"false",
+    b"null",
+    b"tru",
+    b"nul",
+    b"NaN",
+    b"Infinity",
+    b"-Infinity",
+    b"[NaN]",
+    b'"a\\nb"',
+    b'"\\u00e9"',
+    b'"\\ud800"',
+    b'"a\x00b"',
+    b'"a\x1fb"',
+    b'"a\x7fb"',
+    b'"\xc2\x80"',
+    b'"\xc0\x80"',
+    b'"\xc1\xbf"',
+    b'"\xe0\x80\x80"',
+    b'"\xe0\x82\x80"',
+    b'"\xe0\x9f\xbf"',
+    b'"\xe0\xa0\x80"',
+    b'"\xf0\x8f\xbf\xbf"',
+    b'"\xed\xa0\x80"',
+    b'"\xed\xa0\x80\xed\xb0\x80"',
+    b'"\xef\xbf\xbf"',
+    b'"\xf0\x90\x80\x80"',
+    b'"\xf4\x8f\xbf\xbf"',
+    b'"\xf4\x90\x80\x80"',
+    b'"\xf5\x80\x80\x80"',
+    b'"\xff"',
+    b'"\xe9"',
+    b'"\xc3"',
+    b'"\xe2\x82"',
+    b'{"\xc3\xa9":"\xc3\xa9"}',
+    b'{"\xff":1}',
+    b"\xef\xbb\xbf{}",
+    b"{\x00}",
+    b"\x00{}",
+    b'\x00"\x00',
+    b"[1]\x00",
+    b"[1]\x0c",
+    b"\x0b[1]",
+    b"\xc2\xa0[1]",
+    b"",
+    b" ",
+    b"[]  x",
+    b"{}{}",
+    b'["' + b"x" * 5000 + b'"]',
+    b'"' + "é€😀".encode() * 1000 + b'"',
+]
+
+
+@pytest.mark.parametrize("data", READER_EDGES, ids=range(len(READER_EDGES)))
+def test_the_plain_reader_at_the_edges_of_what_it_takes(data: bytes) -> None:
+    codec = serdes._json_codec
+    assert codec is not None
+    _same_read(codec, data)
+    _same_read(_std_only(), data)
+
+
+def test_the_plain_reader_nests_to_its_depth_then_leaves_it_to_the_others() -> None:
+    codec = _std_only()
+    for depth in (1, 199, 200, 201, 900):
+        for opened, closed in ((b"[", b"]"), (b'{"k":', b"}")):
+            _same_read(codec, opened * depth + b"1" + closed * depth)
+
+
+def test_the_key_cache_tells_keys_apart_that_share_a_set() -> None:
+    # the cache hashes a key's length and first, middle and last bytes: these keys share
+    # one set (two ways), so they push each other out, and must still read as themselves
+    codec = _std_only()
+    keys = ["aXcYe", "aZcWe", "aQcRe", "a\u00e9ce", "abcde"]
+    for i in range(200):
+        record = {keys[(i + j) % len(keys)]: j for j in range(3)}
+        data = json.dumps(record, ensure_ascii=False).encode()
+        assert repr(codec.decode(data)) == repr(json.loads(data))
+    many = [{f"key-{i}-{j}": j for j in range(5)} for i in range(2000)]
+    for r in many:
+        assert codec.decode(json.dumps(r).encode()) == r
+
+
+def test_threads_and_finalizers_reading_at_once_get_json_loads_values() -> None:
+    # a new dict or list may start a garbage collection that runs finalizers (which read
+    # too, here) and lets other threads in: the key cache is never left half-changed
+    import gc
+
+    codec = serdes._json_codec
+    assert codec is not None
+    records = [{f"k{i % 300}": [i, f"v{i}", {"n": None}], f"x{i % 7}": 1.5} for i in range(3000)]
+    texts = [json.dumps(r).encode() for r in records]
+    want = [json.loads(t) for t in texts]
+    errors: list[BaseException] = []
+
+    class Reads:
+        def __del__(self) -> None:
+            try:
+                assert codec.decode(texts[5]) == want[5]
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+    def work() -> None:
+        try:
+            for _ in range(3):
+                for t, w in zip(texts, want):
+                    cyc: list[Any] = [Reads()]
+                    cyc.append(cyc)
+                    assert codec.decode(t) == w
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    old = gc.get_threshold()
+    gc.set_threshold(50)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.set_threshold(*old)
+    assert errors == []

@@ -1,0 +1,470 @@
+/* tailrace's JSON reader for plain texts: the value json.loads reads from UTF-8 bytes,
+ * built straight from the bytes (tailrace.serdes' json serde, file lines, Redis and
+ * Kafka values).
+ *
+ * It reads only what it can read exactly as json.loads does: objects, arrays, strings
+ * without backslash escapes or control characters (UTF-8 with surrogates passed, as
+ * json.loads decodes bytes), integers of up to 18 digits, numbers with a fraction or an
+ * exponent (float() of the same text), true, false and null, separated by JSON
+ * whitespace, nested at most TR_JREAD_DEPTH deep, and nothing after the value but
+ * whitespace. For any other text it "bails": it returns NULL with no error set and the
+ * caller hands the bytes to the next reader (orjson where it reads the same, else
+ * json.loads), which reads the value or raises its own error. So a text this reader
+ * takes reads as json.loads reads it, and a text it does not take reads as before.
+ *
+ * It runs no Python code: the only objects it makes are str, int, float, list and dict
+ * (a new list or dict may start a garbage collection, which may run finalizers and let
+ * another thread run; the key cache below is never left half-changed across one).
+ *
+ * Object keys met again (a stream's records share their keys) come from a small cache
+ * keyed by their bytes: the str made the first time, its hash computed once. (Not
+ * interned: since 3.12 an interned str lives for good, and a stream's keys may be
+ * unbounded, such as ids.) */
+#ifndef TAILRACE_JSONDEC_H
+#define TAILRACE_JSONDEC_H
+
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TR_JREAD_DEPTH 200
+#define TR_JDKEY_BYTES 32 /* keys of up to this many bytes are cached */
+#define TR_JDKEY_SETS_LOG2 7
+#define TR_JDKEYS (2 << TR_JDKEY_SETS_LOG2) /* two ways in each set */
+
+typedef struct {
+    PyObject *key; /* a str (a strong reference), or NULL */
+    Py_ssize_t len;
+    char bytes[TR_JDKEY_BYTES];
+} tr_jdkey;
+
+typedef struct {
+    tr_jdkey *keys; /* TR_JDKEYS entries, PyMem_Calloc'd on first use, or NULL */
+} tr_jdcache;
+
+static void tr_jdcache_free(tr_jdcache *c) {
+    if (c->keys != NULL) {
+        for (int i = 0; i < TR_JDKEYS; i++)
+            Py_CLEAR(c->keys[i].key);
+        PyMem_Free(c->keys);
+        c->keys = NULL;
+    }
+}
+
+typedef struct {
+    const unsigned char *p, *end;
+    tr_jdcache *cache;
+    int error; /* a Python error is set (else a NULL result is a bail) */
+} tr_jr;
+
+/* JSON's whitespace: space, tab, newline, carriage return */
+static const unsigned char tr_jr_space[256] = {['\t'] = 1, ['\n'] = 1, ['\r'] = 1, [' '] = 1};
+
+static inline void tr_jr_ws(tr_jr *r) {
+    while (r->p < r->end && tr_jr_space[*r->p])
+        r->p++;
+}
+
+/* How a byte inside a string is read: 0 as is, 1 the closing quote, 2 a backslash or a
+ * control character (bail: escapes and strict json's error are the next reader's), 3 a
+ * byte of a non-ASCII character. */
+#define TR_JR_CTL2 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2
+#define TR_JR_HI16 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3
+static const unsigned char tr_jr_strbyte[256] = {
+    TR_JR_CTL2, TR_JR_CTL2, [0x22] = 1, [0x5C] = 2, [0x80] = TR_JR_HI16, TR_JR_HI16,
+    TR_JR_HI16, TR_JR_HI16, TR_JR_HI16, TR_JR_HI16, TR_JR_HI16,          TR_JR_HI16,
+};
+
+/* The string whose opening quote r->p has passed: its bytes [*start, *start + *len), and
+ * whether any is non-ASCII. 0 when it holds an escape or a control character or does not
+ * end (bail), 1 when r->p is past its closing quote. */
+static inline int tr_jr_str_span(tr_jr *r, const unsigned char **start, Py_ssize_t *len,
+                                 int *nonascii) {
+    const unsigned char *p = r->p, *end = r->end;
+    int high = 0;
+    for (;;) {
+        while (p < end && tr_jr_strbyte[*p] == 0)
+            p++;
+        if (p >= end)
+            return 0;
+        unsigned char k = tr_jr_strbyte[*p];
+        if (k == 1)
+            break;
+        if (k == 2)
+            return 0;
+        high = 1;
+        p++;
+    }
+    *start = r->p;
+    *len = p - r->p;
+    *nonascii = high;
+    r->p = p + 1;
+    return 1;
+}
+
+/* The code point of the UTF-8 sequence at s (before end) and its length in *len, as
+ * bytes.decode("utf-8", "surrogatepass") reads it (an encoded surrogate is one code point
+ * of its own); -1 for bytes that are not UTF-8 (json.loads raises on them). */
+static inline long tr_jr_utf8_at(const unsigned char *s, const unsigned char *end, int *len) {
+    unsigned c = s[0];
+    long cp;
+    if (c < 0x80) {
+        *len = 1;
+        return (long)c;
+    }
+    if (c < 0xC2) /* a continuation byte, or the lead of an overlong form */
+        return -1;
+    if (c < 0xE0) {
+        if (end - s < 2 || (s[1] & 0xC0) != 0x80)
+            return -1;
+        *len = 2;
+        return (long)(((c & 0x1F) << 6) | (s[1] & 0x3F));
+    }
+    if (c < 0xF0) {
+        if (end - s < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80)
+            return -1;
+        cp = (long)(((c & 0x0F) << 12) | ((s[1] & 0x3F) << 6) | (s[2] & 0x3F));
+        if (cp < 0x800)
+            return -1;
+        *len = 3;
+        return cp; /* U+D800..U+DFFF included: surrogatepass */
+    }
+    if (c < 0xF5) {
+        if (end - s < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
+            return -1;
+        cp = (long)(((c & 0x07) << 18) | ((s[1] & 0x3F) << 12) | ((s[2] & 0x3F) << 6) |
+                    (s[3] & 0x3F));
+        if (cp < 0x10000 || cp > 0x10FFFF)
+            return -1;
+        *len = 4;
+        return cp;
+    }
+    return -1;
+}
+
+/* a str of UTF-8 bytes (surrogates passed, as json.loads decodes); NULL: bail (not
+ * UTF-8: json.loads raises its own error) or r->error */
+static PyObject *tr_jr_make_str(tr_jr *r, const unsigned char *s, Py_ssize_t n, int nonascii) {
+    PyObject *u;
+    if (!nonascii) {
+        u = PyUnicode_New(n, 127);
+        if (u == NULL) {
+            r->error = 1;
+            return NULL;
+        }
+        memcpy(PyUnicode_1BYTE_DATA(u), s, (size_t)n);
+        return u;
+    }
+    /* two passes: check and count (and find the widest character), then fill */
+    const unsigned char *p = s, *end = s + n;
+    Py_ssize_t chars = 0;
+    long cp, widest = 0;
+    int len;
+    while (p < end) {
+        if ((cp = tr_jr_utf8_at(p, end, &len)) < 0)
+            return NULL;
+        if (cp > widest)
+            widest = cp;
+        p += len;
+        chars++;
+    }
+    u = PyUnicode_New(chars, (Py_UCS4)widest);
+    if (u == NULL) {
+        r->error = 1;
+        return NULL;
+    }
+    int kind = PyUnicode_KIND(u);
+    void *data = PyUnicode_DATA(u);
+    Py_ssize_t i = 0;
+    for (p = s; p < end; p += len)
+        PyUnicode_WRITE(kind, data, i++, (Py_UCS4)tr_jr_utf8_at(p, end, &len));
+    return u;
+}
+
+static inline tr_jdkey *tr_jr_key_set(tr_jdcache *c, const unsigned char *s, Py_ssize_t n) {
+    /* its length and first, middle and last bytes: enough to tell a record's keys apart
+     * (two keys that share a set both stay, in its two ways) */
+    uint64_t h = n ? (uint64_t)n ^ ((uint64_t)s[0] << 8) ^ ((uint64_t)s[n >> 1] << 16) ^
+                         ((uint64_t)s[n - 1] << 24)
+                   : 0;
+    h *= 0x9E3779B97F4A7C15ULL;
+    return &c->keys[2 * (h >> (64 - TR_JDKEY_SETS_LOG2))];
+}
+
+/* an object key (the opening quote passed): a new reference, or NULL (bail or error) */
+static PyObject *tr_jr_key(tr_jr *r) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    int nonascii;
+    if (!tr_jr_str_span(r, &s, &n, &nonascii))
+        return NULL;
+    if (n > TR_JDKEY_BYTES)
+        return tr_jr_make_str(r, s, n, nonascii);
+    tr_jdcache *c = r->cache;
+    if (c->keys == NULL) {
+        c->keys = (tr_jdkey *)PyMem_Calloc(TR_JDKEYS, sizeof(tr_jdkey));
+        if (c->keys == NULL) {
+            PyErr_NoMemory();
+            r->error = 1;
+            return NULL;
+        }
+    }
+    tr_jdkey *set = tr_jr_key_set(c, s, n);
+    for (int way = 0; way < 2; way++) {
+        if (set[way].key != NULL && set[way].len == n &&
+            memcmp(set[way].bytes, s, (size_t)n) == 0) {
+            Py_INCREF(set[way].key);
+            return set[way].key;
+        }
+    }
+    PyObject *k = tr_jr_make_str(r, s, n, nonascii);
+    if (k == NULL)
+        return NULL;
+    if (PyObject_Hash(k) == -1) { /* computed once, kept in the str */
+        Py_DECREF(k);
+        r->error = 1;
+        return NULL;
+    }
+    /* the newer way keeps its key, the older one gives way (no Python code runs here: a
+     * str's deallocation runs none) */
+    PyObject *old = set[1].key;
+    set[1] = set[0];
+    Py_INCREF(k);
+    set[0].key = k;
+    set[0].len = n;
+    memcpy(set[0].bytes, s, (size_t)n);
+    Py_XDECREF(old);
+    return k;
+}
+
+static inline int tr_jr_digit(unsigned char c) {
+    return (unsigned char)(c - '0') < 10;
+}
+
+/* a number at r->p: json's NUMBER_RE, -?(0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?; NULL: bail
+ * (no number: NaN, Infinity, -Infinity; an int of 19+ digits; a float text over 63 bytes)
+ * or r->error */
+static PyObject *tr_jr_number(tr_jr *r) {
+    const unsigned char *p = r->p, *end = r->end, *start = p;
+    int neg = 0;
+    if (p < end && *p == '-') {
+        neg = 1;
+        p++;
+    }
+    if (p >= end || !tr_jr_digit(*p))
+        return NULL;
+    const unsigned char *digits = p;
+    if (*p == '0') {
+        p++;
+    } else {
+        while (p < end && tr_jr_digit(*p))
+            p++;
+    }
+    Py_ssize_t ndigits = p - digits;
+    int is_float = 0;
+    if (p + 1 < end && *p == '.' && tr_jr_digit(p[1])) {
+        is_float = 1;
+        p += 2;
+        while (p < end && tr_jr_digit(*p))
+            p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        const unsigned char *e = p + 1;
+        if (e < end && (*e == '+' || *e == '-'))
+            e++;
+        if (e < end && tr_jr_digit(*e)) {
+            is_float = 1;
+            p = e + 1;
+            while (p < end && tr_jr_digit(*p))
+                p++;
+        }
+    }
+    if (!is_float) {
+        if (ndigits > 18)
+            return NULL;
+        long long v = 0;
+        for (const unsigned char *d = digits; d < p; d++)
+            v = v * 10 + (*d - '0');
+        PyObject *o = PyLong_FromLongLong(neg ? -v : v);
+        if (o == NULL)
+            r->error = 1;
+        r->p = p;
+        return o;
+    }
+    char text[64];
+    Py_ssize_t n = p - start;
+    if (n >= (Py_ssize_t)sizeof text)
+        return NULL;
+    memcpy(text, start, (size_t)n);
+    text[n] = '\0';
+    char *stop;
+    /* float() of the text (json.loads calls float): the same correctly rounded double,
+     * infinite past the range */
+    double d = PyOS_string_to_double(text, &stop, NULL);
+    if (d == -1.0 && PyErr_Occurred()) {
+        r->error = 1;
+        return NULL;
+    }
+    if (stop != text + n)
+        return NULL;
+    PyObject *o = PyFloat_FromDouble(d);
+    if (o == NULL)
+        r->error = 1;
+    r->p = p;
+    return o;
+}
+
+static PyObject *tr_jr_value(tr_jr *r, int depth);
+
+static PyObject *tr_jr_object(tr_jr *r, int depth) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) {
+        r->error = 1;
+        return NULL;
+    }
+    tr_jr_ws(r);
+    if (r->p < r->end && *r->p == '}') {
+        r->p++;
+        return d;
+    }
+    for (;;) {
+        if (r->p >= r->end || *r->p != '"')
+            goto fail;
+        r->p++;
+        PyObject *k = tr_jr_key(r);
+        if (k == NULL)
+            goto fail;
+        tr_jr_ws(r);
+        if (r->p >= r->end || *r->p != ':') {
+            Py_DECREF(k);
+            goto fail;
+        }
+        r->p++;
+        tr_jr_ws(r);
+        PyObject *v = tr_jr_value(r, depth + 1);
+        if (v == NULL) {
+            Py_DECREF(k);
+            goto fail;
+        }
+        int rc = PyDict_SetItem(d, k, v);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (rc < 0) {
+            r->error = 1;
+            goto fail;
+        }
+        tr_jr_ws(r);
+        if (r->p < r->end && *r->p == ',') {
+            r->p++;
+            tr_jr_ws(r);
+            continue;
+        }
+        if (r->p < r->end && *r->p == '}') {
+            r->p++;
+            return d;
+        }
+        goto fail;
+    }
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *tr_jr_array(tr_jr *r, int depth) {
+    PyObject *l = PyList_New(0);
+    if (l == NULL) {
+        r->error = 1;
+        return NULL;
+    }
+    tr_jr_ws(r);
+    if (r->p < r->end && *r->p == ']') {
+        r->p++;
+        return l;
+    }
+    for (;;) {
+        PyObject *v = tr_jr_value(r, depth + 1);
+        if (v == NULL)
+            goto fail;
+        int rc = PyList_Append(l, v);
+        Py_DECREF(v);
+        if (rc < 0) {
+            r->error = 1;
+            goto fail;
+        }
+        tr_jr_ws(r);
+        if (r->p < r->end && *r->p == ',') {
+            r->p++;
+            tr_jr_ws(r);
+            continue;
+        }
+        if (r->p < r->end && *r->p == ']') {
+            r->p++;
+            return l;
+        }
+        goto fail;
+    }
+fail:
+    Py_DECREF(l);
+    return NULL;
+}
+
+static inline int tr_jr_word(tr_jr *r, const char *w, Py_ssize_t n) {
+    if (r->end - r->p >= n && memcmp(r->p, w, (size_t)n) == 0) {
+        r->p += n;
+        return 1;
+    }
+    return 0;
+}
+
+/* the value at r->p (no whitespace before it) */
+static PyObject *tr_jr_value(tr_jr *r, int depth) {
+    if (r->p >= r->end)
+        return NULL;
+    unsigned char c = *r->p;
+    if (c == '"') {
+        const unsigned char *s;
+        Py_ssize_t n;
+        int nonascii;
+        r->p++;
+        if (!tr_jr_str_span(r, &s, &n, &nonascii))
+            return NULL;
+        return tr_jr_make_str(r, s, n, nonascii);
+    }
+    if (c == '-' || tr_jr_digit(c))
+        return tr_jr_number(r);
+    if (c == '{' || c == '[') {
+        if (depth >= TR_JREAD_DEPTH)
+            return NULL;
+        r->p++;
+        return c == '{' ? tr_jr_object(r, depth) : tr_jr_array(r, depth);
+    }
+    if (tr_jr_word(r, "true", 4))
+        Py_RETURN_TRUE;
+    if (tr_jr_word(r, "false", 5))
+        Py_RETURN_FALSE;
+    if (tr_jr_word(r, "null", 4))
+        Py_RETURN_NONE;
+    return NULL; /* NaN, Infinity or not JSON: the next reader's */
+}
+
+/* The value of the JSON text s[0:n] (UTF-8), a new reference; `bail` (a new reference)
+ * when it is not a text this reader takes; NULL when a Python error is set. */
+static PyObject *tr_json_read(tr_jdcache *cache, const char *s, Py_ssize_t n, PyObject *bail) {
+    tr_jr r = {(const unsigned char *)s, (const unsigned char *)s + n, cache, 0};
+    /* json.loads reads bytes whose first or second byte is NUL as UTF-16 or UTF-32, and
+     * strips a UTF-8 BOM: neither starts a value here, so both bail below */
+    tr_jr_ws(&r);
+    PyObject *v = tr_jr_value(&r, 0);
+    if (v != NULL) {
+        tr_jr_ws(&r);
+        if (r.p == r.end)
+            return v;
+        Py_DECREF(v); /* extra data: json.loads' error */
+    } else if (r.error) {
+        return NULL;
+    }
+    Py_INCREF(bail);
+    return bail;
+}
+
+#endif /* TAILRACE_JSONDEC_H */
