@@ -266,9 +266,15 @@ static int tr_json_int(tr_jw *w, PyObject *o) {
         u = 0ULL - u;
     }
     /* its digits: log10 from the highest bit (1233/4096 ~ log10(2)), corrected once */
+#if defined(__GNUC__) || defined(__clang__)
     int digits = (int)(((64 - __builtin_clzll(u | 1)) * 1233) >> 12);
     digits += digits < 19 && u >= tr_json_pow10[digits];
     digits += digits == 0;
+#else
+    int digits = 1;
+    while (digits < 19 && u >= tr_json_pow10[digits]) /* 2**63 has 19 */
+        digits++;
+#endif
     char *q = p + digits;
     while (u >= 100) {
         unsigned r = (unsigned)(u % 100);

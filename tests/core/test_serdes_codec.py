@@ -373,9 +373,10 @@ def test_the_key_cache_never_writes_a_key_it_did_not_see() -> None:
         gc.collect()
     probe = sys.intern("probe-key")
     before = sys.getrefcount(probe)
+    counted = before < 2**30  # since 3.12 an interned str is immortal: its count stays put
     c2 = _std_only()
     assert c2.encode({probe: 1}) == b'{"probe-key":1}'
-    assert sys.getrefcount(probe) == before + 1  # the cache holds it
+    assert sys.getrefcount(probe) == before + counted  # the cache holds it
     del c2
     gc.collect()
     assert sys.getrefcount(probe) == before  # and lets it go with the codec
