@@ -31,8 +31,9 @@ more than one chunk of bytes, and a slow task simply polls less (rule 6).
 
 Outputs are written as JSON Lines to ``<output_path>/<stream>/partition-N.jsonl``
 (``output_path`` defaults to ``path``), one line per message (the message
-only; the key places it in a partition), encoded by ``tailrace.serdes`` (orjson
-when installed, byte for byte the standard library's output). ``flush`` (called
+only; the key places it in a partition), encoded by ``tailrace.serdes`` (byte for
+byte the standard library's output; a plain record is encoded straight into the
+partition's buffer). ``flush`` (called
 before every checkpoint) writes and fsyncs them. ``output_format = "msgpack"`` writes
 ``partition-N.msgpack`` files instead. A partial last line (or value) left by a hard kill
 is cut off when the file is reopened (it was never covered by a checkpoint). Several

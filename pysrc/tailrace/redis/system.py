@@ -55,7 +55,7 @@ log = logging.getLogger("tailrace.redis")
 
 EOS_FIELD = b"eos"
 CODECS = ("json", "str", "bytes", "msgpack")
-# codec -> _resp kind; json and msgpack are tailrace.serdes' (orjson when installed)
+# codec -> _resp kind; json and msgpack are tailrace.serdes' (json: its compiled codec)
 _KINDS = {"json": _resp.CALL, "str": _resp.STR, "bytes": _resp.BYTES, "msgpack": _resp.CALL}
 
 # One XREAD batch of one partition: (stream key, ids, keys, messages, end marker
