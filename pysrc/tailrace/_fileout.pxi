@@ -154,6 +154,9 @@ cdef class FileSink:
             raise ValueError(
                 f"file output {stream}[{partition}]: message is not {self.what}-serialisable: {e}"
             ) from None
+        # looked up again: the encoding may have run Python code (another thread may
+        # have closed the producer meanwhile)
+        found = parts[partition] if 0 <= partition < len(parts) else None
         if found is None:
             found = self.producer._output(stream, partition)
         out = <FileOutput?>found
