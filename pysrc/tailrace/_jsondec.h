@@ -316,6 +316,22 @@ static PyObject *tr_jr_number(tr_jr *r) {
 
 static PyObject *tr_jr_value(tr_jr *r, int depth);
 
+/* After an item of an object or array: 1 past a comma and the whitespace after it, 0 past
+ * the closing `close`, -1 at anything else (bail). */
+static inline int tr_jr_next(tr_jr *r, unsigned char close) {
+    tr_jr_ws(r);
+    if (r->p < r->end && *r->p == ',') {
+        r->p++;
+        tr_jr_ws(r);
+        return 1;
+    }
+    if (r->p < r->end && *r->p == close) {
+        r->p++;
+        return 0;
+    }
+    return -1;
+}
+
 static PyObject *tr_jr_object(tr_jr *r, int depth) {
     PyObject *d = PyDict_New();
     if (d == NULL) {
@@ -353,17 +369,11 @@ static PyObject *tr_jr_object(tr_jr *r, int depth) {
             r->error = 1;
             goto fail;
         }
-        tr_jr_ws(r);
-        if (r->p < r->end && *r->p == ',') {
-            r->p++;
-            tr_jr_ws(r);
-            continue;
-        }
-        if (r->p < r->end && *r->p == '}') {
-            r->p++;
+        int next = tr_jr_next(r, '}');
+        if (next == 0)
             return d;
-        }
-        goto fail;
+        if (next < 0)
+            goto fail;
     }
 fail:
     Py_DECREF(d);
@@ -391,17 +401,11 @@ static PyObject *tr_jr_array(tr_jr *r, int depth) {
             r->error = 1;
             goto fail;
         }
-        tr_jr_ws(r);
-        if (r->p < r->end && *r->p == ',') {
-            r->p++;
-            tr_jr_ws(r);
-            continue;
-        }
-        if (r->p < r->end && *r->p == ']') {
-            r->p++;
+        int next = tr_jr_next(r, ']');
+        if (next == 0)
             return l;
-        }
-        goto fail;
+        if (next < 0)
+            goto fail;
     }
 fail:
     Py_DECREF(l);

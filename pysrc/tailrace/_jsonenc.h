@@ -74,6 +74,14 @@ static inline int tr_jw_reserve(tr_jw *w, Py_ssize_t extra) {
     return 0;
 }
 
+/* one byte more */
+static inline int tr_jw_putc(tr_jw *w, char c) {
+    if (tr_jw_reserve(w, 1) < 0)
+        return -1;
+    w->buf[w->len++] = c;
+    return 0;
+}
+
 /* After an encoding: a buffer grown past `keep` bytes (one huge message) is let go. */
 static inline void tr_jw_trim(tr_jw *w, Py_ssize_t keep) {
     if (w->cap > keep) {
@@ -348,9 +356,8 @@ static int tr_json_key(tr_jw *w, PyObject *k) {
     int r = tr_json_str(w, k);
     if (r != 1)
         return r;
-    if (tr_jw_reserve(w, 1) < 0)
+    if (tr_jw_putc(w, ':') < 0)
         return -1;
-    w->buf[w->len++] = ':';
     Py_ssize_t n = w->len - start;
     if (n > TR_JKEY_ENC || !PyUnicode_CHECK_INTERNED(k))
         return 1;
@@ -376,16 +383,14 @@ static int tr_json_dict(tr_jw *w, PyObject *o, int depth) {
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     int r, first = 1;
-    if (tr_jw_reserve(w, 1) < 0)
+    if (tr_jw_putc(w, '{') < 0)
         return -1;
-    w->buf[w->len++] = '{';
     while (PyDict_Next(o, &pos, &k, &v)) {
         if (!PyUnicode_CheckExact(k))
             return 0;
         if (!first) {
-            if (tr_jw_reserve(w, 1) < 0)
+            if (tr_jw_putc(w, ',') < 0)
                 return -1;
-            w->buf[w->len++] = ',';
         }
         first = 0;
         if ((r = tr_json_key(w, k)) != 1)
@@ -393,9 +398,8 @@ static int tr_json_dict(tr_jw *w, PyObject *o, int depth) {
         if ((r = tr_json_value(w, v, depth + 1)) != 1)
             return r;
     }
-    if (tr_jw_reserve(w, 1) < 0)
+    if (tr_jw_putc(w, '}') < 0)
         return -1;
-    w->buf[w->len++] = '}';
     return 1;
 }
 
@@ -404,21 +408,18 @@ static int tr_json_seq(tr_jw *w, PyObject *o, int depth) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     PyObject **items = PySequence_Fast_ITEMS(o);
     int r;
-    if (tr_jw_reserve(w, 2) < 0)
+    if (tr_jw_putc(w, '[') < 0)
         return -1;
-    w->buf[w->len++] = '[';
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i) {
-            if (tr_jw_reserve(w, 1) < 0)
+            if (tr_jw_putc(w, ',') < 0)
                 return -1;
-            w->buf[w->len++] = ',';
         }
         if ((r = tr_json_value(w, items[i], depth + 1)) != 1)
             return r;
     }
-    if (tr_jw_reserve(w, 1) < 0)
+    if (tr_jw_putc(w, ']') < 0)
         return -1;
-    w->buf[w->len++] = ']';
     return 1;
 }
 
