@@ -650,3 +650,14 @@ def test_threads_and_finalizers_reading_at_once_get_json_loads_values() -> None:
     finally:
         gc.set_threshold(*old)
     assert errors == []
+
+
+def test_plain_texts_are_read_by_the_plain_reader_and_the_others_are_not() -> None:
+    # the plain reader's object keys come from its cache: the same str object from one
+    # text to the next (json.loads makes new ones each time); a text with an escape goes on
+    # to the standard library
+    codec = _std_only()
+    a, b = codec.decode(b'{"key": 1}'), codec.decode(b'{"key": 2, "other": []}')
+    assert next(iter(a)) is next(iter(b))
+    c, d = codec.decode(b'{"k\\u0065y": 1}'), codec.decode(b'{"k\\u0065y": 1}')
+    assert c == {"key": 1} and next(iter(c)) is not next(iter(d))
