@@ -3,8 +3,9 @@
  * Kafka values).
  *
  * It reads only what it can read exactly as json.loads does: objects, arrays, strings
- * without backslash escapes or control characters (UTF-8 with surrogates passed, as
- * json.loads decodes bytes), integers of up to 18 digits, numbers with a fraction or an
+ * without control characters (UTF-8 with surrogates passed, as json.loads decodes bytes;
+ * the escapes json reads, surrogate pairs joined as it joins them), integers of up to 18
+ * digits, numbers with a fraction or an
  * exponent (float() of the same text), true, false and null, separated by JSON
  * whitespace, nested at most TR_JREAD_DEPTH deep, and nothing after the value but
  * whitespace. For any other text it "bails": it returns NULL with no error set and the
@@ -65,8 +66,8 @@ static inline void tr_jr_ws(tr_jr *r) {
         r->p++;
 }
 
-/* How a byte inside a string is read: 0 as is, 1 the closing quote, 2 a backslash or a
- * control character (bail: escapes and strict json's error are the next reader's), 3 a
+/* How a byte inside a string is read: 0 as is, 1 the closing quote, 2 a backslash (an
+ * escape: tr_jr_str_escaped) or a control character (bail: strict json refuses it), 3 a
  * byte of a non-ASCII character. */
 #define TR_JR_CTL2 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2
 #define TR_JR_HI16 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3
@@ -76,8 +77,9 @@ static const unsigned char tr_jr_strbyte[256] = {
 };
 
 /* The string whose opening quote r->p has passed: its bytes [*start, *start + *len), and
- * whether any is non-ASCII. 0 when it holds an escape or a control character or does not
- * end (bail), 1 when r->p is past its closing quote. */
+ * whether any is non-ASCII; 1 when r->p is past its closing quote. 2 at a backslash
+ * before the end (r->p unchanged: tr_jr_str_escaped reads it), 0 at a control character
+ * or no end (bail). */
 static inline int tr_jr_str_span(tr_jr *r, const unsigned char **start, Py_ssize_t *len,
                                  int *nonascii) {
     const unsigned char *p = r->p, *end = r->end;
@@ -91,7 +93,7 @@ static inline int tr_jr_str_span(tr_jr *r, const unsigned char **start, Py_ssize
         if (k == 1)
             break;
         if (k == 2)
-            return 0;
+            return *p == '\\' ? 2 : 0;
         high = 1;
         p++;
     }
@@ -181,6 +183,127 @@ static PyObject *tr_jr_make_str(tr_jr *r, const unsigned char *s, Py_ssize_t n, 
     return u;
 }
 
+/* the value of 4 hex digits at p (json takes either case), or -1 */
+static inline long tr_jr_hex4(const unsigned char *p, const unsigned char *end) {
+    long v = 0;
+    if (end - p < 4)
+        return -1;
+    for (int i = 0; i < 4; i++) {
+        unsigned c = p[i];
+        if (c - '0' < 10)
+            v = (v << 4) | (long)(c - '0');
+        else if ((c | 0x20) - 'a' < 6)
+            v = (v << 4) | (long)((c | 0x20) - 'a' + 10);
+        else
+            return -1;
+    }
+    return v;
+}
+
+/* The string whose opening quote r->p has passed, holding backslash escapes, read as json's
+ * scanstring does: \" \\ \/ \b \f \n \r \t, and \uXXXX, where a high surrogate followed by
+ * a \u escape of a low one is one character and any other surrogate stays as it is. NULL:
+ * bail (an escape json refuses, a control character, bytes that are not UTF-8, no end) or
+ * r->error. */
+static PyObject *tr_jr_str_escaped(tr_jr *r) {
+    Py_UCS4 stack[128], *buf = stack;
+    Py_ssize_t n = 0, cap = 128;
+    const unsigned char *p = r->p, *end = r->end;
+    PyObject *u = NULL;
+    for (;;) {
+        Py_UCS4 ch;
+        if (p >= end)
+            goto done;
+        unsigned c = *p;
+        if (c == '"') {
+            p++;
+            break;
+        }
+        if (c == '\\') {
+            if (end - p < 2)
+                goto done;
+            switch (p[1]) {
+            case '"':
+            case '\\':
+            case '/':
+                ch = p[1];
+                break;
+            case 'b':
+                ch = '\b';
+                break;
+            case 'f':
+                ch = '\f';
+                break;
+            case 'n':
+                ch = '\n';
+                break;
+            case 'r':
+                ch = '\r';
+                break;
+            case 't':
+                ch = '\t';
+                break;
+            case 'u': {
+                long h = tr_jr_hex4(p + 2, end);
+                if (h < 0)
+                    goto done;
+                p += 6;
+                ch = (Py_UCS4)h;
+                if (h >= 0xD800 && h <= 0xDBFF && end - p >= 6 && p[0] == '\\' && p[1] == 'u') {
+                    long lo = tr_jr_hex4(p + 2, end);
+                    if (lo < 0)
+                        goto done; /* json refuses the second escape as it stands */
+                    if (lo >= 0xDC00 && lo <= 0xDFFF) {
+                        ch = (Py_UCS4)(0x10000 + ((h - 0xD800) << 10) + (lo - 0xDC00));
+                        p += 6;
+                    }
+                }
+                goto put;
+            }
+            default:
+                goto done;
+            }
+            p += 2;
+        } else if (c < 0x20) {
+            goto done;
+        } else if (c < 0x80) {
+            ch = c;
+            p++;
+        } else {
+            int len;
+            long cp = tr_jr_utf8_at(p, end, &len);
+            if (cp < 0)
+                goto done;
+            ch = (Py_UCS4)cp;
+            p += len;
+        }
+    put:
+        if (n == cap) {
+            Py_UCS4 *grown = (Py_UCS4 *)PyMem_Malloc((size_t)cap * 2 * sizeof(Py_UCS4));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                r->error = 1;
+                goto done;
+            }
+            memcpy(grown, buf, (size_t)n * sizeof(Py_UCS4));
+            if (buf != stack)
+                PyMem_Free(buf);
+            buf = grown;
+            cap *= 2;
+        }
+        buf[n++] = ch;
+    }
+    u = PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, buf, n);
+    if (u == NULL)
+        r->error = 1;
+    else
+        r->p = p;
+done:
+    if (buf != stack)
+        PyMem_Free(buf);
+    return u;
+}
+
 static inline tr_jdkey *tr_jr_key_set(tr_jdcache *c, const unsigned char *s, Py_ssize_t n) {
     /* its length and first, middle and last bytes: enough to tell a record's keys apart
      * (two keys that share a set both stay, in its two ways) */
@@ -196,8 +319,9 @@ static PyObject *tr_jr_key(tr_jr *r) {
     const unsigned char *s;
     Py_ssize_t n;
     int nonascii;
-    if (!tr_jr_str_span(r, &s, &n, &nonascii))
-        return NULL;
+    int span = tr_jr_str_span(r, &s, &n, &nonascii);
+    if (span != 1)
+        return span == 2 ? tr_jr_str_escaped(r) : NULL; /* an escaped key is not kept */
     if (n > TR_JDKEY_BYTES)
         return tr_jr_make_str(r, s, n, nonascii);
     tr_jdcache *c = r->cache;
@@ -430,8 +554,9 @@ static PyObject *tr_jr_value(tr_jr *r, int depth) {
         Py_ssize_t n;
         int nonascii;
         r->p++;
-        if (!tr_jr_str_span(r, &s, &n, &nonascii))
-            return NULL;
+        int span = tr_jr_str_span(r, &s, &n, &nonascii);
+        if (span != 1)
+            return span == 2 ? tr_jr_str_escaped(r) : NULL;
         return tr_jr_make_str(r, s, n, nonascii);
     }
     if (c == '-' || tr_jr_digit(c))

@@ -193,8 +193,8 @@ cdef class JsonCodec:
     dicts with str keys, lists, tuples, str, int within 64 bits, float, bool and None)
     is written by tailrace's own encoder (``_jsonenc.h``), which writes the standard
     library's bytes; anything else goes to the standard library (which writes it,
-    refuses it or raises as always). Decoding: bytes holding a plain text (no escapes,
-    integers of up to 18 digits; ``_jsondec.h`` says exactly) are read by tailrace's own
+    refuses it or raises as always). Decoding: bytes holding a plain text (integers of up
+    to 18 digits, no NaN or Infinity; ``_jsondec.h`` says exactly) are read by tailrace's own
     reader, which reads json.loads' values; other texts go on to orjson (when given), a
     fast path used only where it reads the same values: bytes with a run of 19+ digits (orjson reads
     such integers as floats), bytes that may nest deeper than the standard library

@@ -19,7 +19,8 @@ natural order for ``str``, ``bytes`` and ``int`` keys.
 ``json`` gives the standard library's bytes, values and errors, whatever is
 installed. Compiled (tailrace._core.JsonCodec), it writes plain values (exact dicts
 with str keys, lists, tuples, str, int within 64 bits, float, bool, None) and reads
-texts without backslash escapes itself, faster than orjson on records; anything else
+texts (integers of up to 18 digits, no NaN or Infinity) itself, faster than orjson on
+records; anything else
 goes to orjson when it is installed (``tailrace[fast]``) where orjson reads the same
 values, else to the standard library. Without the compiled core, orjson's bytes and
 values are used where they are the standard library's (the same fallbacks).

@@ -577,6 +577,27 @@ READER_EDGES = [
     b"[]  x",
     b"{}{}",
     b'["' + b"x" * 5000 + b'"]',
+    b'"\\u12"',
+    b'"\\u12G4"',
+    b'"\\u00E9\\uD83D\\uDE00"',
+    b'"\\U00e9"',
+    b'"\\ud800\\u12"',
+    b'"\\ud800\\u12G4"',
+    b'"\\ud800\\udbff"',
+    b'"\\udc00\\ud800"',
+    b'"\\ud800\\n"',
+    b'"\\ud800\\"',
+    b'"\\ud800\\udc00',
+    b'"\\ud800',
+    b'"a\\"',
+    b'"\\',
+    b'"\\x"',
+    b'"\\\x00"',
+    b'"\\/\\b\\f"',
+    b'{"\\ud83d\\ude00": "\\ud83d\\ude00", "\\n": 1}',
+    b'"' + b"\\u00e9" * 500 + b"\\ud83d\\ude00" * 300 + "é€😀\\t".encode() * 200 + b'"',
+    b'"\\u00e9\xff"',
+    b'"\\u00e9\x1f"',
     b'"' + "é€😀".encode() * 1000 + b'"',
 ]
 
@@ -652,12 +673,17 @@ def test_threads_and_finalizers_reading_at_once_get_json_loads_values() -> None:
     assert errors == []
 
 
-def test_plain_texts_are_read_by_the_plain_reader_and_the_others_are_not() -> None:
+def test_texts_are_read_by_the_plain_reader_escapes_and_all() -> None:
     # the plain reader's object keys come from its cache: the same str object from one
-    # text to the next (json.loads makes new ones each time); a text with an escape goes on
-    # to the standard library
+    # text to the next (json.loads makes new ones each time), so a shared key shows that
+    # the reader read the text, escaped values included; an escaped key is read, not kept
     codec = _std_only()
     a, b = codec.decode(b'{"key": 1}'), codec.decode(b'{"key": 2, "other": []}')
     assert next(iter(a)) is next(iter(b))
+    e = codec.decode(b'{"key": "\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\\ud800x"}')
+    assert e == {"key": '"\\/\b\f\n\r\t\u00e9\U0001f600\ud800x'} and next(iter(e)) is next(iter(a))
     c, d = codec.decode(b'{"k\\u0065y": 1}'), codec.decode(b'{"k\\u0065y": 1}')
     assert c == {"key": 1} and next(iter(c)) is not next(iter(d))
+    # a text json.loads refuses raises json.loads' error
+    with pytest.raises(json.JSONDecodeError, match="Invalid \\\\escape"):
+        codec.decode(b'{"key": "\\x"}')
