@@ -362,10 +362,8 @@ static int tr_json_key(tr_jw *w, PyObject *k) {
     if (n > TR_JKEY_ENC || !PyUnicode_CHECK_INTERNED(k))
         return 1;
     if (w->keys == NULL) {
-        if ((w->keys = (tr_jkey *)PyMem_Calloc(TR_JKEYS, sizeof(tr_jkey))) == NULL) {
-            PyErr_Clear();
-            return 1; /* no cache: every key is encoded, as without one */
-        }
+        if ((w->keys = (tr_jkey *)PyMem_Calloc(TR_JKEYS, sizeof(tr_jkey))) == NULL)
+            return 1; /* no cache (PyMem sets no error): every key is encoded, as without one */
         set = tr_jw_key_set(w, k);
     }
     /* the newer way keeps its key, the older one gives way */
