@@ -5,22 +5,22 @@
  * It reads only what it can read exactly as json.loads does: objects, arrays, strings
  * without control characters (UTF-8 with surrogates passed, as json.loads decodes bytes;
  * the escapes json reads, surrogate pairs joined as it joins them), integers of up to 18
- * digits, numbers with a fraction or an
- * exponent (float() of the same text), true, false and null, separated by JSON
- * whitespace, nested at most TR_JREAD_DEPTH deep, and nothing after the value but
- * whitespace. For any other text it "bails": it returns NULL with no error set and the
- * caller hands the bytes to the next reader (orjson where it reads the same, else
- * json.loads), which reads the value or raises its own error. So a text this reader
+ * digits, numbers with a fraction or an exponent (float() of the same text), true, false
+ * and null, separated by JSON whitespace, nested at most TR_JREAD_DEPTH deep, and nothing
+ * after the value but whitespace. For any other text it "bails": it returns NULL with no
+ * error set and the caller hands the bytes to the next reader (orjson where it reads the
+ * same, else json.loads), which reads the value or raises its own error. So a text this reader
  * takes reads as json.loads reads it, and a text it does not take reads as before.
  *
  * It runs no Python code: the only objects it makes are str, int, float, list and dict
  * (a new list or dict may start a garbage collection, which may run finalizers and let
  * another thread run; the key cache below is never left half-changed across one).
  *
- * Object keys met again (a stream's records share their keys) come from a small cache
- * keyed by their bytes: the str made the first time, its hash computed once. (Not
- * interned: since 3.12 an interned str lives for good, and a stream's keys may be
- * unbounded, such as ids.) */
+ * Object keys met again come from the key cache (_jsonkeys.h) by their bytes: the str
+ * made the first time, its hash computed once. (Not interned: since 3.12 an interned str
+ * lives for good, and a stream's keys may be unbounded, such as ids.)
+ *
+ * Every function below that returns a PyObject * returns a new reference, or NULL. */
 #ifndef TAILRACE_JSONDEC_H
 #define TAILRACE_JSONDEC_H
 
@@ -28,28 +28,16 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_jsonkeys.h"
+
 #define TR_JREAD_DEPTH 200
-#define TR_JDKEY_BYTES 32 /* keys of up to this many bytes are cached */
-#define TR_JDKEY_SETS_LOG2 7
-#define TR_JDKEYS (2 << TR_JDKEY_SETS_LOG2) /* two ways in each set */
 
 typedef struct {
-    PyObject *key; /* a str (a strong reference), or NULL */
-    Py_ssize_t len;
-    char bytes[TR_JDKEY_BYTES];
-} tr_jdkey;
-
-typedef struct {
-    tr_jdkey *keys; /* TR_JDKEYS entries, PyMem_Calloc'd on first use, or NULL */
+    tr_jkey *keys; /* the reader's key cache (_jsonkeys.h), or NULL */
 } tr_jdcache;
 
 static void tr_jdcache_free(tr_jdcache *c) {
-    if (c->keys != NULL) {
-        for (int i = 0; i < TR_JDKEYS; i++)
-            Py_CLEAR(c->keys[i].key);
-        PyMem_Free(c->keys);
-        c->keys = NULL;
-    }
+    tr_jkeys_free(&c->keys);
 }
 
 typedef struct {
@@ -304,17 +292,7 @@ done:
     return u;
 }
 
-static inline tr_jdkey *tr_jr_key_set(tr_jdcache *c, const unsigned char *s, Py_ssize_t n) {
-    /* its length and first, middle and last bytes: enough to tell a record's keys apart
-     * (two keys that share a set both stay, in its two ways) */
-    uint64_t h = n ? (uint64_t)n ^ ((uint64_t)s[0] << 8) ^ ((uint64_t)s[n >> 1] << 16) ^
-                         ((uint64_t)s[n - 1] << 24)
-                   : 0;
-    h *= 0x9E3779B97F4A7C15ULL;
-    return &c->keys[2 * (h >> (64 - TR_JDKEY_SETS_LOG2))];
-}
-
-/* an object key (the opening quote passed): a new reference, or NULL (bail or error) */
+/* an object key (the opening quote passed), or NULL (bail or error) */
 static PyObject *tr_jr_key(tr_jr *r) {
     const unsigned char *s;
     Py_ssize_t n;
@@ -322,19 +300,15 @@ static PyObject *tr_jr_key(tr_jr *r) {
     int span = tr_jr_str_span(r, &s, &n, &nonascii);
     if (span != 1)
         return span == 2 ? tr_jr_str_escaped(r) : NULL; /* an escaped key is not kept */
-    if (n > TR_JDKEY_BYTES)
+    if (n > TR_JKEY_BYTES)
         return tr_jr_make_str(r, s, n, nonascii);
-    tr_jdcache *c = r->cache;
-    if (c->keys == NULL) {
-        c->keys = (tr_jdkey *)PyMem_Calloc(TR_JDKEYS, sizeof(tr_jdkey));
-        if (c->keys == NULL) {
-            PyErr_NoMemory();
-            r->error = 1;
-            return NULL;
-        }
-    }
-    tr_jdkey *set = tr_jr_key_set(c, s, n);
-    for (int way = 0; way < 2; way++) {
+    /* the cache's set: by the key's length and first, middle and last bytes, enough to
+     * tell a record's keys apart (two keys that share a set both stay, in its two ways) */
+    uint64_t h = tr_jkeys_index(n ? (uint64_t)n ^ ((uint64_t)s[0] << 8) ^
+                                        ((uint64_t)s[n >> 1] << 16) ^ ((uint64_t)s[n - 1] << 24)
+                                  : 0);
+    tr_jkey *set = tr_jkeys_set(&r->cache->keys, h);
+    for (int way = 0; set != NULL && way < 2; way++) {
         if (set[way].key != NULL && set[way].len == n &&
             memcmp(set[way].bytes, s, (size_t)n) == 0) {
             Py_INCREF(set[way].key);
@@ -349,15 +323,8 @@ static PyObject *tr_jr_key(tr_jr *r) {
         r->error = 1;
         return NULL;
     }
-    /* the newer way keeps its key, the older one gives way (no Python code runs here: a
-     * str's deallocation runs none) */
-    PyObject *old = set[1].key;
-    set[1] = set[0];
-    Py_INCREF(k);
-    set[0].key = k;
-    set[0].len = n;
-    memcpy(set[0].bytes, s, (size_t)n);
-    Py_XDECREF(old);
+    if (set != NULL) /* else no cache: every key is made, as without one */
+        tr_jkeys_put(set, k, (const char *)s, n);
     return k;
 }
 

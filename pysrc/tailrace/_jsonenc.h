@@ -11,11 +11,11 @@
  * object, so nothing can change the value under it and no other thread runs while it
  * writes (the caller holds the GIL).
  *
- * Why its own: orjson's dumps costs ~1.4k instructions for a three-key record (it
+ * Why its own: orjson's dumps costs ~1.3k instructions for a three-key record (it
  * allocates a 1 KiB bytes object and shrinks it), and its output could be kept only
  * after a walk that proves the value plain (~300 more); this writes the same record
- * in a few hundred, into a buffer the caller copies from (tests/core/test_serdes_codec.py
- * holds it to the standard library's bytes). */
+ * in ~0.7k, into a buffer the caller copies from (tests/core/test_serdes_codec.py holds
+ * it to the standard library's bytes). */
 #ifndef TAILRACE_JSONENC_H
 #define TAILRACE_JSONENC_H
 
@@ -24,28 +24,19 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_jsonkeys.h"
+
 /* deeper than orjson writes (255), far below the interpreter's recursion limit that
  * bounds the standard library; the C stack holds it easily */
 #define TR_JSON_DEPTH 256
-
-/* A dict key met again (the literal keys of a task's records: interned str) is copied as
- * the `"key":` it encoded to, from a small cache (two ways in each of TR_JKEY_SETS sets,
- * by the key's address) that holds a reference to each key it keeps, so no other str can
- * take its address meanwhile. */
-#define TR_JKEY_SETS_LOG2 7
-#define TR_JKEYS (2 << TR_JKEY_SETS_LOG2)
-#define TR_JKEY_ENC 48 /* bytes of a cached `"key":` at most (copied whole) */
-typedef struct {
-    PyObject *key; /* a strong reference, or NULL */
-    Py_ssize_t len;
-    char enc[TR_JKEY_ENC];
-} tr_jkey;
 
 typedef struct {
     char *buf;      /* PyMem_Malloc'd, or NULL */
     Py_ssize_t len; /* bytes written */
     Py_ssize_t cap; /* bytes allocated */
-    tr_jkey *keys;  /* TR_JKEYS entries, PyMem_Calloc'd on the first key kept, or NULL */
+    /* A dict key met again (the literal keys of a task's records: interned str) is copied
+     * as the `"key":` it encoded to (_jsonkeys.h, by the key's address), or NULL */
+    tr_jkey *keys;
 } tr_jw;
 
 static int tr_jw_grow(tr_jw *w, Py_ssize_t need) {
@@ -94,25 +85,18 @@ static inline void tr_jw_trim(tr_jw *w, Py_ssize_t keep) {
 /* Everything let go (the GIL held: the cached keys are released). */
 static void tr_jw_free(tr_jw *w) {
     tr_jw_trim(w, -1);
-    if (w->keys != NULL) {
-        for (int i = 0; i < TR_JKEYS; i++)
-            Py_CLEAR(w->keys[i].key);
-        PyMem_Free(w->keys);
-        w->keys = NULL;
-    }
+    tr_jkeys_free(&w->keys);
 }
 
 /* How json's escape_unicode writes an ASCII character: 0 as is, 'u' as \u00XX (lowercase
  * hex), else a backslash and this letter. */
+/* clang-format off */
 static const char tr_json_esc[128] = {
-    'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'b', 't', 'n', 'u', 'f', 'r', 'u', 'u', 'u',  'u', 'u',
-    'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 0,   0,   '"', 0,    0,   0,
-    0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,    0,   0,
-    0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,    0,   0,
-    0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   '\\', 0,   0,
-    0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,    0,   0,
-    0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,
+    'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'b', 't', 'n', 'u', 'f', 'r', 'u', 'u', /* 0x00 */
+    'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', 'u', /* 0x10 */
+    ['"'] = '"', ['\\'] = '\\',
 };
+/* clang-format on */
 
 /* an ASCII character that needs escaping, written at p (room for 6 bytes); the end */
 static inline char *tr_json_put_esc(char *p, unsigned c) {
@@ -128,6 +112,14 @@ static inline char *tr_json_put_esc(char *p, unsigned c) {
     p[4] = "0123456789abcdef"[c >> 4];
     p[5] = "0123456789abcdef"[c & 15];
     return p + 6;
+}
+
+/* an ASCII character at p, escaped as json writes it if it must be (room for 6 bytes) */
+static inline char *tr_json_put_ascii(char *p, unsigned c) {
+    if (tr_json_esc[c])
+        return tr_json_put_esc(p, c);
+    *p = (char)c;
+    return p + 1;
 }
 
 /* 8 ASCII bytes that may hold one to escape (below 0x20, '"' or '\\'): "v has a zero
@@ -181,13 +173,8 @@ static int tr_json_str(tr_jw *w, PyObject *s) {
         if (tr_jw_reserve(w, 6 * (n - i) + 1) < 0)
             return -1;
         p = w->buf + w->len;
-        for (; i < n; i++) {
-            unsigned c = d[i];
-            if (tr_json_esc[c])
-                p = tr_json_put_esc(p, c);
-            else
-                *p++ = (char)c;
-        }
+        for (; i < n; i++)
+            p = tr_json_put_ascii(p, d[i]);
         *p++ = '"';
         w->len = p - w->buf;
         return 1;
@@ -202,10 +189,7 @@ static int tr_json_str(tr_jw *w, PyObject *s) {
     for (; i < n; i++) {
         Py_UCS4 c = PyUnicode_READ(kind, data, i);
         if (c < 0x80) {
-            if (tr_json_esc[c])
-                p = tr_json_put_esc(p, c);
-            else
-                *p++ = (char)c;
+            p = tr_json_put_ascii(p, c);
         } else if (c < 0x800) {
             p[0] = (char)(0xC0 | (c >> 6));
             p[1] = (char)(0x80 | (c & 0x3F));
@@ -230,32 +214,28 @@ static int tr_json_str(tr_jw *w, PyObject *s) {
     return 1;
 }
 
+/* s[:n] written: 1, or -1 (no memory) */
+static int tr_jw_lit(tr_jw *w, const char *s, Py_ssize_t n) {
+    if (tr_jw_reserve(w, n) < 0)
+        return -1;
+    memcpy(w->buf + w->len, s, (size_t)n);
+    w->len += n;
+    return 1;
+}
+
 static const char tr_json_digits2[201] =
     "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
+/* clang-format off */
 static const unsigned long long tr_json_pow10[19] = {
-    1ULL,
-    10ULL,
-    100ULL,
-    1000ULL,
-    10000ULL,
-    100000ULL,
-    1000000ULL,
-    10000000ULL,
-    100000000ULL,
-    1000000000ULL,
-    10000000000ULL,
-    100000000000ULL,
-    1000000000000ULL,
-    10000000000000ULL,
-    100000000000000ULL,
-    1000000000000000ULL,
-    10000000000000000ULL,
-    100000000000000000ULL,
+    1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL,
+    1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL, 10000000000000ULL,
+    100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL, 100000000000000000ULL,
     1000000000000000000ULL,
 };
+/* clang-format on */
 
 /* an exact int as int.__repr__ writes it; 0 past 64 bits */
 static int tr_json_int(tr_jw *w, PyObject *o) {
@@ -301,14 +281,6 @@ static int tr_json_int(tr_jw *w, PyObject *o) {
     return 1;
 }
 
-static int tr_jw_lit(tr_jw *w, const char *s, Py_ssize_t n) {
-    if (tr_jw_reserve(w, n) < 0)
-        return -1;
-    memcpy(w->buf + w->len, s, (size_t)n);
-    w->len += n;
-    return 1;
-}
-
 /* an exact float as the standard library writes it: float.__repr__, or NaN, Infinity,
  * -Infinity (allow_nan) */
 static int tr_json_float(tr_jw *w, PyObject *o) {
@@ -328,29 +300,21 @@ static int tr_json_float(tr_jw *w, PyObject *o) {
 
 static int tr_json_value(tr_jw *w, PyObject *o, int depth);
 
-/* the two ways of k's set (Fibonacci hashing of its address: small objects share their
- * low address bits) */
-static inline tr_jkey *tr_jw_key_set(tr_jw *w, PyObject *k) {
-    uint64_t h = ((uint64_t)(uintptr_t)k * 0x9E3779B97F4A7C15ULL) >> (64 - TR_JKEY_SETS_LOG2);
-    return &w->keys[2 * h];
-}
-
-/* a dict key (an exact str) and its colon */
+/* a dict key (an exact str, borrowed) and its colon */
 static int tr_json_key(tr_jw *w, PyObject *k) {
-    tr_jkey *set = NULL, *e = NULL;
+    /* the cache's set of k: by its address (small objects share their low bits, which
+     * the hash mixes away) */
+    uint64_t h = tr_jkeys_index((uint64_t)(uintptr_t)k);
     if (w->keys != NULL) {
-        set = tr_jw_key_set(w, k);
-        if (set[0].key == k)
-            e = &set[0];
-        else if (set[1].key == k)
-            e = &set[1];
-    }
-    if (e != NULL) {
-        if (tr_jw_reserve(w, TR_JKEY_ENC) < 0)
-            return -1;
-        memcpy(w->buf + w->len, e->enc, TR_JKEY_ENC);
-        w->len += e->len;
-        return 1;
+        tr_jkey *set = w->keys + 2 * h;
+        tr_jkey *e = set[0].key == k ? &set[0] : set[1].key == k ? &set[1] : NULL;
+        if (e != NULL) {
+            if (tr_jw_reserve(w, TR_JKEY_BYTES) < 0)
+                return -1;
+            memcpy(w->buf + w->len, e->bytes, TR_JKEY_BYTES); /* whole: a fixed-size copy */
+            w->len += e->len;
+            return 1;
+        }
     }
     Py_ssize_t start = w->len;
     int r = tr_json_str(w, k);
@@ -359,21 +323,11 @@ static int tr_json_key(tr_jw *w, PyObject *k) {
     if (tr_jw_putc(w, ':') < 0)
         return -1;
     Py_ssize_t n = w->len - start;
-    if (n > TR_JKEY_ENC || !PyUnicode_CHECK_INTERNED(k))
-        return 1;
-    if (w->keys == NULL) {
-        if ((w->keys = (tr_jkey *)PyMem_Calloc(TR_JKEYS, sizeof(tr_jkey))) == NULL)
-            return 1; /* no cache (PyMem sets no error): every key is encoded, as without one */
-        set = tr_jw_key_set(w, k);
+    if (n <= TR_JKEY_BYTES && PyUnicode_CHECK_INTERNED(k)) {
+        tr_jkey *set = tr_jkeys_set(&w->keys, h);
+        if (set != NULL) /* else no cache: every key is encoded, as without one */
+            tr_jkeys_put(set, k, w->buf + start, n);
     }
-    /* the newer way keeps its key, the older one gives way */
-    PyObject *old = set[1].key;
-    set[1] = set[0];
-    Py_INCREF(k);
-    set[0].key = k;
-    set[0].len = n;
-    memcpy(set[0].enc, w->buf + start, (size_t)n);
-    Py_XDECREF(old); /* a str: its deallocation runs no Python code */
     return 1;
 }
 
@@ -383,6 +337,7 @@ static int tr_json_dict(tr_jw *w, PyObject *o, int depth) {
     int r, first = 1;
     if (tr_jw_putc(w, '{') < 0)
         return -1;
+    /* k and v are borrowed: the dict holds them, and nothing below runs Python code */
     while (PyDict_Next(o, &pos, &k, &v)) {
         if (!PyUnicode_CheckExact(k))
             return 0;
@@ -402,7 +357,8 @@ static int tr_json_dict(tr_jw *w, PyObject *o, int depth) {
 }
 
 static int tr_json_seq(tr_jw *w, PyObject *o, int depth) {
-    /* an exact list or tuple: nothing below runs Python code, so its size stays put */
+    /* an exact list or tuple: nothing below runs Python code, so its size stays put and
+     * its items (borrowed) stay in it */
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     PyObject **items = PySequence_Fast_ITEMS(o);
     int r;

@@ -9,7 +9,6 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8String
 from libc.string cimport memcpy
-from cpython.dict cimport PyDict_Next
 
 cdef extern from "Python.h":
     # the codec calls orjson once per message: straight through vectorcall, no argument tuple
