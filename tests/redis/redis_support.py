@@ -91,18 +91,31 @@ class RedisServer:
         return redis.Redis.from_url(self.url, password=self.password)
 
     def wait_ready(self, timeout: float = 10.0) -> None:
+        """Return once the server answers PING; else kill it (never leak it) and raise saying
+        whether it exited (with its log) or ran but did not answer in ``timeout`` seconds."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
             try:
                 with self.client() as c:
                     c.ping()
                 return
-            except Exception:  # noqa: BLE001 - not up yet
-                assert self.proc is not None
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = (self.dir / "redis.log").read_text() if (self.dir / "redis.log").exists() else ""
-                    raise RuntimeError(f"redis-server did not start: {log[-2000:]}") from None
-                time.sleep(0.02)
+            except Exception as e:  # noqa: BLE001 - not up yet
+                code = self.proc.poll()
+                if code is None and time.monotonic() <= deadline:
+                    time.sleep(0.02)
+                    continue
+                pid = self.proc.pid
+                self.kill()
+                log = (self.dir / "redis.log").read_text() if (self.dir / "redis.log").exists() else ""
+                if code is None:
+                    what = (
+                        f"redis-server (pid {pid}) started but did not answer PING at {self.url} within "
+                        f"{timeout:g} s (last error: {type(e).__name__}: {e}); it was killed"
+                    )
+                else:
+                    what = f"redis-server did not start (exit status {code})"
+                raise RuntimeError(f"{what}; its log: {log[-2000:]}") from None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
