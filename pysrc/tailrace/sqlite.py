@@ -852,11 +852,26 @@ def _access_hint(path: Path) -> str:
     return ""
 
 
-def _restore_hint(path: Path) -> str:
+def _start_over(path: Path) -> str:
+    """How to start again from the beginning of every input: every file of the store at
+    ``path`` in one command (the database alone would leave its marker, which then refuses
+    the new database, and its ``-wal`` file, which SQLite could apply to the new one)."""
+    import shlex
+
+    files = [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"), marker_path(path)]
+    command = " ".join(shlex.quote(str(f)) for f in files)
     return (
-        f"restore {path.name} together with its -wal file from a backup, or delete {path.name} and "
-        f"{marker_path(path).name} to start again from the beginning of every input"
+        "to start again from the beginning of every input (the checkpoints and state of every job in "
+        f"{path.name}), delete the store's four files: rm -f -- {command}"
     )
+
+
+def _restore_hint(path: Path) -> str:
+    return f"restore {path.name} together with its -wal file from a backup; or, {_start_over(path)}"
+
+
+def _corrupt_hint(path: Path) -> str:
+    return f"restore it from a backup; or, {_start_over(path)}"
 
 
 def connect(path: Path, *, create: bool) -> sqlite3.Connection:
@@ -885,7 +900,7 @@ def _open_checked(path: Path, *, create: bool) -> tuple[sqlite3.Connection, Gene
         if result != ["ok"]:
             raise CheckpointError(
                 f"checkpoint store {path} is corrupt ({'; '.join(map(str, result[:3]))}); "
-                "restore it from a backup or delete it to start again from the beginning of every input"
+                f"{_corrupt_hint(path)}"
             )
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
@@ -936,8 +951,7 @@ def _open_checked(path: Path, *, create: bool) -> tuple[sqlite3.Connection, Gene
     except sqlite3.DatabaseError as e:
         conn.close()
         raise CheckpointError(
-            f"checkpoint store {path} is corrupt or not a SQLite database ({e}); "
-            "restore it from a backup or delete it to start again from the beginning of every input"
+            f"checkpoint store {path} is corrupt or not a SQLite database ({e}); {_corrupt_hint(path)}"
         ) from e
     except OSError as e:
         conn.close()
@@ -981,6 +995,6 @@ def _check_generation(
             f"{marker.generation}): its -wal file was lost or overwritten before being folded into the main "
             f"file, or the main file was restored alone from a backup, so it lacks the latest checkpoints. "
             f"Restore {path.name} together with its -wal file; to resume from these older checkpoints on "
-            f"purpose (replaying more input), delete {marker.path.name}"
+            f"purpose (replaying more input), delete {marker.path.name}; or, {_start_over(path)}"
         )
     return marker

@@ -646,6 +646,34 @@ def test_corrupt_store_stops_start_up(engine: str, tmp_path: Path) -> None:
     assert not (tmp_path / "data" / "out").exists()  # nothing ran from offset 0
 
 
+def test_a_corrupt_store_is_left_in_one_step_as_its_message_says(tmp_path: Path) -> None:
+    # issue 38, item 3: deleting the database alone left its marker (a second error asked
+    # for it) and its -wal file; the one message names every file, run and reset alike
+    import shlex
+
+    job = write_job(tmp_path)
+    assert run_cli(["run", str(job), "--no-progress"]).returncode == 0
+    db = tmp_path / "state" / "cp.db"
+    assert (tmp_path / "state" / "cp.db.generation").exists()
+    db.write_bytes(b"garbage" * 1000)
+    run = run_cli(["run", str(job), "--no-progress"])
+    reset = run_cli(["checkpoints", "reset", str(job), "--yes"])
+    assert run.returncode == reset.returncode == 1, (run.stderr, reset.stderr)
+    commands = []
+    for r in (run, reset):
+        found = re.search(r"rm -f -- (.*)$", r.stderr.strip())
+        assert found, r.stderr
+        commands.append(found.group(1))
+    assert commands[0] == commands[1]
+    named = shlex.split(commands[0])
+    assert sorted(Path(f).name for f in named) == ["cp.db", "cp.db-shm", "cp.db-wal", "cp.db.generation"]
+    for f in named:
+        Path(f).unlink(missing_ok=True)
+    r = run_cli(["run", str(job), "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert "2 messages processed" in r.stdout, r.stdout  # from the beginning, in one step
+
+
 def test_python_job_file(engine: str, tmp_path: Path) -> None:
     write_job(tmp_path, lines="".join(f'{{"n": {i}}}\n' for i in range(50)))
     (tmp_path / "pyjob.py").write_text(
