@@ -24,18 +24,30 @@ the floor call orjson and leaves tailrace's serdes its orjson fallback. tailrace
 codec writes this job's records and reads its lines itself in both (the standard library's
 bytes and values; tailrace.serdes).
 
+Lanes: ``--partitions 4,16,64`` (input partitions; the output keeps 4), ``--state dict,store``
+(``store``: the tailrace job's Sums keeps its sums in a state store, ``[stores.sums]`` in its
+job file; the loop and the floor keep a dict in every lane) and ``--amounts int,float``
+(``float``: amounts with two decimals, so float totals). Each combination of those with a
+library is a lane: its own job directories, its own loop and floor runs (lanes over the same
+partitions and amounts share one generated input); in each round every lane runs its
+contenders alternately, a data set's dict and store lanes back to back. With none of these
+options the single lane per library is the job described above.
+
 Each run is checked: its output holds the same records as the loop's (as a multiset over all
-partitions, and per user in the same order). Printed per library and contender: the median
-wall time, CPU (user + system, from wait4) and peak RSS, and the ratios to the loop.
+partitions, and per user in the same order). Printed per lane and contender: the median wall
+time, CPU (user + system, from wait4) and peak RSS, and the ratios to the loop; after a store
+lane, each engine's median CPU over the same engine's in the dict lane (``store CPU / dict CPU``).
 
     python bench/e2e.py --messages 500000 --pairs 5
     python bench/e2e.py --messages 2000000 --pairs 3 --libs orjson --engines c
     python bench/e2e.py --json bench/results/e2e.json --plot bench/results/e2e.png
+    python bench/e2e.py --libs orjson --engines c --partitions 4,16,64 --state dict,store --amounts float
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -46,12 +58,15 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PARTITIONS = 4
-OUT_PARTITIONS = 4
+PARTITIONS = 4  # input partitions unless --partitions says otherwise
+OUT_PARTITIONS = 4  # output partitions, in every lane
+STATES = ("dict", "store")
+AMOUNTS = ("int", "float")
 
 TASK = """
 import tailrace
@@ -68,6 +83,11 @@ class Sums(tailrace.StreamTask):
         self.sums[user] = total
         collector.send("out", {"user": user, "seq": m["seq"], "total": total}, key=user)
 """
+
+# --state store: the same task keeping its sums in a state store ([stores.sums], the defaults:
+# json keys and values, committed with the offsets) instead of a dict.
+TASK_STORE = TASK.replace("self.sums = {}", 'self.sums = context.store("sums")')
+assert TASK_STORE != TASK
 
 JOB = """
 [job]
@@ -86,9 +106,12 @@ path = "data"
 output_path = "output"
 output_partitions = {out_partitions}
 
-[checkpoints]
+{stores}[checkpoints]
 type = "sqlite"
 path = "state/checkpoints.db"
+"""
+STORES = """[stores.sums]
+
 """
 
 # The loop's and the floor's first lines: the JSON library (argv[1]), the same on both.
@@ -239,17 +262,24 @@ run_main(flow)
 """
 
 
-def generate(root: Path, messages: int, users: int, seed: int = 7) -> None:
-    """4 JSON Lines partitions; a user lives in one partition (so per-task sums are global)."""
+def generate(
+    root: Path, messages: int, users: int, seed: int = 7, partitions: int = PARTITIONS, amounts: str = "int"
+) -> None:
+    """JSON Lines partitions; a user lives in one partition (so per-task sums are global).
+
+    ``amounts="float"``: amounts with two decimals (``round(uniform(1, 1000), 2)``), so the
+    totals are floats; every contender adds a user's amounts in the same order (its partition's
+    offset order), so they write the same totals, byte for byte."""
     rng = random.Random(seed)
     data = root / "events"
     data.mkdir(parents=True, exist_ok=True)
-    files = [open(data / f"partition-{p}.jsonl", "w", encoding="utf-8") for p in range(PARTITIONS)]
+    files = [open(data / f"partition-{p}.jsonl", "w", encoding="utf-8") for p in range(partitions)]
     try:
         for i in range(messages):
             u = rng.randrange(users)
-            p = u % PARTITIONS
-            rec = {"user": f"user-{u}", "amount": rng.randrange(1, 1000), "seq": i, "note": "événement"}
+            p = u % partitions
+            amount: float = round(rng.uniform(1, 1000), 2) if amounts == "float" else rng.randrange(1, 1000)
+            rec = {"user": f"user-{u}", "amount": amount, "seq": i, "note": "événement"}
             files[p].write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
     finally:
         for f in files:
@@ -292,48 +322,116 @@ def _spawn(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, floa
     return wall, cpu, rss, tail
 
 
-def _records(out: Path) -> tuple[Counter[bytes], dict[str, list[int]]]:
-    """Every output line (as a multiset) and, per user, the seq order of its records."""
-    lines: Counter[bytes] = Counter()
+def _records(out: Path, values: bool = False) -> tuple[str, str, str]:
+    """Digests of the output: every line (a multiset: the lines sorted), their values (each line
+    decoded and re-encoded with sorted keys, also sorted; "" unless ``values``) and, per user,
+    the seq order of its records. Digests, not the records: a run of many lanes keeps one
+    reference per lane."""
+    lines: list[bytes] = []
+    decoded: list[str] = []
     order: dict[str, list[int]] = defaultdict(list)
     for f in sorted(out.glob("partition-*.jsonl")):
         with open(f, "rb") as fh:
             for line in fh:
-                lines[line] += 1
+                lines.append(line)
                 m = json.loads(line)
                 order[m["user"]].append(m["seq"])
-    return lines, order
+                if values:
+                    decoded.append(json.dumps(m, sort_keys=True))
+    lines.sort()
+    h_lines = hashlib.sha256()
+    for line in lines:
+        h_lines.update(len(line).to_bytes(8, "little") + line)
+    h_values = hashlib.sha256()
+    for v in sorted(decoded):
+        h_values.update(v.encode() + b"\n")
+    h_order = hashlib.sha256()
+    for user, seqs in sorted(order.items()):
+        h_order.update(f"{user}:{seqs}\n".encode())
+    return h_lines.hexdigest(), h_values.hexdigest() if values else "", h_order.hexdigest()
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One data set and job setup: input partitions, where Sums keeps its sums (``dict`` or a
+    ``store``), int or float amounts, and the JSON library. ``name`` shows the library and each
+    dimension asked for with other values than its default (``std`` when none: the old
+    output), e.g. ``p16/store/float/orjson``."""
+
+    partitions: int
+    state: str
+    amounts: str
+    lib: str
+    name: str
+    pair: str  # the name without the state: a dict lane and its store lane share it
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace("/", "-")
+
+    def record(self) -> dict[str, Any]:
+        return {"partitions": self.partitions, "state": self.state, "amounts": self.amounts, "lib": self.lib}
+
+
+def lanes_for(partitions: list[int], states: list[str], amounts: list[str], libs: list[str]) -> list[Lane]:
+    """Every combination, the dict and store lanes of one data set and library side by side
+    (they run one after the other in each round, so their CPU ratio compares like with like)."""
+    show_p = partitions != [PARTITIONS]
+    show_s = states != ["dict"]
+    show_a = amounts != ["int"]
+    out = []
+    for p in partitions:
+        for a in amounts:
+            for lib in libs:
+                pair = [f"p{p}"] * show_p + [a] * show_a + [lib]
+                for s in states:
+                    name = [f"p{p}"] * show_p + [s] * show_s + [a] * show_a + [lib]
+                    out.append(Lane(p, s, a, lib, "/".join(name), "/".join(pair)))
+    return out
+
+
+def data_dir(root: Path, partitions: int, amounts: str) -> Path:
+    """The input of every lane over (partitions, amounts): ``data`` for the defaults."""
+    return root / (
+        "data" if (partitions, amounts) == (PARTITIONS, "int") else f"data-p{partitions}-{amounts}"
+    )
 
 
 class Runner:
-    def __init__(self, root: Path, lib: str, engines: list[str], base_python: str | None = None) -> None:
+    def __init__(self, root: Path, lane: Lane, engines: list[str], base_python: str | None = None) -> None:
         self.root = root
-        self.lib = lib
+        self.lane = lane
+        self.lib = lane.lib
+        self.data = data_dir(root, lane.partitions, lane.amounts)
         self.base_python = base_python
         self.env = dict(os.environ)
-        if lib == "std":
+        if self.lib == "std":
             self.env["PYTHONPATH"] = os.pathsep.join(
                 [str(_blocker(root))] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else [])
             )
+        store = lane.state == "store"
         self.jobs: dict[str, Path] = {}
         for engine in engines:
             if engine in ("c", "python", "c-base", "python-base", "c2"):
-                d = root / f"job-{lib}-{engine}"
+                d = root / f"job-{lane.slug}-{engine}"
                 d.mkdir()
-                (d / "data").symlink_to(root / "data")
-                (d / "task.py").write_text(TASK)
+                (d / "data").symlink_to(self.data)
+                (d / "task.py").write_text(TASK_STORE if store else TASK)
                 kind = "c" if engine == "c2" else engine.removesuffix("-base")
-                (d / "job.toml").write_text(JOB.format(engine=kind, out_partitions=OUT_PARTITIONS))
+                (d / "job.toml").write_text(
+                    JOB.format(engine=kind, out_partitions=OUT_PARTITIONS, stores=STORES if store else "")
+                )
                 self.jobs[engine] = d
+        # the loop's and the floor's: the dict task in every lane (the hand-written baseline)
         (root / "loop.py").write_text(LOOP)
         (root / "floor.py").write_text(FLOOR)
         (root / "task.py").write_text(TASK)
         (root / "bytewax_flow.py").write_text(BYTEWAX)
-        self.reference: tuple[Counter[bytes], dict[str, list[int]]] | None = None
+        self.reference: tuple[str, str, str] | None = None
 
     def run(self, contender: str) -> tuple[float, float, int]:
         if contender in ("loop", "floor", "bytewax"):
-            out = self.root / f"out-{self.lib}-{contender}"
+            out = self.root / f"out-{self.lane.slug}-{contender}"
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
             script = {"loop": "loop.py", "floor": "floor.py", "bytewax": "bytewax_flow.py"}[contender]
@@ -341,10 +439,10 @@ class Runner:
                 sys.executable,
                 str(self.root / script),
                 self.lib,
-                str(self.root / "data" / "events"),
+                str(self.data / "events"),
                 str(out),
             ]
-            argv += [str(PARTITIONS)] + ([str(OUT_PARTITIONS)] if contender != "bytewax" else [])
+            argv += [str(self.lane.partitions)] + ([str(OUT_PARTITIONS)] if contender != "bytewax" else [])
             if contender == "floor":
                 argv.append(str(self.root / "task.py"))
             wall, cpu, rss, _ = _spawn(argv, self.root, self.env)
@@ -362,20 +460,35 @@ class Runner:
         return wall, cpu, rss
 
     def check(self, contender: str, out: Path) -> None:
-        got = _records(out)
-        if self.reference is None:
-            self.reference = got
+        if self.reference is None:  # the first run of the lane (the loop's)
+            self.reference = _records(out, values=True)
             return
-        lines, order = got
-        ref_lines, ref_order = self.reference
+        lines, values, order = _records(out, values=contender == "bytewax")
+        ref_lines, ref_values, ref_order = self.reference
         if contender == "bytewax":  # one output file; compare values, not bytes
-            same = Counter(json.dumps(json.loads(x), sort_keys=True) for x in lines.elements()) == Counter(
-                json.dumps(json.loads(x), sort_keys=True) for x in ref_lines.elements()
-            )
+            same = values == ref_values
         else:
             same = lines == ref_lines
         if not same or order != ref_order:
-            raise SystemExit(f"{contender} ({self.lib}): output differs from the hand-written loop's")
+            raise SystemExit(f"{contender} ({self.lane.name}): output differs from the hand-written loop's")
+
+
+def _list(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
+    items = list(dict.fromkeys(x for x in text.split(",") if x))
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise SystemExit(f"{option}: expected a comma-separated list of {', '.join(allowed)}; got {text!r}")
+    return items
+
+
+def _partitions(text: str) -> list[int]:
+    try:
+        items = list(dict.fromkeys(int(x) for x in text.split(",") if x))
+    except ValueError:
+        items = []
+    if not items or min(items) < 1:
+        raise SystemExit(f"--partitions: expected a comma-separated list of positive integers; got {text!r}")
+    return items
 
 
 def main() -> None:
@@ -387,6 +500,19 @@ def main() -> None:
     ap.add_argument(
         "--engines", default="c,python", help="tailrace contenders: c, python, c2 (--containers 2)"
     )
+    ap.add_argument(
+        "--partitions",
+        default=str(PARTITIONS),
+        help=f"input partitions, one lane each, e.g. 4,16,64 (default {PARTITIONS}; "
+        f"output partitions: {OUT_PARTITIONS} in every lane)",
+    )
+    ap.add_argument(
+        "--state",
+        default="dict",
+        help="dict, store or both: where the tailrace job's task keeps its sums (a dict, or a state "
+        "store declared in the job file); the loop and the floor keep a dict in every lane",
+    )
+    ap.add_argument("--amounts", default="int", help="int, float or both: the amounts summed")
     ap.add_argument(
         "--baseline",
         metavar="PYTHON",
@@ -404,6 +530,9 @@ def main() -> None:
 
     engines = [e for e in args.engines.split(",") if e]
     libs = [x for x in args.libs.split(",") if x]
+    partitions = _partitions(args.partitions)
+    states = _list(args.state, STATES, "--state")
+    amounts = _list(args.amounts, AMOUNTS, "--amounts")
     if "orjson" in libs:
         try:
             import orjson  # noqa: F401
@@ -419,6 +548,8 @@ def main() -> None:
             print("bytewax is not installed: skipped", file=sys.stderr)
         else:
             contenders.append("bytewax")
+    lanes = lanes_for(partitions, states, amounts, libs)
+    width = max(6, *(len(lane.name) for lane in lanes))
 
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailrace-e2e-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -427,53 +558,70 @@ def main() -> None:
         "pairs": args.pairs,
         "load_before": os.getloadavg(),
     }
+    if [lane.name for lane in lanes] != libs:  # a lane option asked for: say which lanes ran
+        results["lanes"] = {lane.name: lane.record() for lane in lanes}
     try:
-        t = time.perf_counter()
-        generate(root / "data", args.messages, args.users)
-        size = sum(f.stat().st_size for f in (root / "data" / "events").iterdir())
-        print(
-            f"{args.messages} messages, {size / 1e6:.1f} MB in {PARTITIONS} partitions "
-            f"({time.perf_counter() - t:.1f} s to generate); load {os.getloadavg()[0]:.2f}"
-        )
-        runners = {lib: Runner(root, lib, engines, args.baseline) for lib in libs}
+        for p in partitions:
+            for a in amounts:
+                t = time.perf_counter()
+                data = data_dir(root, p, a)
+                generate(data, args.messages, args.users, partitions=p, amounts=a)
+                size = sum(f.stat().st_size for f in (data / "events").iterdir())
+                kind = f", {a} amounts" if amounts != ["int"] else ""
+                print(
+                    f"{args.messages} messages, {size / 1e6:.1f} MB in {p} partitions{kind} "
+                    f"({time.perf_counter() - t:.1f} s to generate); load {os.getloadavg()[0]:.2f}"
+                )
+        runners = {lane.name: Runner(root, lane, engines, args.baseline) for lane in lanes}
         samples: dict[str, dict[str, list[tuple[float, float, int]]]] = {
-            lib: {c: [] for c in contenders} for lib in libs
+            lane.name: {c: [] for c in contenders} for lane in lanes
         }
         for i in range(args.pairs):
-            for lib in libs:
+            for lane in lanes:
                 for c in contenders:
-                    s = runners[lib].run(c)
-                    samples[lib][c].append(s)
+                    s = runners[lane.name].run(c)
+                    samples[lane.name][c].append(s)
                     print(
-                        f"  round {i + 1} {lib:6} {c:8} wall {s[0]:6.2f} s  cpu {s[1]:6.2f} s  "
+                        f"  round {i + 1} {lane.name:{width}} {c:8} wall {s[0]:6.2f} s  cpu {s[1]:6.2f} s  "
                         f"rss {s[2] / 1024:6.1f} MiB  load {os.getloadavg()[0]:.2f}",
                         flush=True,
                     )
         results["load_after"] = os.getloadavg()
-        report(args.messages, samples, results)
+        report(args.messages, lanes, samples, results, width)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(results, indent=1))
         if args.plot:
-            plot(args.messages, results, args.plot)
+            plot(args.messages, results, args.plot, partitions)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
 
 
 def report(
-    messages: int, samples: dict[str, dict[str, list[tuple[float, float, int]]]], results: dict[str, Any]
+    messages: int,
+    lanes: list[Lane],
+    samples: dict[str, dict[str, list[tuple[float, float, int]]]],
+    results: dict[str, Any],
+    width: int = 6,
 ) -> None:
+    """Per lane: each contender's medians and its ratios to the lane's loop; after a store lane,
+    the CPU of each tailrace job over the same job's in the dict lane of its data and library."""
     print(
         f"\nmedians over {len(next(iter(next(iter(samples.values())).values())))} alternating rounds; "
         f"load average {results['load_before'][0]:.2f} before, {results['load_after'][0]:.2f} after"
     )
+    head = "lib" if all(lane.name == lane.lib for lane in lanes) else "lane"
     print(
-        f"{'lib':6} {'contender':9} {'wall s':>7} {'cpu s':>7} {'MiB':>6} {'msg/s':>9} "
+        f"{head:{width}} {'contender':9} {'wall s':>7} {'cpu s':>7} {'MiB':>6} {'msg/s':>9} "
         f"{'cpu us/msg':>10} {'tput x loop':>11} {'cpu / loop':>10} {'pair ratios (loop wall / wall)':>30}"
     )
     out: dict[str, Any] = {}
-    for lib, by in samples.items():
+    vs_dict: list[dict[str, Any]] = []
+    by_name = {lane.name: lane for lane in lanes}
+    dict_lanes = {lane.pair: lane for lane in lanes if lane.state == "dict"}
+    for name, by in samples.items():
+        lane = by_name[name]
         loop = by["loop"]
         lw = statistics.median(s[0] for s in loop)
         lc = statistics.median(s[1] for s in loop)
@@ -483,6 +631,8 @@ def report(
             rss = statistics.median(s[2] for s in ss) / 1024
             pairs = [a[0] / b[0] for a, b in zip(loop, ss)]
             row = {
+                "lane": lane.record(),
+                "contender": c,
                 "wall_s": w,
                 "cpu_s": cpu,
                 "rss_mib": rss,
@@ -493,16 +643,30 @@ def report(
                 "pair_ratios": pairs,
                 "samples": ss,
             }
-            out[f"{lib}/{c}"] = row
+            out[f"{name}/{c}"] = row
             print(
-                f"{lib:6} {c:9} {w:7.2f} {cpu:7.2f} {rss:6.1f} {messages / w:9.0f} "
+                f"{name:{width}} {c:9} {w:7.2f} {cpu:7.2f} {rss:6.1f} {messages / w:9.0f} "
                 f"{cpu / messages * 1e6:10.2f} {lw / w:11.2f} {cpu / lc:10.2f}   "
                 + " ".join(f"{r:.2f}" for r in pairs)
             )
+        base = dict_lanes.get(lane.pair)
+        if lane.state != "store" or base is None:
+            continue
+        for c, ss in by.items():
+            if c in ("loop", "floor", "bytewax") or c not in samples[base.name]:
+                continue  # the loop and the floor keep a dict in both lanes
+            ds = samples[base.name][c]
+            cpu_x = statistics.median(s[1] for s in ss) / statistics.median(s[1] for s in ds)
+            wall_x = statistics.median(s[0] for s in ss) / statistics.median(s[0] for s in ds)
+            print(f"{lane.pair:{width}} {c:9} store CPU / dict CPU: {cpu_x:.2f}x  (wall {wall_x:.2f}x)")
+            rec = {k: v for k, v in lane.record().items() if k != "state"}
+            vs_dict.append({"lane": rec, "contender": c, "cpu_x_dict": cpu_x, "wall_x_dict": wall_x})
     results["medians"] = out
+    if vs_dict:
+        results["store_vs_dict"] = vs_dict
 
 
-def plot(messages: int, results: dict[str, Any], path: str) -> None:
+def plot(messages: int, results: dict[str, Any], path: str, partitions: list[int] | None = None) -> None:
     try:
         import matplotlib
 
@@ -523,7 +687,8 @@ def plot(messages: int, results: dict[str, Any], path: str) -> None:
     ax.set_xlabel("thousand messages / s (median)")
     ax.set_title(
         textwrap.shorten(
-            f"bench/e2e.py: {messages} JSON Lines messages, parse + per-user sum + emit, 4 -> 4 partitions",
+            f"bench/e2e.py: {messages} JSON Lines messages, parse + per-user sum + emit, "
+            f"{','.join(map(str, partitions or [PARTITIONS]))} -> {OUT_PARTITIONS} partitions",
             90,
         ),
         fontsize=9,

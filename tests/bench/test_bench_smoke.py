@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +151,90 @@ def test_end_to_end_bench_runs_bytewax_and_checks_its_output(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert set(doc["medians"]) == {"std/loop", "std/c", "std/bytewax"}
+
+
+def _e2e(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    out = tmp_path / "e2e.json"
+    argv = [
+        sys.executable,
+        str(ROOT / "bench" / "e2e.py"),
+        "--messages",
+        "3000",
+        "--users",
+        "40",
+        "--pairs",
+        "1",
+    ]
+    argv += ["--libs", "std", "--dir", str(tmp_path / "work"), "--json", str(out), *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, json.loads(out.read_text(encoding="utf-8"))
+
+
+def _last_totals(out: Path) -> dict[str, Any]:
+    """Each user's last total in an output directory (its records are in seq order per user)."""
+    totals: dict[str, Any] = {}
+    for f in sorted(out.glob("partition-*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            m = json.loads(line)
+            totals[m["user"]] = m["total"]
+    return totals
+
+
+def test_end_to_end_bench_runs_a_store_lane_beside_the_dict_lane(tmp_path: Path) -> None:
+    """bench/e2e.py --state dict,store: the same Sums task keeping its sums in a state store
+    writes the loop's records (the bench refuses a difference), its sums are the store's
+    committed state, and the store job's CPU is reported against the dict job's."""
+    proc, doc = _e2e(tmp_path, "--engines", "c,python", "--state", "dict,store")
+    contenders = ("loop", "floor", "c", "python")
+    assert set(doc["medians"]) == {f"{s}/std/{c}" for s in ("dict", "store") for c in contenders}
+    for key, row in doc["medians"].items():
+        state, lib, contender = key.split("/")
+        assert row["lane"] == {"partitions": 4, "state": state, "amounts": "int", "lib": lib}
+        assert row["contender"] == contender
+        assert len(row["samples"]) == 1 and row["wall_s"] > 0 and row["cpu_s"] > 0
+    ratios = {r["contender"]: r for r in doc["store_vs_dict"]}
+    assert set(ratios) == {"c", "python"}
+    for r in ratios.values():
+        assert r["lane"] == {"partitions": 4, "amounts": "int", "lib": "std"}
+        assert r["cpu_x_dict"] > 0 and r["wall_x_dict"] > 0
+    assert sum("store CPU / dict CPU:" in line for line in proc.stdout.splitlines()) == 2
+
+    # the store job declared the store and its committed state holds the loop's last totals
+    work = tmp_path / "work"
+    job = work / "job-store-std-c"
+    assert "[stores.sums]" in (job / "job.toml").read_text(encoding="utf-8")
+    assert 'context.store("sums")' in (job / "task.py").read_text(encoding="utf-8")
+    assert "[stores" not in (work / "job-dict-std-c" / "job.toml").read_text(encoding="utf-8")
+    totals = _last_totals(work / "out-store-std-loop")
+    import tailrace
+
+    store = tailrace.SqliteCheckpointStore(job / "state" / "checkpoints.db")
+    store.open("e2e")
+    try:
+        committed = {}
+        for p in range(4):  # user-u lives in partition u % 4, owned by task "Partition p"
+            for k, v in store.state_scan(f"Partition {p}", "sums"):
+                committed[json.loads(k)] = json.loads(v)
+    finally:
+        store.close()
+    assert committed == totals and len(committed) == 40
+
+
+def test_end_to_end_bench_runs_a_16_partition_float_lane(tmp_path: Path) -> None:
+    """bench/e2e.py --partitions 16 --amounts float: 16 input partitions (4 output), amounts with
+    two decimals; the loop, the floor and both engines write the same bytes (float totals)."""
+    _, doc = _e2e(tmp_path, "--engines", "c,python", "--partitions", "16", "--amounts", "float")
+    assert set(doc["medians"]) == {f"p16/float/std/{c}" for c in ("loop", "floor", "c", "python")}
+    for row in doc["medians"].values():
+        assert row["lane"] == {"partitions": 16, "state": "dict", "amounts": "float", "lib": "std"}
+        assert len(row["samples"]) == 1 and row["wall_s"] > 0
+    assert "store_vs_dict" not in doc
+    work = tmp_path / "work"
+    events = sorted(p.name for p in (work / "data-p16-float" / "events").iterdir())
+    assert events == sorted(f"partition-{p}.jsonl" for p in range(16))
+    out = work / "job-p16-float-std-c" / "output" / "out"
+    assert sorted(p.name for p in out.iterdir()) == [f"partition-{p}.jsonl" for p in range(4)]
+    totals = _last_totals(out)
+    assert len(totals) == 40 and all(isinstance(t, float) for t in totals.values())
+    assert any(t != int(t) for t in totals.values())
