@@ -329,6 +329,20 @@ class MemorySystem(System):
         return parts[partition]
 
 
+def decode_state(entries: Mapping[bytes, bytes], key_serde: str, value_serde: str) -> dict[Any, Any]:
+    """Encoded store entries as the task reads them, in the order of the encoded keys: each
+    key and value decoded by its serde (an array key of json or msgpack as a tuple, as a
+    store reads it back)."""
+    from .serdes import serde
+    from .stores import _ARRAY_KEYS, _tuple_keys  # the store's own rule for array keys
+
+    kdecode: Callable[[bytes], Any] = serde(key_serde).decode
+    if key_serde in _ARRAY_KEYS:
+        kdecode = _tuple_keys(kdecode)
+    vdecode = serde(value_serde).decode
+    return {kdecode(k): vdecode(v) for k, v in sorted(entries.items())}
+
+
 class MemoryCheckpointStore(CheckpointStore):
     """Checkpoints and state in dicts; survives container restarts within one process.
 
@@ -417,10 +431,23 @@ class MemoryCheckpointStore(CheckpointStore):
             )
         return iter(found)
 
-    def state(self, task_name: str, store: str, job_name: str | None = None) -> dict[bytes, bytes]:
-        """A copy of the committed contents of one store of a task (for tests and tools)."""
+    def state(
+        self,
+        task_name: str,
+        store: str,
+        job_name: str | None = None,
+        *,
+        raw: bool = False,
+        key_serde: str = "json",
+        value_serde: str = "json",
+    ) -> dict[Any, Any]:
+        """A copy of the committed contents of one store of a task (for tests and tools), in
+        the order of the encoded keys: keys and values decoded with ``key_serde`` and
+        ``value_serde`` (the store's ``key.serde`` / ``value.serde``; json by default, as a
+        store's), or, with ``raw=True``, the encoded bytes as the store keeps them."""
         with self._lock:
-            return dict(self._state.get(job_name or self._job or "", {}).get((task_name, store), {}))
+            entries = dict(self._state.get(job_name or self._job or "", {}).get((task_name, store), {}))
+        return entries if raw else decode_state(entries, key_serde, value_serde)
 
     def reset(self) -> int:
         """Forget the open job's offsets and state; the number of tasks that had offsets."""

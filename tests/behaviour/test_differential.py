@@ -418,7 +418,8 @@ def run_stateful(job: StateJob, engine: str) -> tuple[list[dict[str, Any]], dict
 
     def decoded(task: int) -> dict[str, Any]:
         return {
-            k.decode(): int(v) for k, v in store.state(f"Partition {task}", "counts", "tailrace-job").items()
+            k.decode(): int(v)
+            for k, v in store.state(f"Partition {task}", "counts", "tailrace-job", raw=True).items()
         }
 
     first_run = True

@@ -77,7 +77,7 @@ class _Checked(MemoryCheckpointStore):
         for i in range(offset + 1):
             want[_KEY[i]] = want.get(_KEY[i], 0) + 1
         value = serde("int")
-        got = {k.decode(): value.decode(v) for k, v in self.state(task, "counts").items()}
+        got = {k.decode(): value.decode(v) for k, v in self.state(task, "counts", raw=True).items()}
         if got != want:
             self.wrong.append(f"offset {offset}: {sum(got.values()) - sum(want.values()):+d} effects")
 

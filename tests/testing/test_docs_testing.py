@@ -15,9 +15,10 @@ BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 
 
 def test_the_doc_has_the_window_and_the_async_examples() -> None:
-    assert len(BLOCKS) == 2
+    assert len(BLOCKS) == 3
     assert "task.window.ms" in BLOCKS[0] and "advance(" in BLOCKS[0]
     assert "AsyncStreamTask" in BLOCKS[1] and ".complete()" in BLOCKS[1]
+    assert "async def process" in BLOCKS[2] and '.store("Partition 0", "seen") == {' in BLOCKS[2]
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))

@@ -10,10 +10,11 @@ nothing left to do at the current virtual time, so what a test asserts next is d
 The pytest fixture ``tailrace_driver`` (registered as a pytest plugin when tailrace is installed)
 makes one in a line and closes it after the test; see docs/testing.md.
 
-Determinism needs every piece of the task's work on the loop thread: sync tasks run there
-(``job.container.thread.pool.size`` must stay 0), callback tasks (``AsyncStreamTask``) hand their
-callbacks to the test (:attr:`TestDriver.pending`), and ``async def`` tasks are refused (their
-own asyncio loop runs on real time).
+Determinism needs every piece of the task's work under the driver's control: sync tasks run on
+the loop thread (``job.container.thread.pool.size`` must stay 0), callback tasks
+(``AsyncStreamTask``) hand their callbacks to the test (:attr:`TestDriver.pending`), and
+``async def`` tasks run on an asyncio loop of the driver's virtual time (``asyncio.sleep`` ends
+when the test advances past it).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..api import task_kind
 from ..clock import ManualClock
@@ -32,9 +33,12 @@ from ..config import Config, parse_config
 from ..container import Container, EngineName, check_task_factory
 from ..errors import ConfigError, TailraceError
 from ..interfaces import CheckpointStore
-from ..memory import MemoryCheckpointStore, MemorySystem, partition_lists
+from ..memory import MemoryCheckpointStore, MemorySystem, decode_state, partition_lists
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics
 from ..types import Offset, SystemStreamPartition
+
+if TYPE_CHECKING:
+    from ._asyncio import VirtualTimeRunner
 
 __all__ = ["ManualClock", "Pending", "TestDriver"]
 
@@ -170,6 +174,8 @@ class TestDriver:
         self._pending_lock = threading.Lock()
         self._prune_at = 64  # _pending's length at which resolved entries are dropped
         self.tasks: list[Any] = []  # the task instances, in creation order
+        self._config = parsed
+        self._asyncio: VirtualTimeRunner | None = None  # the loop of `async def` tasks, if any
         options: dict[str, Any] = {}
         if stores is not None:
             if "stores" not in inspect.signature(Container).parameters:
@@ -243,11 +249,15 @@ class TestDriver:
             instance = task()
             kind = task_kind(instance)
             if kind == "asyncio":
-                raise TypeError(
-                    f"{type(instance).__qualname__}: the test driver cannot run `async def process` "
-                    "tasks on virtual time (their asyncio loop runs on real time); use "
-                    "AsyncStreamTask.process_async and complete callbacks from the test"
-                )
+                # as the container does, on a loop of the driver's clock: its coroutines
+                # resolve their own callbacks, so none is pending for the test
+                from ..aio import AsyncioTask
+                from ._asyncio import VirtualTimeRunner
+
+                if self._asyncio is None:
+                    self._asyncio = VirtualTimeRunner(self.clock)
+                self.tasks.append(instance)
+                return AsyncioTask(instance, self._asyncio, self._config)
             if kind == "async":
                 process_async = instance.process_async
 
@@ -404,27 +414,31 @@ class TestDriver:
             return self._result.tasks, self._result.container
         return snapshot
 
-    def store(self, task: str, name: str) -> dict[bytes, bytes]:
-        """The committed contents of state store ``name`` of ``task`` (encoded keys and values),
-        as the checkpoint store holds them. KeyError naming an unknown task or store, and the
-        known ones."""
+    def store(self, task: str, name: str, *, raw: bool = False) -> dict[Any, Any]:
+        """The committed contents of state store ``name`` of ``task``, as the checkpoint store
+        holds them, in the order of the encoded keys: keys and values decoded by the store's
+        serdes (``{"ann": 2}``, as the task put them), or with ``raw=True`` the encoded bytes
+        (``{b'"ann"': b"2"}``). KeyError naming an unknown task or store, and the known ones."""
         # tasks group partitions by number (GroupByPartition): "Partition N" for each N of an input
         count = max(self.system.partitions(stream) for stream in self._streams)
         tasks = [f"Partition {p}" for p in range(count)]
         if task not in tasks:
             raise KeyError(f"no task {task!r}: the tasks are {', '.join(map(repr, tasks))}")
-        stores = sorted(self.container.config.stores)
-        if name not in stores:
+        specs = self.container.config.stores
+        if name not in specs:
             known = "the job has no stores"
-            if stores:
-                known = f"the tasks' stores are {', '.join(map(repr, stores))}"
+            if specs:
+                known = f"the tasks' stores are {', '.join(map(repr, sorted(specs)))}"
             raise KeyError(f"no state store {name!r}: {known}")
         state = getattr(self.checkpoints, "state", None)
         if state is None:
             raise TypeError(f"{type(self.checkpoints).__name__} does not expose store contents")
         # by the job's name: once the run ended the store is closed and knows no open job
-        result: dict[bytes, bytes] = state(task, name, self.container.config.job_name)
-        return result
+        entries: dict[bytes, bytes] = state(task, name, self.container.config.job_name, raw=True)
+        if raw:
+            return entries
+        spec = specs[name]
+        return decode_state(entries, spec.key_serde, spec.value_serde)
 
     # -- the end ------------------------------------------------------------------
     def close(self) -> RunResult | None:
@@ -443,6 +457,8 @@ class TestDriver:
             thread.join(SETTLE_TIMEOUT_S)
             if thread.is_alive():
                 raise TimeoutError(f"the run loop did not stop within {SETTLE_TIMEOUT_S}s of real time")
+        if self._asyncio is not None:
+            self._asyncio.close()  # (closed already unless the engine skipped close() after an error)
         if self._error is not None and not self._error_reported:
             self._error_reported = True
             raise self._error
