@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -38,6 +39,10 @@ from .serdes import SerdeError
 from .sqlite import SqliteCheckpointStore
 from .stores import KeyValueStore
 from .types import Scope, SystemStream, SystemStreamPartition
+
+# a library's convention: its records go where the application's logging sends them, and
+# nowhere (not to logging's last-resort stderr handler) when the application configures none
+logging.getLogger("tailrace").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:  # imported lazily at run time (see __getattr__); typed for checkers
     from .redis import RedisCheckpointStore, RedisSystem

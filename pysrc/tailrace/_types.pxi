@@ -33,11 +33,25 @@ SHUTDOWN_ALL = 8
 @cython.final
 @cython.freelist(8192)  # covers a batch of runs (64 x 64) freed before the refills that reuse them
 cdef class Envelope:
-    """One input message: system, stream, partition, offset, key, message (immutable)."""
+    """One input message, as ``process`` receives it (immutable).
+
+    Attributes:
+        system: the name of the system it was read from (``"files"``, ``"mem"``), a str.
+        stream: the name of its stream in that system, a str.
+        partition: the number of its partition in that stream, an int.
+        offset: where it is in its partition: an int for files, memory and Kafka, an entry id
+            (a str) for Redis; a checkpoint stores the offset of the last completed message.
+        key: its key (what ``collector.send(..., key=...)`` or the input's key field gave it),
+            or None.
+        message: the message itself, decoded (a str for text lines, the JSON value for JSON
+            Lines).
+        ssp: its :class:`SystemStreamPartition` (system, stream, partition).
+    """
 
     cdef readonly str system
     cdef readonly str stream
     cdef readonly Py_ssize_t partition
+    """The number of its partition in that stream (an int)."""
     # the offset: _offset, or the int _int_offset when _int (an input with int offsets
     # passes a C integer: its int object is made only if something reads it)
     cdef object _offset
@@ -58,7 +72,8 @@ cdef class Envelope:
 
     @property
     def offset(self):
-        """Where this message is in its partition (an int for files, memory and Kafka)."""
+        """Where this message is in its partition: an int for files, memory and Kafka, an entry id
+        (a str) for Redis."""
         return envelope_offset(self)
 
     @property
@@ -110,12 +125,12 @@ cdef extern from "Python.h":
 cdef PyMemberDef _ENVELOPE_MEMBERS[4]  # static: a member descriptor keeps a pointer to its entry
 
 
-cdef void _member(int i, const char *name, Py_ssize_t offset) noexcept:
-    _ENVELOPE_MEMBERS[i].name = name  # a C string literal: static
+cdef void _member(int i, const char *name, Py_ssize_t offset, const char *doc) noexcept:
+    _ENVELOPE_MEMBERS[i].name = name  # name and doc: C string literals, static
     _ENVELOPE_MEMBERS[i].type = T_OBJECT_EX  # never NULL: tp_new sets object fields to None
     _ENVELOPE_MEMBERS[i].offset = offset
     _ENVELOPE_MEMBERS[i].flags = READONLY
-    _ENVELOPE_MEMBERS[i].doc = NULL
+    _ENVELOPE_MEMBERS[i].doc = doc  # what help(Envelope) shows under the attribute
 
 
 cdef Py_ssize_t _field_offset(object probe, object value) except -1:
@@ -137,10 +152,12 @@ cdef int _envelope_members() except -1:
     cdef Envelope probe = new_envelope(system, stream, 0, None, key, message)
     cdef PyTypeObject *tp = <PyTypeObject *>Envelope
     cdef Py_ssize_t i
-    _member(0, "system", _field_offset(probe, system))
-    _member(1, "stream", _field_offset(probe, stream))
-    _member(2, "key", _field_offset(probe, key))
-    _member(3, "message", _field_offset(probe, message))
+    _member(0, "system", _field_offset(probe, system),
+            "The name of the system the message was read from (a str).")
+    _member(1, "stream", _field_offset(probe, stream), "The name of its stream in that system (a str).")
+    _member(2, "key", _field_offset(probe, key), "The message's key, or None.")
+    _member(3, "message", _field_offset(probe, message),
+            "The message itself, decoded (a str for text lines, the JSON value for JSON Lines).")
     for i in range(4):  # tp_dict is borrowed from the type; the dict owns each new descriptor
         (<dict>tp.tp_dict)[_ENVELOPE_MEMBERS[i].name.decode()] = PyDescr_NewMember(tp, &_ENVELOPE_MEMBERS[i])
     PyType_Modified(tp)

@@ -183,6 +183,17 @@ KEYS: tuple[_Key, ...] = (
 _BY_NAME = {k.name: k for k in KEYS}
 _BY_SNAKE = {k.name.replace(".", "_"): k for k in KEYS}
 
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` naming the known name closest to a misspelled ``name``
+    (difflib, as a misspelled hook's warning), or ``""`` when none is close: the end of an
+    "unknown key" reason, before the list of allowed names."""
+    import difflib  # here: only an error pays the import
+
+    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
 # -- state stores (rules 25-29): ``stores.NAME.<option>`` --------------------------------
 DEFAULT_CACHE_SIZE = 100_000
 _STORE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -235,8 +246,9 @@ def _store_option(store: str, option: str, value: Any) -> tuple[str, Any]:
         return "value_serde", _serde_name(key, value)
     if option == "cache.size":
         return "cache_size", _int(key, value, 1, 1 << 40, " (entries)")
+    allowed = [f"stores.{store}.{o}" for o in STORE_OPTIONS]
     raise ConfigError(
-        "unknown store option", key=key, allowed=", ".join(f"stores.{store}.{o}" for o in STORE_OPTIONS)
+        f"unknown store option{did_you_mean(key, allowed)}", key=key, allowed=", ".join(allowed)
     )
 
 
@@ -395,13 +407,12 @@ def parse_config(
             if any(raw_key.startswith(p) for p in allow_prefixes):
                 extra[raw_key] = value
                 continue
+            offered = [k.name for k in KEYS if k.name not in unlisted]
+            snake = [k.name.replace(".", "_") for k in KEYS if k.name not in unlisted]
             raise ConfigError(
-                "unknown key",
+                f"unknown key{did_you_mean(raw_key, offered + snake)}",
                 key=raw_key,
-                allowed=", ".join(
-                    [k.name for k in KEYS if k.name not in unlisted]
-                    + [f"stores.NAME.{o}" for o in STORE_OPTIONS]
-                ),
+                allowed=", ".join(offered + [f"stores.NAME.{o}" for o in STORE_OPTIONS]),
                 source=source,
             )
         if key.name in seen and seen[key.name] != raw_key:
@@ -504,7 +515,8 @@ def check_options(
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(
-            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+            + did_you_mean(unknown[0], [*also, *allowed]),
             key=f"{where}.{unknown[0]}" if where else unknown[0],
             allowed=", ".join([*also, *allowed]),
             source=source,

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .api import check_task_class
-from .config import KEYS, Config, check_options, parse_config
+from .config import KEYS, Config, check_options, did_you_mean, parse_config
 from .container import ENGINES, Container, EngineName, load_engine
 from .errors import ConfigError
 from .interfaces import CheckpointStore, System
@@ -270,7 +270,12 @@ def _load_job(job: str | Path, overrides: Mapping[str, Any] | None, engine: Engi
     job_t = _table(tree, "job", src, required=True)
     for k in job_t:
         if k not in _JOB_KEYS:
-            raise ConfigError("unknown key", key=f"job.{k}", allowed=", ".join(_JOB_KEYS), source=src)
+            raise ConfigError(
+                f"unknown key{did_you_mean(k, _JOB_KEYS)}",
+                key=f"job.{k}",
+                allowed=", ".join(_JOB_KEYS),
+                source=src,
+            )
     name = job_t.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ConfigError("required: the job's name (a non-empty string)", key="job.name", source=src)

@@ -199,7 +199,12 @@ def test_a_run_keeps_start_up_from_its_collections_and_imports_only_what_it_uses
 @pytest.mark.parametrize(
     ("config", "extra", "override", "needle"),
     [
-        ('"task.max.concurency" = 2', "", None, "config key 'task.max.concurency': unknown key (allowed:"),
+        (
+            '"task.max.concurency" = 2',
+            "",
+            None,
+            "config key 'task.max.concurency': unknown key; did you mean 'task.max.concurrency'? (allowed:",
+        ),
         ('"task.max.concurrency" = 0', "", None, "config key 'task.max.concurrency': 0 is out of range"),
         ('"task.window.ms" = "soon"', "", None, "config key 'task.window.ms': expected an integer"),
         ("", 'engine = "java"', None, "config key 'job.engine': unknown engine 'java' (allowed: c, python)"),
@@ -279,7 +284,10 @@ def test_an_unknown_option_of_a_system_or_store_is_named_with_the_options_allowe
     job.write_text(text.replace('path = "state/cp.db"', 'pth = "state/cp.db"'))
     r = run_cli(["run", str(job), "--no-progress"])
     assert r.returncode == 2, r.stderr
-    assert "config key 'checkpoints.pth': unknown option 'pth' (allowed: type, path)" in r.stderr, r.stderr
+    assert (
+        "config key 'checkpoints.pth': unknown option 'pth'; did you mean 'path'? (allowed: type, path)"
+        in r.stderr
+    ), r.stderr
 
 
 def test_a_bad_value_given_with_config_is_said_to_come_from_config(tmp_path: Path) -> None:

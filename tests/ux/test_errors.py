@@ -310,7 +310,12 @@ def test_an_unknown_key_in_config_does_not_offer_job_name(tmp_path: Path) -> Non
     job = write_job(tmp_path, config='"task.max.concurency" = 2')
     r = run_cli(["run", str(job), "--no-progress"])
     assert r.returncode == 2
-    allowed = re.search(r"config key 'task\.max\.concurency': unknown key \(allowed: (.*)\)$", r.stderr, re.M)
+    allowed = re.search(
+        r"config key 'task\.max\.concurency': unknown key; "
+        r"did you mean 'task\.max\.concurrency'\? \(allowed: (.*)\)$",
+        r.stderr,
+        re.M,
+    )
     assert allowed, r.stderr
     offered = allowed.group(1).split(", ")
     assert "job.name" not in offered and "task.max.concurrency" in offered, offered
