@@ -39,6 +39,8 @@ def run_block(code: str, cwd: Path, env: dict[str, str] | None = None) -> None:
 def test_the_doc_has_a_file_and_a_redis_example() -> None:
     assert len(BLOCKS) == 2
     assert "tailrace.FileSystem(" in BLOCKS[0] and "tailrace.SqliteCheckpointStore(" in BLOCKS[0]
+    # issue 38: the word count's shape keeps its counts where they survive a restart
+    assert 'context.store("counts")' in BLOCKS[0] and "self.counts = {}" not in BLOCKS[0]
     assert "tailrace.RedisSystem(" in BLOCKS[1] and "tailrace.RedisCheckpointStore(" in BLOCKS[1]
 
 
@@ -53,6 +55,7 @@ def test_redis_job_built_in_python(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis").start()
     try:
         run_block(BLOCKS[1], tmp_path, {"REDIS_URL": server.url})
+        run_block(BLOCKS[1], tmp_path, {"REDIS_URL": server.url})  # issue 38: it runs again as written
     finally:
         server.kill()
 
