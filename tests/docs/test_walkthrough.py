@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 RUNNING_JOBS = (REPO / "docs" / "running-jobs.md").read_text()
@@ -39,9 +41,16 @@ def test_readme_walkthrough_then_the_example_tests(tmp_path: Path) -> None:
     skip = shutil.ignore_patterns("state", "output", "__pycache__")
     shutil.copytree(REPO / "examples", mirror / "examples", ignore=skip)
     shutil.copytree(REPO / "tests" / "jobs", mirror / "tests" / "jobs", ignore=skip)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    home = tmp_path / "home"  # where ~/ of the walkthrough goes
+    home.mkdir()
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     commands = [first_command(), *walkthrough()]
     assert any(">>" in c for c in commands), commands  # the step that adds input is there
+    before = sorted(p.name for p in mirror.iterdir())
     outputs = []
     for command in commands:
         done = subprocess.run(
@@ -49,6 +58,9 @@ def test_readme_walkthrough_then_the_example_tests(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, f"$ {command}\n{done.stdout}\n{done.stderr}"
         outputs.append(done.stdout)
+    # issue 38: the copy a user works on is not made in the checkout's root
+    assert sorted(p.name for p in mirror.iterdir()) == before
+    assert list(home.iterdir()), "the walkthrough's copy goes to ~/"
     # the run after the appended line processes just that line
     appended = next(i for i, c in enumerate(commands) if ">>" in c)
     rerun = next(i for i, c in enumerate(commands) if i > appended and c.startswith("tailrace run"))
@@ -175,3 +187,21 @@ def test_the_wordcount_outputs_the_docs_show_are_what_it_prints(tmp_path: Path) 
     _check_shown(_shown_after(RUNNING_JOBS, WORDCOUNT), again)
     show = "tailrace checkpoints show examples/wordcount"
     _check_shown(_shown_after(RUNNING_JOBS, show), run(show))
+
+
+def test_what_the_first_command_writes_into_the_example_is_ignored_by_git() -> None:
+    # issue 38: `tailrace run examples/wordcount` left data/.tailrace-fingerprints/ untracked;
+    # the fingerprints live next to the data by design (docs/running-jobs.md), so git ignores them
+    from tailrace.files import fingerprint_path
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    example = Path("examples/wordcount")
+    written = [
+        fingerprint_path(example / "data" / "lines" / "partition-0.txt"),
+        example / "state" / "checkpoints.db",
+        example / "output" / "counts" / "partition-0.jsonl",
+    ]
+    for path in written:
+        done = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=REPO, capture_output=True)
+        assert done.returncode == 0, f"{path} is not ignored by git"
