@@ -807,6 +807,36 @@ class SqliteCheckpointStore(CheckpointStore):
             out.setdefault(task, {})[SystemStreamPartition(s, st, p)] = _offset(self.path, off)
         return out
 
+    def state_counts(self, job_name: str | None = None) -> dict[str, dict[str, int]]:
+        """Entries per task and store of a job's state (the open job by default); a store
+        that was used, then emptied or reset, counts 0. Reads without the lock, as
+        ``committed`` does."""
+        job = job_name or self._job
+        db = self._db() if self._conn is not None else None
+        close = False
+        if db is None:
+            if not self.path.exists():
+                return {}
+            db = connect(self.path, create=False)
+            close = True
+        try:
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'state_scopes'").fetchone() is None:
+                return {}
+            rows = db.execute(
+                "SELECT s.task, s.store, (SELECT count(*) FROM state WHERE scope = s.id)"
+                " FROM state_scopes s WHERE s.job = ? ORDER BY s.task, s.store",
+                (job,),
+            ).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise CheckpointError(f"checkpoint store {self.path}: cannot read: {e}") from e
+        finally:
+            if close:
+                db.close()
+        out: dict[str, dict[str, int]] = {}
+        for task, store, n in rows:
+            out.setdefault(task, {})[store] = int(n)
+        return out
+
     def reset(self) -> int:
         """Delete every checkpoint of the open job with the state of its stores; returns how
         many checkpoint rows were deleted. The job's scope rows stay (empty): a scope id is
