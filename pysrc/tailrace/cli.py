@@ -347,6 +347,7 @@ class _StopSignals:
 
     def __init__(self) -> None:
         self.received = 0
+        self.signum: int | None = None  # the first stop signal
         self.finished = False
         self.notices: list[str] = []
         self.live = False  # a live display shows self.notices
@@ -394,9 +395,10 @@ class _StopSignals:
             if self._force is not None:
                 self._force()
             os._exit(128 + signum)
+        self.signum = signum
         notice = (
             f"tailrace: {name}: stopping gracefully (finishing in-flight work, writing a checkpoint); "
-            "Ctrl-C again to force"
+            + ("Ctrl-C again to force" if signum == signal.SIGINT else f"a second {name} forces")
         )
         self._graceful(notice)
 
@@ -405,8 +407,8 @@ class _StopSignals:
         if self.live:
             self.notices.append(notice)
         else:
-            try:
-                os.write(2, f"\n{notice}\n".encode())
+            try:  # on a terminal, on a line of its own (not after the ^C echoed)
+                os.write(2, f"{chr(10) if os.isatty(2) else ''}{notice}\n".encode())
             except OSError:  # stderr closed (a container whose parent died): stop all the same
                 pass
         if self._stop is not None:
@@ -1015,6 +1017,8 @@ class _ContainerProcesses:
     def _pump(self, i: int, stream: Any, out: TextIO) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
+            if not line.strip():
+                continue  # a prefix alone says nothing
             with self._write_lock:
                 out.write(f"[container {i:>{self._width}}] {line}\n")
                 out.flush()
@@ -1125,6 +1129,7 @@ class _LogLines(_Reporter):
     def __init__(self, spec: JobSpec, source: Any, enabled: bool) -> None:
         super().__init__(spec, source)
         self.enabled = enabled
+        self.files = _FileProgress(spec) if enabled else None
 
     def tick(self) -> None:
         snap = self.snapshot() if self.enabled else None
@@ -1134,14 +1139,16 @@ class _LogLines(_Reporter):
         processed = sum(t.processed for t in tasks.values())
         outstanding = sum(t.outstanding for t in tasks.values())
         lag = sum(v for t in tasks.values() for v in t.lag.values())
+        remaining = self.files.remaining(tasks) if self.files else {}
         log.info(
-            "progress: %d processed (%.0f msg/s), %d outstanding, lag %d, %d skipped, %.1f s",
+            "progress: %d processed (%.0f msg/s), %d outstanding, lag %d, %d skipped, %.1f s%s",
             processed,
             rate,
             outstanding,
             lag,
             sum(self.source.skipped().values()),
             elapsed,
+            "; " + _to_go_text(self.files, remaining) if self.files and remaining else "",
         )
 
 
@@ -1169,6 +1176,7 @@ class _LiveDisplay(_Reporter):
         )
         self._handlers: list[tuple[logging.StreamHandler[Any], Any]] = []
         self.stopping = False
+        self.files = _FileProgress(spec)
 
     def start(self) -> None:
         self.live.start()
@@ -1198,7 +1206,8 @@ class _LiveDisplay(_Reporter):
         head.append(f" ({self.spec.engine} engine)  {time.monotonic() - self.t0:.1f} s")
         parts: list[Any] = [head]
         if self.stopping:
-            parts.append(Text("stopping gracefully; Ctrl-C again to force", style="yellow", no_wrap=True))
+            force = "; Ctrl-C again to force" if _SIGNALS.signum == signal.SIGINT else ""
+            parts.append(Text(f"stopping gracefully{force}", style="yellow", no_wrap=True))
         if snap is None:
             parts.append(Text("starting...", no_wrap=True))
             return Group(*parts)
@@ -1213,13 +1222,22 @@ class _LiveDisplay(_Reporter):
                 overflow="ellipsis",
             )
         )
+        remaining = self.files.remaining(tasks) if self.files else {}
+        if remaining:
+            parts.append(Text(_to_go_text(self.files, remaining), no_wrap=True, overflow="ellipsis"))
         table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
         table.add_column("partition", no_wrap=True, overflow="ellipsis", max_width=40)
         table.add_column("committed", justify="right", no_wrap=True, overflow="ellipsis")
         table.add_column("lag", justify="right", no_wrap=True)
+        if remaining:
+            table.add_column("remaining", justify="right", no_wrap=True)
         rows = sorted((ssp, t) for t in tasks.values() for ssp in _partitions(t))
         for ssp, t in rows[:_SHOWN_PARTITIONS]:
-            table.add_row(str(ssp), str(t.committed.get(ssp, "-")), f"{t.lag.get(ssp, 0):,}")
+            cells = [str(ssp), str(t.committed.get(ssp, "-")), f"{t.lag.get(ssp, 0):,}"]
+            if remaining:
+                to_go, size = remaining.get(ssp, (0, 0))
+                cells.append(f"{_bytes_text(to_go)} {100 * to_go / size:3.0f}%" if size else "-")
+            table.add_row(*cells)
         parts.append(table)
         if len(rows) > _SHOWN_PARTITIONS:
             parts.append(Text(f"... and {len(rows) - _SHOWN_PARTITIONS} more partitions", no_wrap=True))
@@ -1233,6 +1251,117 @@ class _LiveDisplay(_Reporter):
         _SIGNALS.live = False
         while _SIGNALS.notices:
             print(_SIGNALS.notices.pop(0), file=sys.stderr, flush=True)
+
+
+class _FileProgress:
+    """How far a file job's inputs have to go (their sizes are known): per partition, the
+    bytes after the last processed line (its low watermark, else its committed offset)
+    and the share of the file they are; over every partition, an ETA from the rate at
+    which the remaining bytes went down since the run started. Files are stat'ed at each
+    call: an appended file has more to go."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        from .files import FileSystem, partition_file, scan_stream
+        from .types import parse_system_stream
+
+        self.paths: dict[SystemStreamPartition, Path] = {}
+        for name in spec.inputs:
+            ss = parse_system_stream(name)
+            system = spec.systems.get(ss.system)
+            if not isinstance(system, FileSystem):
+                continue
+            try:
+                count, fmt = scan_stream(system.path / ss.stream)
+            except (TailraceError, OSError):
+                continue  # the run reports it
+            for p in range(count):
+                ssp = SystemStreamPartition(ss.system, ss.stream, p)
+                self.paths[ssp] = partition_file(system.path / ss.stream, p, fmt)
+        self._last_line: dict[Path, tuple[int, int]] = {}  # path -> (size, start of its last line)
+        self._first: tuple[float, int] | None = None  # (time, bytes to go) at the first sample
+
+    def __bool__(self) -> bool:
+        return bool(self.paths)
+
+    def _last_line_start(self, path: Path, size: int) -> int:
+        """Where the file's last line starts (its tail read once per size; -1 when unknown)."""
+        known = self._last_line.get(path)
+        if known is not None and known[0] == size:
+            return known[1]
+        start = -1
+        if path.suffix != ".msgpack":
+            try:
+                with open(path, "rb") as f:
+                    at = max(0, size - 65536)
+                    f.seek(at)
+                    tail = f.read(size - at).rstrip(b"\n")
+                cut = tail.rfind(b"\n")
+                start = at + cut + 1 if cut >= 0 or at == 0 else -1
+            except OSError:
+                start = -1
+        self._last_line[path] = (size, start)
+        return start
+
+    def remaining(self, tasks: dict[str, TaskMetrics]) -> dict[SystemStreamPartition, tuple[int, int]]:
+        """(bytes to go, file size) per file partition."""
+        out: dict[SystemStreamPartition, tuple[int, int]] = {}
+        done: dict[SystemStreamPartition, Any] = {}
+        for t in tasks.values():
+            for ssp, off in t.committed.items():
+                done[ssp] = off
+            for ssp, off in t.low_watermark.items():
+                done[ssp] = off
+        for ssp, path in self.paths.items():
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            at = done.get(ssp)
+            if not isinstance(at, int):
+                out[ssp] = (size, size)
+                continue
+            # the offset is the start of the last line processed: the bytes after that line
+            last = self._last_line_start(path, size)
+            out[ssp] = (0 if last >= 0 and at >= last else max(0, size - at), size)
+        return out
+
+    def eta(self, to_go: int) -> float | None:
+        """Seconds until ``to_go`` bytes are done at the rate seen so far (None: no rate yet)."""
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (now, to_go)
+            return None
+        t0, first = self._first
+        rate = (first - to_go) / (now - t0) if now > t0 else 0.0
+        return to_go / rate if rate > 0 else None
+
+
+def _bytes_text(n: int) -> str:
+    """``812 B``, ``1.5 KiB``, ``12.3 MiB``, ``2.0 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _duration_text(seconds: float) -> str:
+    """``0:42``, ``12:05``, ``3:02:10``."""
+    s = round(seconds)
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def _to_go_text(progress: _FileProgress, remaining: dict[SystemStreamPartition, tuple[int, int]]) -> str:
+    """``remaining 12.3 MiB of 40.0 MiB (31%), ETA 0:42``: the file inputs all together."""
+    to_go = sum(r for r, _ in remaining.values())
+    total = sum(size for _, size in remaining.values())
+    share = f" ({100 * to_go / total:.0f}%)" if total else ""
+    eta = progress.eta(to_go)
+    when = "done" if to_go == 0 else "ETA " + (_duration_text(eta) if eta is not None else "-")
+    return f"remaining {_bytes_text(to_go)} of {_bytes_text(total)}{share}, {when}"
 
 
 def _partitions(t: TaskMetrics) -> set[SystemStreamPartition]:
@@ -1264,7 +1393,9 @@ def _redis_inputs(spec: JobSpec, missing: list[str] | None = None) -> list[Syste
     """Every input partition of a Redis-checkpointed job (asks each input's system). An input
     stream that does not exist yet is left out and described in ``missing`` when it is
     given (else its InputError is raised)."""
+    from .errors import CheckpointError
     from .redis import RedisSystem
+    from .redis._io import connection_errors
     from .types import parse_system_stream
 
     out: list[SystemStreamPartition] = []
@@ -1273,6 +1404,9 @@ def _redis_inputs(spec: JobSpec, missing: list[str] | None = None) -> list[Syste
         system = spec.systems[ss.system]
         try:
             n = system.partitions(ss.stream)
+        except connection_errors() as e:  # (retried for the system's retry_s first)
+            where = system.where if isinstance(system, RedisSystem) else ss.system
+            raise CheckpointError(f"Redis at {where} is unreachable: {e}") from e
         except InputError as e:
             if missing is None:
                 raise
@@ -1330,16 +1464,19 @@ def _committed(
 
 
 SUMMARY_METADATA_TIMEOUT_S = 3.0
-"""How long the summary after a run waits for a Kafka topic's partition count."""
+"""How long the summary after a run waits for a Kafka topic's partition count, or retries
+a Redis that does not answer."""
 
 
 def _print_committed(spec: JobSpec, out: TextIO) -> None:
     """The committed offsets after a Redis run (the SQLite summary has them already)."""
     if os.environ.get("TAILRACE_MEMBER_INDEX") is not None:
         return  # a member process of --containers: the parent prints them once
-    for system in spec.systems.values():  # a summary: not worth a long wait for a broker that is down
+    for system in spec.systems.values():  # a summary: not worth a long wait for a service that is down
         if hasattr(system, "metadata_timeout_s"):
             system.metadata_timeout_s = min(system.metadata_timeout_s, SUMMARY_METADATA_TIMEOUT_S)
+        if hasattr(system, "retry_s"):
+            system.retry_s = min(system.retry_s, SUMMARY_METADATA_TIMEOUT_S)
     try:
         committed = _committed(spec)
     except (ConfigError, TailraceError) as e:
@@ -1369,8 +1506,46 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  {'task':<16} {'partition':<28} committed offset")
     for task, offsets in committed.items():
         for ssp, off in sorted(offsets.items()):
-            print(f"  {task:<16} {ssp!s:<28} {off!r}")
+            print(f"  {task:<16} {ssp!s:<28} {off!s}")
+    counts = _state_counts(spec)
+    if not counts:
+        print("  no state stores (nothing kept but the offsets)")
+        return 0
+    print(f"  {'task':<16} {'store':<28} state entries")
+    for task, stores in counts.items():
+        for store, n in stores.items():
+            print(f"  {task:<16} {store:<28} {n:,}")
     return 0
+
+
+def _state_counts(spec: JobSpec) -> dict[str, dict[str, int]]:
+    """Entries per task and store of the job's state (committed with its offsets)."""
+    if _is_distributed(spec):
+        from .redis.tools import state_counts
+
+        url, cluster, prefix = _redis_store_args(spec)
+        return state_counts(url, cluster, prefix, spec.name, _redis_inputs(spec, []))
+    store = spec.checkpoint_store()
+    try:
+        counts = getattr(store, "state_counts", None)
+        return {} if counts is None else dict(counts(spec.name))
+    finally:
+        store.close()
+
+
+def _state_text(counts: dict[str, dict[str, int]]) -> str:
+    """`` and 254 state entries of store 'counts'``: what a reset deletes besides the offsets."""
+    per_store: dict[str, int] = {}
+    for stores in counts.values():
+        for store, n in stores.items():
+            per_store[store] = per_store.get(store, 0) + n
+    if not per_store:
+        return "; it keeps no state"
+    total = _count(sum(per_store.values()), "state entry", "state entries")
+    if len(per_store) == 1:
+        return f" and {total} of store {next(iter(per_store))!r}"
+    each = ", ".join(f"{name!r} ({n:,})" for name, n in sorted(per_store.items()))
+    return f" and {total} of stores {each}"
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -1379,7 +1554,10 @@ def cmd_reset(args: argparse.Namespace) -> int:
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("refusing to reset checkpoints without confirmation; pass --yes")
-        answer = input(f"delete every checkpoint of job {spec.name!r} ({_store_text(spec)})? [y/N] ")
+        answer = input(
+            f"delete every checkpoint of job {spec.name!r}, and the state of its stores "
+            f"({_store_text(spec)})? [y/N] "
+        )
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 0
@@ -1394,9 +1572,11 @@ def cmd_reset(args: argparse.Namespace) -> int:
         if not inputs:  # no run has read anything: nothing to delete, nothing to touch
             print(f"nothing to delete: no input stream of job {spec.name!r} exists yet")
             return 0
+        state = _state_text(_state_counts(spec))
         n = reset_checkpoints(url, cluster, prefix, spec.name, inputs)
         print(
-            f"deleted {_count(n, 'checkpoint')} of job {spec.name!r}; the next run starts from the beginning"
+            f"deleted {_count(n, 'checkpoint')} of job {spec.name!r} (committed offsets{state}); "
+            "the next run starts from the beginning"
         )
         return 0
     store = spec.checkpoint_store()
@@ -1411,11 +1591,14 @@ def cmd_reset(args: argparse.Namespace) -> int:
         )
     store.open(spec.name)  # takes the job's lock: refused while the job runs
     try:
+        counts = getattr(store, "state_counts", None)
+        state = _state_text({} if counts is None else counts())  # under the lock: what reset deletes
         n = reset()
     finally:
         store.close()
     print(
-        f"deleted {_count(n, 'checkpoint row')} of job {spec.name!r}; the next run starts from the beginning"
+        f"deleted {_count(n, 'checkpoint row')} of job {spec.name!r} (committed offsets{state}); "
+        "the next run starts from the beginning"
     )
     return 0
 

@@ -682,6 +682,35 @@ def test_a_corrupt_store_is_left_in_one_step_as_its_message_says(tmp_path: Path)
     assert "2 messages processed" in r.stdout, r.stdout  # from the beginning, in one step
 
 
+def test_show_lists_each_task_s_stores_and_reset_says_what_state_it_deletes(tmp_path: Path) -> None:
+    # issue 38, item 7: reset said "deleted 3 checkpoint rows" and deleted every state entry
+    # too; show said nothing of stores
+    job = copy_example("wordcount", tmp_path)
+    assert run_cli(["run", str(job), "--no-progress"]).returncode == 0
+    words = {p: set(re.findall(r"[a-z']+", f.read_text().lower())) for p, f in _partition_files(job)}
+    shown = run_cli(["checkpoints", "show", str(job)])
+    assert shown.returncode == 0, shown.stderr
+    for p, distinct in words.items():
+        assert re.search(rf"^  Partition {p}\s+counts\s+{len(distinct)}$", shown.stdout, re.M), shown.stdout
+    reset = run_cli(["checkpoints", "reset", str(job), "--yes"])
+    assert reset.returncode == 0, reset.stderr
+    total = sum(len(d) for d in words.values())
+    assert f"deleted 3 checkpoint rows of job 'wordcount' (committed offsets and {total} state entries" in (
+        reset.stdout
+    ), reset.stdout
+    assert "'counts' (" in reset.stdout, reset.stdout
+    plain = write_job(tmp_path / "plain")
+    assert run_cli(["run", str(plain), "--no-progress"]).returncode == 0
+    shown = run_cli(["checkpoints", "show", str(plain)])
+    assert "no state stores" in shown.stdout, shown.stdout
+    reset = run_cli(["checkpoints", "reset", str(plain), "--yes"])
+    assert "(committed offsets; it keeps no state)" in reset.stdout, reset.stdout
+
+
+def _partition_files(job: Path) -> list[tuple[int, Path]]:
+    return [(int(f.stem.split("-")[1]), f) for f in sorted((job / "data" / "lines").iterdir())]
+
+
 def test_python_job_file(engine: str, tmp_path: Path) -> None:
     write_job(tmp_path, lines="".join(f'{{"n": {i}}}\n' for i in range(50)))
     (tmp_path / "pyjob.py").write_text(

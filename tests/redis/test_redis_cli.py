@@ -308,3 +308,57 @@ url = "{redis_server.url}"
         done.stderr
     )
     assert not (tmp_path / "data" / "out").exists()
+
+
+def test_a_run_prints_no_result_repr_and_show_prints_offsets_as_the_summary_does(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # issue 38, item 6: a MemberResult(...) repr was logged above the summary, and
+    # `checkpoints show` quoted the entry ids the summary prints bare
+    system = bounded_input(redis_server, 2, 20)
+    job = write_job(tmp_path, redis_server.url)
+    done = run_cli("run", str(job))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "MemberResult(" not in done.stdout + done.stderr, done.stderr[-3000:]
+    assert re.search(r"member \S+ left job 'cli' \(done\)", done.stderr), done.stderr[-3000:]
+    summary = dict(re.findall(r"^    (redis\.in\[\d\])\s+(\S+)$", done.stdout, re.M))
+    assert len(summary) == 2, done.stdout
+    show = run_cli("checkpoints", "show", str(job))
+    assert show.returncode == 0, show.stderr
+    shown = dict(re.findall(r"^  Partition \d\s+(redis\.in\[\d\])\s+(\S+)$", show.stdout, re.M))
+    assert shown == summary, show.stdout
+    assert "'" not in "".join(shown.values())
+    system.close()
+
+
+def test_sigterm_to_local_containers_says_no_ctrl_c_and_prints_no_empty_container_lines(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # issue 38, item 6: "Ctrl-C again to force" after a SIGTERM (the hint is for Ctrl-C
+    # only), and an empty "[container i]" line before each member's notice
+    system = bounded_input(redis_server, 2, 2000)
+    job = write_job(tmp_path, redis_server.url)
+    (tmp_path / "forward.py").write_text(TASK + SLOW)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tailrace", "run", str(job), "--containers", "2", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while system.client.xlen(system.keys.stream("out", 0)) < 50:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Ctrl-C" not in err, err[-3000:]
+    assert "tailrace: SIGTERM: stopping gracefully" in err and "a second SIGTERM forces" in err, err[-3000:]
+    assert re.search(r"\[container [01]\] tailrace: SIGTERM: stopping gracefully", err), err[-3000:]
+    empty = [line for line in (out + err).splitlines() if re.fullmatch(r"\[container \d+\]\s*", line)]
+    assert not empty, (out + err)[-3000:]
+    system.close()

@@ -9,6 +9,7 @@ setting (``[checkpoints] retry_s``) bounds every Redis call of the job.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,6 +141,89 @@ def test_a_stop_while_redis_is_down_is_bounded_and_says_what_was_not_committed(
     assert f"stop gave up after task.shutdown.ms = {SHUTDOWN_MS} ms" in err, err[-3000:]
     assert "not committed, processed again after a restart: redis.in[" in err, err[-3000:]
     assert "processed through" in err and "(nothing committed)" in err, err[-3000:]
+
+
+def test_a_stop_after_a_long_outage_says_each_failure_once_without_tracebacks(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # issue 38, item 4: Redis killed, the member heartbeats for a few seconds, then Ctrl-C:
+    # the stop gave up in time with its report, but printed a traceback of tailrace's own
+    # frames ("error while closing _RedisProducer.close"), one heartbeat warning a second
+    # and a line per lease it could not release
+    system = RedisSystem("redis", redis_server.url)
+    fill(system)
+    proc = start_job(write_job(tmp_path, redis_server.url, engine="c"))
+    try:
+        wait_output(system, proc, 1000)
+        redis_server.kill()
+        time.sleep(3.5)  # 3 heartbeats at least (lease_ms 3000: one a second)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=SHUTDOWN_MS / 1000 + 20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "error while closing" not in err, err[-5000:]
+    assert err.count("heartbeat failed") == 1, err[-5000:]
+    assert re.search(r"left without telling Redis \(\d+ failed heartbeats\)", err), err[-5000:]
+    assert "could not release" not in err, err[-5000:]
+    assert "reading redis failed" not in err, err[-5000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("tailrace: error: member ") and "stop gave up" in last, err[-3000:]
+
+
+def test_a_producer_closed_after_the_stop_deadline_raises_nothing(redis_server: RedisServer) -> None:
+    # issue 38, item 4: its flush gave up at the deadline and close() raised it again, which
+    # the container logged with a traceback; the member's error counts the entries instead
+    from tailrace._stopping import StopDeadline
+
+    system = RedisSystem("redis", redis_server.url, retry_s=30)
+    system.create_stream("out", 1)
+    producer = system.producer()
+    producer.send("out", 0, None, {"a": 1})
+    redis_server.kill()
+    deadline = StopDeadline()
+    system.use_stop_deadline(deadline)
+    deadline.arm(0.01)
+    while not deadline.due():
+        time.sleep(0.01)
+    producer.close()
+    assert system.unacknowledged() == 1
+
+
+def test_the_summary_after_a_stop_waits_briefly_for_a_redis_that_is_gone(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # issue 38, item 4: everything was committed, then Redis died and Ctrl-C stopped the job
+    # at once; the summary's read of the committed offsets then retried for 60 s and ended
+    # in a redis-py traceback
+    system = RedisSystem("redis", redis_server.url)
+    system.create_stream("in", 1)
+    system.create_stream("out", 1)
+    for i in range(100):
+        system.append("in", 0, {"i": i})
+    job = write_job(tmp_path, redis_server.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tailrace", "run", str(job), "--no-progress", "--config", "task.commit.ms=50"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_output(system, proc, 100)
+        time.sleep(0.5)  # committed
+        redis_server.kill()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert "cannot read the committed offsets: Redis at" in err, err[-3000:]
+    assert took < SHUTDOWN_MS / 1000 + 3 + 4, (took, err[-3000:])
 
 
 def test_checkpoints_retry_s_bounds_every_redis_call(redis_server: RedisServer, tmp_path: Path) -> None:

@@ -109,7 +109,10 @@ def test_load_run_show_reset(redis_server: RedisServer, tmp_path: Path) -> None:
     shown = cli("checkpoints", "show", str(job))
     assert shown.returncode == 0, shown.stderr
     for p, entries in enumerate(per_partition):
-        assert f"Partition {p}" in shown.stdout and repr(entries[-1][0]) in shown.stdout, shown.stdout
+        # entry ids bare, as the run's summary prints them (issue 38, item 6: they were quoted)
+        assert re.search(rf"^  Partition {p}\s+redis\.in\[{p}\]\s+{entries[-1][0]}$", shown.stdout, re.M), (
+            shown.stdout
+        )
     reset = cli("checkpoints", "reset", str(job), "--yes")
     assert reset.returncode == 0, reset.stderr
     assert "deleted 4 checkpoints of job 'tools'" in reset.stdout
@@ -380,3 +383,36 @@ def test_reset_deletes_the_state_with_the_offsets(redis_server: RedisServer, tmp
     assert client.keys("*:state:tools:*") == [] and client.keys("*:anchors") == []
     assert counts(cli("run", str(job), "--no-progress")) == first
     client.close()
+
+
+COUNTING = """
+from tailrace import StreamTask
+
+
+class Count(StreamTask):
+    def init(self, context):
+        self.seen = context.store("seen")
+
+    def process(self, envelope, collector, coordinator):
+        user = envelope.message["user"]
+        self.seen[user] = self.seen.get(user, 0) + 1
+"""
+
+
+def test_show_and_reset_speak_of_the_state_of_stores(redis_server: RedisServer, tmp_path: Path) -> None:
+    # issue 38, item 7: reset deleted every state entry without a word; show said nothing of stores
+    job = write_job(tmp_path, redis_server.url)
+    (tmp_path / "count.py").write_text(COUNTING)
+    job.write_text(job.read_text().replace("forward.py:Forward", "count.py:Count") + "\n[stores.seen]\n")
+    assert load(tmp_path, job, 400, "--end").returncode == 0
+    done = cli("run", str(job), "--no-progress")
+    assert done.returncode == 0, done.stderr[-3000:]
+    users = {p: {f"u{i % 97}" for i in range(400) if key_partition(f"u{i % 97}", 4) == p} for p in range(4)}
+    shown = cli("checkpoints", "show", str(job))
+    assert shown.returncode == 0, shown.stderr
+    for p in range(4):
+        assert re.search(rf"^  Partition {p}\s+seen\s+{len(users[p])}$", shown.stdout, re.M), shown.stdout
+    reset = cli("checkpoints", "reset", str(job), "--yes")
+    assert reset.returncode == 0, reset.stderr
+    said = "deleted 4 checkpoints of job 'tools' (committed offsets and 97 state entries of store 'seen')"
+    assert said in reset.stdout, reset.stdout

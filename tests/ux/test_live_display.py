@@ -115,7 +115,7 @@ def terminal(job: Path) -> Iterator[Tmux]:
         t.kill()
 
 
-ROW = re.compile(r"^files\.in\[\d\]\s+(\d+|-)\s+[\d,]+$")
+ROW = re.compile(r"^files\.in\[\d\]\s+(\d+|-)\s+[\d,]+\s+[\d.]+ (B|KiB|MiB)\s+\d+%$")  # remaining: bytes, %
 
 
 def headers(lines: list[str]) -> list[int]:
@@ -131,6 +131,9 @@ def test_live_view_fits_80_columns_keeps_notice_and_leaves_a_clean_summary(termi
     top = headers(lines)[0]
     view = [x for x in lines[top:] if x.strip()]
     assert view[1].startswith("processed ") and "msg/s" in view[1]
+    # issue 38, item 8: file sizes are known, so how much is left (and when it is done)
+    to_go = r"remaining [\d.]+ (B|KiB|MiB) of [\d.]+ KiB \(\d+%\), (ETA \d+:\d\d|done)"
+    assert re.fullmatch(to_go, view[2]), view
     rows = [x for x in view if x.startswith("files.in[")]
     assert len(rows) == 3 and all(ROW.match(x) for x in rows), view  # whole rows, not wrapped
     assert all(len(x) <= WIDTH for x in lines)

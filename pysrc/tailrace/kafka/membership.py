@@ -377,7 +377,7 @@ class KafkaMember:
                 if self._leases is not None:
                     self._leases.release_all()
                 self.store.close()
-                log.info("member of %r left: %s", self.job, self.result)
+                log.info("member of %r left (%s)", self.job, self.result.reason)
         if self._error is not None:
             raise self._error
         return self.result

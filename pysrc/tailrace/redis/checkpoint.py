@@ -154,7 +154,10 @@ class Leases:
             )
             log.info("member %s released %s", self.member, ssp)
         except connection_errors() as e:
-            log.warning("could not release %s (%r); it expires in %d ms", ssp, e, self.ttl_ms)
+            if self._stop is not None and self._stop():  # the member's last line says so, once
+                log.debug("could not release %s at the stop's deadline (%s)", ssp, e)
+            else:
+                log.warning("could not release %s (%s); it expires in %d ms", ssp, e, self.ttl_ms)
 
     def renew(self) -> set[SystemStreamPartition]:
         """Extend every held lease by the TTL; returns (and drops) the ones lost."""

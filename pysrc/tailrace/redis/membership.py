@@ -172,6 +172,7 @@ class Member:
         self._systems: list[System] = []
         self._stopping = False
         self._wake = threading.Event()
+        self._hb_failures = 0  # heartbeats failed in a row (the first is logged, the rest counted)
         self._lease_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._hb_stop = threading.Event()
@@ -294,14 +295,17 @@ class Member:
                 else:  # only look: has membership changed, or is a wanted partition free now?
                     members = self._live_members()
                     lost = set()
-            except connection_errors() as e:
+            except Exception as e:  # noqa: BLE001 - keep heartbeating; a dead heartbeat thread would lose leases
                 if beat:  # (a failed look in between is retried quietly at the next tick)
-                    log.warning("member %s: heartbeat failed (%r)", self.id, e)
+                    self._heartbeat_failed(e, expected=isinstance(e, connection_errors()))
                 continue
-            except Exception:  # keep heartbeating; a dead heartbeat thread would lose leases
-                if beat:  # (the looks in between stay quiet: 10 a second would flood the log)
-                    log.exception("member %s: heartbeat failed", self.id)
-                continue
+            if beat and self._hb_failures:
+                log.info(
+                    "member %s: heartbeat works again, after %s",
+                    self.id,
+                    _count(self._hb_failures, "failed heartbeat"),
+                )
+                self._hb_failures = 0
             with self._state_lock:
                 changed = members != self._members
                 self._members = members
@@ -326,6 +330,22 @@ class Member:
                 continue
             if gained or (changed and not running):
                 self._restart(f"acquired partitions {gained}" if gained else f"members now {members}")
+
+    def _heartbeat_failed(self, e: BaseException, *, expected: bool) -> None:
+        """Say the first failure of a run of failed heartbeats (one a second while Redis is
+        down); count the others, said when it works again or when the member leaves."""
+        self._hb_failures += 1
+        if self._hb_failures == 1:
+            log.warning(
+                "member %s: heartbeat failed (%s: %s); retrying every %.1f s, further failures counted",
+                self.id,
+                type(e).__name__,
+                e,
+                self.heartbeat_s,
+                exc_info=not expected and log.isEnabledFor(logging.DEBUG),
+            )
+        else:
+            log.debug("member %s: heartbeat failed again (%s)", self.id, e, exc_info=not expected)
 
     # -- the loop -----------------------------------------------------------------
     def run(self) -> MemberResult:
@@ -362,15 +382,23 @@ class Member:
             hb.join(timeout=2.0 if self.deadline.due() else None)
             for p in list(self.groups):
                 self._release(p)
+            failed = f" ({_count(self._hb_failures, 'failed heartbeat')})" if self._hb_failures else ""
             if self.deadline.due():
-                log.warning("member %s: left without telling Redis; its entry expires", self.id)
+                log.warning(
+                    "member %s: left without telling Redis%s; its leases and entry expire in %d ms",
+                    self.id,
+                    failed,
+                    self.spec.lease_ms,
+                )
             else:
                 try:
                     self._heartbeat(0)  # leave: the others rebalance at their next heartbeat
                 except connection_errors() as e:
-                    log.warning("member %s: could not leave cleanly (%r); its entry expires", self.id, e)
+                    log.warning(
+                        "member %s: could not leave cleanly (%s)%s; its entry expires", self.id, e, failed
+                    )
             self.client.close()
-            log.info("member %s left job %r: %s", self.id, self.job, self.result)
+            log.info("member %s left job %r (%s)", self.id, self.job, self.result.reason)
         return self.result
 
     def _run_container(self, owned: list[int]) -> None:
@@ -456,6 +484,10 @@ class Member:
         return gave_up_message(
             f"member {self.id} of job {self.job!r}", self.config.shutdown_ms, cause, self.not_committed()
         )
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word if n == 1 else word + 's'}"
 
 
 def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult:

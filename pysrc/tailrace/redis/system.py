@@ -234,8 +234,10 @@ class _Fetcher:
             with self.cond:
                 failed = list(self.readers.values())
                 self._thread = None
-            if failed:
-                log.error("reading %s failed: %r", system.name, e)
+            if failed and system.giving_up():  # the member's error says what was not committed
+                log.debug("reading %s stopped at the stop's deadline: %s", system.name, e)
+            elif failed:
+                log.error("reading %s failed: %s: %s", system.name, type(e).__name__, e)
             for r in failed:
                 r.fail(e)
         finally:
@@ -550,6 +552,12 @@ class _RedisProducer(Producer):
     def close(self) -> None:
         try:
             self.flush()
+        except connection_errors():
+            if not self._system.giving_up():
+                raise
+            # a stop that ran out of task.shutdown.ms: the member's error counts these
+            # entries as not acknowledged (unacknowledged()), one line for the whole stop
+            log.debug("closing a producer of %s after the stop's deadline", self._system.name, exc_info=True)
         finally:
             if self._conn is not None:
                 self._conn.disconnect()
@@ -644,7 +652,12 @@ class RedisSystem(System):
         n = self._streams.get(stream)
         if n is not None:
             return n
-        raw = retrying(lambda: self.client.get(self.keys.partitions(stream)), f"reading metadata of {stream}")
+        raw = retrying(
+            lambda: self.client.get(self.keys.partitions(stream)),
+            f"reading metadata of {stream}",
+            deadline_s=self.retry_s,
+            stop=self.giving_up,
+        )
         recorded = None if raw is None else int(raw)
         declared = self._declared.get(stream)
         if declared is not None and recorded is not None and declared != recorded:

@@ -32,6 +32,31 @@ def committed_offsets(
     return {s: text(v) for s, v in zip(ssps, values) if v is not None}
 
 
+def state_counts(
+    url: str, cluster: bool, prefix: str, job: str, ssps: Sequence[SystemStreamPartition]
+) -> dict[str, dict[str, int]]:
+    """Entries per task and store of ``job``'s state kept in the slots of ``ssps`` (what a
+    reset deletes with the checkpoints: see ``reset_checkpoints``)."""
+    keys = Keys(prefix)
+    client = connect(url, cluster=cluster)
+    out: dict[str, dict[str, int]] = {}
+    try:
+        for s in ssps:
+            head = f"{keys.state(s.stream, s.partition, job, '', '')[0][: -len('::k')]}"
+            for pattern in keys.job_data(s.stream, s.partition, job)[:1]:
+                for k in client.scan_iter(match=pattern, count=1000):
+                    name = text(k)
+                    if not (keys.is_job_data(k, s.stream, s.partition, job) and name.endswith(":k")):
+                        continue
+                    task, store, _ = name[len(head) :].split(":")
+                    out.setdefault(task, {})[store] = int(client.zcard(k))
+    except connection_errors() as e:
+        raise CheckpointError(f"Redis at {redact(url)} is unreachable: {e}") from e
+    finally:
+        client.close()
+    return {t: dict(sorted(stores.items())) for t, stores in sorted(out.items())}
+
+
 def reset_checkpoints(
     url: str, cluster: bool, prefix: str, job: str, ssps: Sequence[SystemStreamPartition]
 ) -> int:
