@@ -171,7 +171,7 @@ def _check_shown(shown: list[str], done: subprocess.CompletedProcess[str]) -> No
 
 def test_the_wordcount_outputs_the_docs_show_are_what_it_prints(tmp_path: Path) -> None:
     # the first run (running-jobs.md), then the second, resumed from its checkpoint (README.md
-    # and running-jobs.md), then checkpoints show: each output as the docs show it
+    # and running-jobs.md), then checkpoints show and reset: each output as the docs show it
     skip = shutil.ignore_patterns("state", "output", "__pycache__")
     shutil.copytree(REPO / "examples" / "wordcount", tmp_path / "examples" / "wordcount", ignore=skip)
 
@@ -187,6 +187,8 @@ def test_the_wordcount_outputs_the_docs_show_are_what_it_prints(tmp_path: Path) 
     _check_shown(_shown_after(RUNNING_JOBS, WORDCOUNT), again)
     show = "tailrace checkpoints show examples/wordcount"
     _check_shown(_shown_after(RUNNING_JOBS, show), run(show))
+    reset = "tailrace checkpoints reset examples/wordcount --yes"
+    _check_shown(_shown_after(RUNNING_JOBS, reset), run(reset))
 
 
 def test_what_the_first_command_writes_into_the_example_is_ignored_by_git() -> None:
