@@ -314,8 +314,10 @@ cdef uint64_t _key_hash(object key) except? 0xFFFFFFFFFFFFFFFF:
         return _NONE_KEY_HASH
     try:
         return <uint64_t>hash(key)
-    except TypeError:  # an unhashable key (a list, a dict): its repr stands for it
-        return <uint64_t>hash(repr(key))
+    except TypeError:  # an unhashable key (a dict, a list): its canonical text stands for it
+        from .ordering import unhashable_key_text
+
+        return <uint64_t>hash(unhashable_key_text(key))
 
 
 cdef class LoopRunner:
