@@ -1,4 +1,4 @@
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 class StoreLock:
@@ -32,12 +32,19 @@ class StoreCore:
 
 def encode_changes(
     entries: dict[Any, Any],
-    dirty: dict[Any, None],
+    dirty: dict[Any, Any],
     kenc: Callable[[Any], bytes],
     venc: Callable[[Any], bytes],
     key_serde: str,
     value_serde: str,
+    yield_gil: bool = False,
 ) -> dict[bytes, bytes | None]: ...
+def evict_clean(
+    entries: dict[Any, Any], dirty: dict[Any, Any], committing: dict[Any, Any], excess: int
+) -> int: ...
+def split_changes(
+    changes: Mapping[bytes, bytes | None], yield_gil: bool = False
+) -> tuple[list[bytes], list[bytes]]: ...
 def scan_overlay(
     entries: dict[Any, Any],
     keys: Iterable[Any],

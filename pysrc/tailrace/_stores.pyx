@@ -15,6 +15,15 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_AsUTF8String
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
+    const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+
+
+cdef extern from "<unistd.h>" nogil:
+    int usleep(unsigned int usec)
 from cpython.pythread cimport (
     WAIT_LOCK,
     PyThread_acquire_lock,
@@ -121,8 +130,9 @@ cdef object _MISSING = MISSING
 
 cdef class StoreCore:
     """Cache hits of a store (see the module docstring). ``_entries`` maps key ->
-    value, Encoded or ABSENT in recency order; ``_dirty`` holds the keys written since
-    the last commit began."""
+    value, Encoded or ABSENT in recency order; ``_dirty`` maps each key written since
+    the last commit began to what it was set to (the same object as its entry), so that
+    a commit takes its snapshot by swapping the dict, with no copy."""
 
     cdef public dict _entries
     cdef public dict _dirty
@@ -228,6 +238,14 @@ cdef class StoreCore:
                     PyLong_AsLongLongAndOverflow(value, &overflow)
                     if overflow:
                         return self._cacheable(key, value)  # raises, naming the range
+                elif t is str and not PyUnicode_IS_ASCII(value):
+                    # a str with a lone surrogate has no UTF-8: refused here, at the put
+                    # (rule 39), not at the commit. The check caches the str's UTF-8, which
+                    # the commit's encoding then reuses.
+                    try:
+                        PyUnicode_AsUTF8AndSize(value, NULL)
+                    except UnicodeEncodeError:
+                        return self._cacheable(key, value)  # raises, naming store and key
                 return value
         return self._cacheable(key, value)
 
@@ -250,7 +268,7 @@ cdef class StoreCore:
                 del entries[key]
                 self._new_key(key)
                 entries[key] = value
-            self._dirty[key] = None
+            self._dirty[key] = value
         finally:
             lock.release_()
 
@@ -279,40 +297,100 @@ cdef inline bytes _int_bytes(object value):
     return PyBytes_FromStringAndSize(<char*>buf, 8)
 
 
-def encode_changes(dict entries, dict dirty, kenc, venc, str key_serde, str value_serde):
-    """Encoded key -> encoded value (None: deleted) of the ``dirty`` keys of ``entries``
-    (the store's lock held): a commit's state. ``kenc``/``venc`` are the serdes' raw
-    encoders (every key and value was checked at its put); the common cases are encoded
-    here without a Python call: str keys or values of the ``str`` serde (UTF-8), ints of
-    the ``int`` serde, bytes of the ``bytes`` serde. Same bytes as the serdes'."""
+cdef Py_ssize_t _YIELD_EVERY = 4096  # keys encoded between two GIL hand-overs (~1-2 ms)
+
+
+def encode_changes(
+    dict entries, dict dirty, kenc, venc, str key_serde, str value_serde, bint yield_gil=False
+):
+    """Encoded key -> encoded value (None: deleted) of the ``dirty`` keys of ``entries``:
+    a commit's state (a commit's snapshot is both: key -> value, Encoded or ABSENT, as
+    ``_dirty`` holds them). ``kenc``/``venc`` are the serdes' raw encoders (every key and
+    value was checked at its put); the common cases are encoded here without a Python call:
+    str keys or values of the ``str`` serde (UTF-8), ints of the ``int`` serde, bytes of
+    the ``bytes`` serde. Same bytes as the serdes'.
+
+    ``yield_gil``: the commit writer's thread encodes while the loop runs; every
+    ``_YIELD_EVERY`` keys it lets the GIL go for a moment, so the loop never waits for
+    the whole encoding (a bare release is no hand-over: the releasing thread usually
+    takes the GIL straight back, so it sleeps a few microseconds with the GIL released).
+    Both dicts are then the commit's own snapshot: nothing mutates them meanwhile."""
     cdef bint str_keys = key_serde == "str"
     cdef bint str_values = value_serde == "str"
     cdef bint int_values = value_serde == "int"
     cdef bint bytes_values = value_serde == "bytes"
-    cdef dict changes = {}
+    cdef dict out = {}
     cdef object value
     cdef object t
+    cdef Py_ssize_t n = 0
     for key in dirty:
+        if yield_gil:
+            n += 1
+            if n % _YIELD_EVERY == 0:
+                with nogil:
+                    usleep(20)
         if str_keys and type(key) is str:
             kb = PyUnicode_AsUTF8String(key)
         else:
             kb = kenc(key)
         value = entries[key]
         if value is _ABSENT:
-            changes[kb] = None
+            out[kb] = None
             continue
         t = type(value)
         if t is Encoded:
-            changes[kb] = (<Encoded>value).data
+            out[kb] = (<Encoded>value).data
         elif int_values and t is int:
-            changes[kb] = _int_bytes(value)
+            out[kb] = _int_bytes(value)
         elif str_values and t is str:
-            changes[kb] = PyUnicode_AsUTF8String(value)
+            out[kb] = PyUnicode_AsUTF8String(value)
         elif bytes_values and t is bytes:
-            changes[kb] = value
+            out[kb] = value
         else:
-            changes[kb] = venc(value)
-    return changes
+            out[kb] = venc(value)
+    return out
+
+
+def evict_clean(dict entries, dict dirty, dict committing, Py_ssize_t excess):
+    """Delete up to ``excess`` least recently used entries of ``entries`` that are in
+    neither ``dirty`` nor ``committing`` (the store's lock held); the number deleted. The
+    eviction pass of ``KeyValueStore._evict``, compiled: after a commit of a store bigger
+    than its cache it may drop tens of thousands of entries."""
+    cdef list victims = []
+    cdef Py_ssize_t n = 0
+    if excess <= 0:
+        return 0
+    for key in entries:
+        if key not in dirty and key not in committing:
+            victims.append(key)
+            n += 1
+            if n >= excess:
+                break
+    for key in victims:
+        del entries[key]
+    return n
+
+
+def split_changes(dict changes, bint yield_gil=False):
+    """``(puts, deletes)`` of a store's encoded changes (encoded key -> encoded value, None:
+    deleted): ``puts`` a flat list ``[key, value, key, value, ...]`` (the parameters of a
+    multi-row statement), ``deletes`` the deleted keys. ``yield_gil`` as in
+    ``encode_changes`` (every few thousand keys)."""
+    cdef list puts = []
+    cdef list deletes = []
+    cdef Py_ssize_t n = 0
+    for key, value in changes.items():
+        if yield_gil:
+            n += 1
+            if n % (_YIELD_EVERY * 8) == 0:
+                with nogil:
+                    usleep(20)
+        if value is None:
+            deletes.append(key)
+        else:
+            puts.append(key)
+            puts.append(value)
+    return puts, deletes
 
 
 def scan_overlay(dict entries, keys, encode_key, bint str_keys, lo, hi):

@@ -35,7 +35,7 @@ from .errors import ConfigError
 from .interfaces import CheckpointStore, StateChanges
 from .serdes import Serde, SerdeError, serde
 
-__all__ = ["KeyValueStore", "TaskStores"]
+__all__ = ["KeyValueStore", "TaskStores", "split_changes"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -82,7 +82,7 @@ class _PyStoreCore:
     KeyValueStore.__init__ sets the attributes."""
 
     _entries: dict[Any, Any]
-    _dirty: dict[Any, None]
+    _dirty: dict[Any, Any]
     _trusted: frozenset[type]
     _int_bits: bool
     _lock: Any
@@ -116,7 +116,11 @@ class _PyStoreCore:
     def put(self, key: Any, value: Any) -> None:
         """Set ``key`` to ``value`` (durable at the task's next commit). Any thread."""
         t = type(value)
-        if t not in self._trusted or (t is int and self._int_bits and not _INT_MIN <= value < _INT_MAX):
+        if (
+            t not in self._trusted
+            or (t is int and self._int_bits and not _INT_MIN <= value < _INT_MAX)
+            or (t is str and not value.isascii())
+        ):
             value = self._cacheable(key, value)  # type: ignore[attr-defined]
         with self._lock:
             entries = self._entries
@@ -128,13 +132,29 @@ class _PyStoreCore:
             if not known:
                 self._new_key(key)  # type: ignore[attr-defined]
             entries[key] = value
-            self._dirty[key] = None
+            self._dirty[key] = value
 
     __setitem__ = put
 
     def __delitem__(self, key: Any) -> None:
         if not self.delete(key):  # type: ignore[attr-defined]
             raise KeyError(key)
+
+
+def _py_evict_clean(
+    entries: dict[Any, Any], dirty: dict[Any, Any], committing: dict[Any, Any], excess: int
+) -> int:
+    """``tailrace._stores.evict_clean`` in Python: delete up to ``excess`` least recently used
+    entries that are neither dirty nor committing; the number deleted."""
+    victims = []
+    for key in entries:
+        if key not in dirty and key not in committing:
+            victims.append(key)
+            if len(victims) >= excess:
+                break
+    for key in victims:
+        del entries[key]
+    return len(victims)
 
 
 _PY_ABSENT: Final = _PyAbsent()
@@ -149,6 +169,8 @@ try:
     from ._stores import StoreLock as _StoreLock
     from ._stores import encode_changes as _encode_changes_c
     from ._stores import scan_overlay as _scan_overlay_c
+    from ._stores import evict_clean as _evict_clean
+    from ._stores import split_changes as _split_changes_c
 except ImportError:  # pragma: no cover - a build without the compiled store path
     _ABSENT = _PY_ABSENT
     _MISSING = _PY_MISSING
@@ -157,7 +179,27 @@ except ImportError:  # pragma: no cover - a build without the compiled store pat
     _StoreLock = threading.Lock  # type: ignore[assignment, misc]
     _encode_changes_c = None  # type: ignore[assignment]
     _scan_overlay_c = None  # type: ignore[assignment]
+    _split_changes_c = None  # type: ignore[assignment]
+    _evict_clean = _py_evict_clean
 COMPILED: Final = _StoreCore is not _PyStoreCore
+
+
+def split_changes(
+    changes: Mapping[bytes, bytes | None], yield_gil: bool = False
+) -> tuple[list[bytes], list[bytes]]:
+    """``(puts, deletes)`` of a store's encoded changes: ``puts`` a flat list ``[key, value,
+    ...]`` (a multi-row statement's parameters), ``deletes`` the deleted keys. Compiled where
+    built (``yield_gil``: let the GIL go now and then, on the commit writer's thread)."""
+    if _split_changes_c is not None and type(changes) is dict:
+        return _split_changes_c(changes, yield_gil)
+    puts: list[bytes] = []
+    deletes: list[bytes] = []
+    for key, value in changes.items():
+        if value is None:
+            deletes.append(key)
+        else:
+            puts += (key, value)
+    return puts, deletes
 
 
 # Types a serde round-trips to an equal object of the same type: cached as is.
@@ -178,6 +220,17 @@ _TRUSTED: Final[dict[str, frozenset[type]]] = {
     "pickle": frozenset({str, int, float, bool, type(None), bytes}),
     "msgpack": frozenset({str, float, bool, type(None), bytes}),  # ints are range-limited
 }
+
+
+def _utf8(text: str) -> bool:
+    """True when ``text`` has a UTF-8 encoding (no lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _INT_MIN: Final = -(1 << 63)
 _INT_MAX: Final = 1 << 63  # the int serde's range (msgpack's is wider: it encodes or refuses)
 
@@ -200,6 +253,9 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
     _compiled_overlay: Callable[..., list[tuple[bytes, Any, Any]]] | None = (
         None if _scan_overlay_c is None else staticmethod(_scan_overlay_c)
     )
+    _evict_pass: Callable[[dict[Any, Any], dict[Any, Any], dict[Any, Any], int], int] = staticmethod(
+        _evict_clean
+    )
 
     def __init__(self, name: str, task_name: str, spec: StoreSpec, backend: CheckpointStore) -> None:
         self.name = name
@@ -218,18 +274,53 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         self._lock = _StoreLock()
         # key -> value, _Encoded or _ABSENT; insertion order is recency (LRU first).
         self._entries: dict[Any, Any] = {}
-        self._dirty: dict[Any, None] = {}  # written since the last commit began
-        self._committing: dict[Any, None] = {}  # written into the commit in flight
+        # key -> its value (the object in _entries, _Encoded or _ABSENT) of every key written
+        # since the last commit began: a commit's snapshot is this dict, swapped out whole
+        self._dirty: dict[Any, Any] = {}
+        self._committing: dict[Any, Any] = {}  # the snapshot of the commit in flight
         self._evict_at = spec.cache_size  # len(_entries) that triggers an eviction pass
         self.misses = 0  # reads that missed the cache (tests, tuning cache.size)
-        # True while the cache holds the whole state: the backend had none for this store
-        # at start and nothing was evicted since (what a commit wrote stays cached until
-        # evicted). A miss is then a key that does not exist: no backend read (a fresh
-        # task's first touch of each key costs no query).
-        self._complete = next(iter(backend.state_scan(task_name, name)), None) is None
+        # True while the cache holds the whole state: the backend's state of this store
+        # fitted the cache at start and was read into it whole (or there was none), and
+        # nothing was evicted since (what a commit wrote stays cached until evicted). A
+        # miss is then a key that does not exist: no backend read (a fresh task's first
+        # touch of each key costs no query, nor does a restarted task's first touch of
+        # a key it never had).
+        self._complete = self._preload()
 
     def __repr__(self) -> str:
         return f"KeyValueStore({self.name!r}, task={self.task_name!r})"
+
+    def _preload(self) -> bool:
+        """Read the committed state into the cache when it fits with room to spare (fewer
+        entries than ``cache.size``); True when the cache then holds the whole state. One
+        ordered scan costs far less than a point read per key on first touch. A bigger
+        state is read through on misses (rule 29), as one with a key the scan could not
+        decode: nothing cached."""
+        limit = self._cache_size - 1
+        rows: list[tuple[bytes, bytes]] = []
+        for row in self._backend.state_scan(self.task_name, self.name):
+            if len(rows) >= limit:
+                return False
+            rows.append(row)
+        kdecode: Callable[[bytes], Any] = self._kserde.decode
+        if self._kserde.name in _ARRAY_KEYS:
+            kdecode = _tuple_keys(kdecode)
+        exact, entries = self._exact, {}
+        try:
+            for kb, vb in rows:
+                key = kdecode(kb)
+                try:
+                    obj = self._vserde.decode(vb)
+                except SerdeError:
+                    obj = None  # kept encoded: the get that reads it reports it, as before
+                    entries[key] = _Encoded(vb)
+                    continue
+                entries[key] = obj if type(obj) in exact else _Encoded(vb)
+        except (SerdeError, TypeError):  # an undecodable or unhashable key: read through
+            return False
+        self._entries = entries
+        return True
 
     # -- errors -----------------------------------------------------------------------
     def _where(self, key: Any) -> str:
@@ -280,7 +371,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
     def _cacheable(self, key: Any, value: Any) -> Any:
         """What the cache keeps for ``value``; raises SerdeError naming store and key."""
         t = type(value)
-        if t in self._trusted and t is not int:
+        if t in self._trusted and t is not int and (t is not str or _utf8(value)):
             return value
         if t is int and self._int_bits and _INT_MIN <= value < _INT_MAX:
             return value
@@ -313,7 +404,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
                 value = self._load(key)
             entries[key] = _ABSENT
             if value is not _ABSENT:
-                self._dirty[key] = None
+                self._dirty[key] = _ABSENT
             return value is not _ABSENT
 
     def put_all(self, items: Mapping[K, V] | Iterable[tuple[K, V]]) -> None:
@@ -330,7 +421,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
                 if known is _MISSING:
                     self._new_key(key)
                 entries[key] = value
-                self._dirty[key] = None
+                self._dirty[key] = value
 
     def delete_all(self, keys: Iterable[K]) -> None:
         """Remove every key of ``keys`` (absent ones are ignored)."""
@@ -345,7 +436,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
                     self._new_key(key)
                 # a delete of a key absent from the backend writes a harmless tombstone
                 entries[key] = _ABSENT
-                self._dirty[key] = None
+                self._dirty[key] = _ABSENT
 
     # -- range scans -------------------------------------------------------------------
     def items(self, start: K | None = None, end: K | None = None) -> Iterator[tuple[K, V]]:
@@ -417,18 +508,8 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         target = size - max(1, size // 10)  # room for the entry about to come in
         entries = self._entries
         excess = len(entries) - target
-        if excess > 0:
-            dirty, committing = self._dirty, self._committing
-            victims = []
-            for key in entries:
-                if key not in dirty and key not in committing:
-                    victims.append(key)
-                    if len(victims) >= excess:
-                        break
-            for key in victims:
-                del entries[key]
-            if victims:
-                self._complete = False  # evicted entries live only in the backend now
+        if excess > 0 and self._evict_pass(entries, self._dirty, self._committing, excess):
+            self._complete = False  # evicted entries live only in the backend now
         if len(entries) < size:
             self._evict_at = size  # (a cache under 10 entries has no tenth to grow by)
         else:  # dirty entries alone fill it: the next pass once it grew by a tenth (or one)
@@ -442,9 +523,11 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         """Entries written since the last commit began."""
         return len(self._dirty)
 
-    # -- commit (engine side, loop thread) ------------------------------------------------
-    def _begin_commit(self) -> dict[bytes, bytes | None]:
-        """The encoded changes since the last commit; they stay pinned until ``_end_commit``."""
+    # -- commit (engine side) ------------------------------------------------------------
+    def _begin_commit(self) -> dict[Any, Any]:
+        """The changes since the last commit, key -> value (``_Encoded``, ``_ABSENT``: deleted),
+        taken in O(1) on the loop thread: the dirty dict itself, swapped for an empty one.
+        Its keys stay pinned in the cache until ``_end_commit``; nothing mutates it after."""
         with self._lock:
             dirty = self._dirty
             if not dirty:
@@ -453,29 +536,42 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
             if self._committing:  # a failed commit's leftovers (cannot happen: _end_commit clears)
                 dirty = {**self._committing, **dirty}
             self._committing = dirty
-            try:
-                if self._compiled_encode is not None:
-                    return self._compiled_encode(
-                        self._entries,
-                        dirty,
-                        self._kserde._encode,
-                        self._vserde._encode,
-                        self.spec.key_serde,
-                        self.spec.value_serde,
-                    )
-                return self._encode_changes(dirty, self._kserde._encode, self._vserde._encode)
-            except Exception:  # noqa: BLE001 - cannot happen (put checked them); say which
-                return self._encode_changes(dirty, self._kserde.encode, self._vserde.encode)
+            return dirty
+
+    def _encode(self, snapshot: dict[Any, Any], yield_gil: bool = False) -> dict[bytes, bytes | None]:
+        """Encoded key -> encoded value (None: deleted) of a snapshot of ``_begin_commit``.
+        Any thread, without the store's lock: the snapshot is the commit's own.
+        ``yield_gil``: let the GIL go now and then (the commit writer's thread)."""
+        if not snapshot:
+            return {}
+        try:
+            if self._compiled_encode is not None:
+                return self._compiled_encode(
+                    snapshot,
+                    snapshot,
+                    self._kserde._encode,
+                    self._vserde._encode,
+                    self.spec.key_serde,
+                    self.spec.value_serde,
+                    yield_gil,
+                )
+            return self._encode_changes(snapshot, self._kserde._encode, self._vserde._encode)
+        except Exception:  # noqa: BLE001 - cannot happen (put checked them); say which
+            return self._encode_changes(snapshot, self._encode_key, self._encode_value)
+
+    def _encode_value(self, value: Any) -> bytes:
+        try:
+            return self._vserde.encode(value)
+        except SerdeError as e:
+            raise SerdeError(f"store {self.name!r} of task {self.task_name!r}: {e}") from e
 
     def _encode_changes(
-        self, dirty: dict[Any, None], kenc: Callable[[Any], bytes], venc: Callable[[Any], bytes]
+        self, snapshot: dict[Any, Any], kenc: Callable[[Any], bytes], venc: Callable[[Any], bytes]
     ) -> dict[bytes, bytes | None]:
-        """Encoded key -> encoded value (None: deleted) of ``dirty`` (lock held). The raw
-        serde functions on the commit path: every key and value was checked at its put."""
-        entries = self._entries
+        """Encoded key -> encoded value (None: deleted) of ``snapshot``. The raw serde
+        functions on the commit path: every key and value was checked at its put."""
         changes: dict[bytes, bytes | None] = {}
-        for key in dirty:
-            value = entries[key]
+        for key, value in snapshot.items():
             if value is _ABSENT:
                 changes[kenc(key)] = None
             elif type(value) is _Encoded:
@@ -502,6 +598,7 @@ class _PyKeyValueStore(_PyStoreCore, KeyValueStore[K, V]):
 
     _compiled_encode = None
     _compiled_overlay = None
+    _evict_pass = staticmethod(_py_evict_clean)
 
 
 class TaskStores:
@@ -540,17 +637,24 @@ class TaskStores:
         return any(s._dirty for s in self.stores.values())
 
     def begin_commit(self) -> StateChanges:
-        """Every store's encoded changes (only stores with changes appear)."""
-        changes: dict[str, dict[bytes, bytes | None]] = {}
-        try:
-            for name, store in self.stores.items():
-                c = store._begin_commit()
-                if c:
-                    changes[name] = c
-        except BaseException:
-            self.end_commit(False)
-            raise
-        return changes
+        """Every store's encoded changes (only stores with changes appear): ``encode`` of
+        ``snapshot``, at once."""
+        return self.encode(self.snapshot())
+
+    def snapshot(self) -> dict[str, dict[Any, Any]]:
+        """Every store's snapshot of its changes (only stores with changes appear): O(1)
+        per store, on the loop thread. ``encode`` turns it into the commit's state; the
+        keys stay pinned in the caches until ``end_commit``."""
+        snapshots: dict[str, dict[Any, Any]] = {}
+        for name, store in self.stores.items():
+            snapshot = store._begin_commit()
+            if snapshot:
+                snapshots[name] = snapshot
+        return snapshots
+
+    def encode(self, snapshots: Mapping[str, dict[Any, Any]], yield_gil: bool = False) -> StateChanges:
+        """The encoded state of ``begin_commit``'s snapshots (any thread)."""
+        return {name: self.stores[name]._encode(snapshot, yield_gil) for name, snapshot in snapshots.items()}
 
     def end_commit(self, ok: bool) -> None:
         for store in self.stores.values():

@@ -311,8 +311,10 @@ def test_write_waits_for_a_read_through_of_the_same_key() -> None:
     stores, s = _store(backend, key_serde="str", value_serde="int")
     s["x"] = 1
     _commit(backend, stores)
-    stores = TaskStores("Partition 0", {"s": StoreSpec("str", "int")}, backend, _impl[0])
-    s = stores.get("s")  # a restarted task: x is not cached
+    # a restarted task whose state does not fit its cache (one that fits is read whole at
+    # the start): x is not cached
+    stores = TaskStores("Partition 0", {"s": StoreSpec("str", "int", cache_size=1)}, backend, _impl[0])
+    s = stores.get("s")
     reader = threading.Thread(target=s.get, args=("x",))
     reader.start()
     assert backend.reading.wait(5)
