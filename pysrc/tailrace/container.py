@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -18,7 +20,7 @@ from .api import TaskContext, TimerService, check_task_class, task_kind
 from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
 from .config import Config, parse_config
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, TailraceError, TaskError
 from .interfaces import CheckpointStore, PartitionReader, Producer, System
 from .memory import MemoryCheckpointStore
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
@@ -98,11 +100,119 @@ class TaskPlan:
         return self.stores is not None and self.stores.dirty()
 
 
+class _Commit:
+    """One task's commit handed to the writer: its offsets, the producers' syncs and its
+    stores' snapshots; ``done`` is set once it is written (or failed: ``error``)."""
+
+    __slots__ = ("done", "error", "offsets", "snapshots", "syncs", "task")
+
+    def __init__(
+        self,
+        task: TaskPlan,
+        offsets: dict[SystemStreamPartition, Offset],
+        syncs: list[Callable[[], None]],
+        snapshots: dict[str, dict[Any, Any]] | None,
+    ) -> None:
+        self.task = task
+        self.offsets = offsets
+        self.syncs = syncs
+        self.snapshots = snapshots
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class CommitWriter:
+    """Writes a job's commits on a thread of its own, so that the loop goes on processing
+    while a commit is made durable (issue 34; rules 13, 26, 27 unchanged).
+
+    At a commit the loop thread only takes its snapshot: the producers write their
+    buffers (``Producer.flush_begin``), each store swaps its dict of changes for an empty
+    one (O(1)), and the offsets are the low watermarks of the moment. This thread then,
+    in commit order: makes the outputs durable (fsync), encodes the state (letting the GIL
+    go every few hundred keys), and writes offsets and state in one atomic ``write``. A
+    task's next commit waits for its previous one (``JobPlan.commit``), so a task has at
+    most one commit in flight and its checkpoints are written in order; a crash leaves the
+    previous or the new checkpoint whole, as before. A failed write puts the state back
+    to dirty (the next commit carries it), records the error for the task's next commit
+    and the drain, and tells the engine at once (``on_error``: the C loop stops on it).
+    """
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self._store = store
+        self._queue: deque[_Commit] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self.on_error: Callable[[BaseException], None] | None = None
+        # figures (bench/commit_pause.py): the writer's own time and the state keys it wrote
+        # (seconds, keys: its flush rate)
+        self.busy = 0.0
+        self.keys = 0
+        self._thread = threading.Thread(target=self._run, name="tailrace-commit-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, commit: _Commit) -> None:
+        with self._cond:
+            self._queue.append(commit)
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread (idempotent)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                commit = self._queue.popleft()
+            try:
+                self._write(commit)
+            except BaseException as e:  # noqa: BLE001 - recorded for the loop thread
+                commit.error = e
+                on_error = self.on_error
+                if on_error is not None:
+                    try:
+                        on_error(e)
+                    except Exception:
+                        log.exception("commit writer: cannot report %r", e)
+            finally:
+                commit.done.set()
+
+    def _write(self, commit: _Commit) -> None:
+        task = commit.task
+        stores = task.stores
+        ok = False
+        started = time.perf_counter()
+        try:
+            for sync in commit.syncs:
+                sync()
+            state = stores.encode(commit.snapshots, yield_gil=True) if stores and commit.snapshots else None
+            if commit.offsets or state:
+                self._store.write(task.name, commit.offsets, state)
+            ok = True
+            self.keys += sum(map(len, state.values())) if state else 0
+            self.busy += time.perf_counter() - started
+        except TailraceError:
+            raise
+        except Exception as e:
+            raise TaskError(task.name, original=e, phase="commit") from e
+        finally:
+            if stores:
+                stores.end_commit(ok)
+
+
 class JobPlan:
     """What an engine runs: the tasks, the checkpoint store, the producers and systems."""
 
     __slots__ = (
         "_commit_lock",
+        "_in_flight",
         "asyncio_runner",
         "clock",
         "config",
@@ -110,6 +220,7 @@ class JobPlan:
         "store",
         "systems",
         "tasks",
+        "writer",
     )
 
     def __init__(
@@ -130,6 +241,10 @@ class JobPlan:
         self.asyncio_runner = asyncio_runner
         self.clock = clock
         self._commit_lock = threading.Lock()
+        # commits off the loop thread where the store waits on a disk; in the loop on virtual
+        # time (a test driver's clock: a commit is written when the test's step returns)
+        self.writer = CommitWriter(store) if store.background_writes and not clock.manual else None
+        self._in_flight: dict[str, _Commit] = {}  # task name -> its commit the writer holds
 
     def __repr__(self) -> str:
         return f"JobPlan({self.config.job_name!r}, {len(self.tasks)} tasks)"
@@ -138,7 +253,54 @@ class JobPlan:
         """Flush every producer (output covering the commit is durable first), then
         write the task's checkpoint and its store changes in one atomic write (rules
         9, 13, 26). On success the stores' written entries turn clean; on failure they
-        stay dirty for the next commit. Raises on failure."""
+        stay dirty for the next commit. Raises on failure.
+
+        With a commit writer (``CommitWriter``), this takes the commit's snapshot and
+        hands it over: the write is durable later, before the task's next commit begins
+        and before ``drain`` returns; a failure of an earlier commit of the task raises
+        here."""
+        writer = self.writer
+        if writer is None:
+            self._commit_now(task, offsets)
+            return
+        with self._commit_lock:
+            self._settle(task)
+            syncs = [sync for p in self.producers.values() if (sync := p.flush_begin()) is not None]
+            stores = task.stores
+            snapshots = stores.snapshot() if stores else None
+            commit = _Commit(task, dict(offsets), syncs, snapshots)
+            self._in_flight[task.name] = commit
+            writer.submit(commit)
+
+    def _settle(self, task: TaskPlan) -> None:
+        """Wait for the task's commit in flight (if any): tell its readers what is committed;
+        raise its error (commit lock held)."""
+        commit = self._in_flight.pop(task.name, None)
+        if commit is None:
+            return
+        commit.done.wait()
+        if commit.error is not None:
+            raise commit.error
+        for ssp, reader in zip(task.partitions, task.readers):
+            if ssp in commit.offsets:
+                reader.committed(commit.offsets[ssp])
+
+    def drain(self) -> None:
+        """Wait until every commit handed to the writer is durable; raise the first failure
+        (loop thread, at the end of a run). A no-op without a commit writer."""
+        if self.writer is None:
+            return
+        first: BaseException | None = None
+        with self._commit_lock:
+            for task in self.tasks:
+                try:
+                    self._settle(task)
+                except BaseException as e:  # noqa: BLE001 - the first error wins
+                    first = first or e
+        if first is not None:
+            raise first
+
+    def _commit_now(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
         with self._commit_lock:
             for producer in self.producers.values():
                 producer.flush()
@@ -147,9 +309,9 @@ class JobPlan:
                 if offsets:
                     self.store.write(task.name, dict(offsets))
             else:
-                state = stores.begin_commit()
                 ok = False
                 try:
+                    state = stores.begin_commit()
                     if offsets or state:
                         self.store.write(task.name, dict(offsets), state)
                     ok = True
@@ -160,7 +322,10 @@ class JobPlan:
                     reader.committed(offsets[ssp])
 
     def close(self) -> None:
-        """Close readers, producers, systems and the store (idempotent, best effort)."""
+        """Close readers, producers, systems and the store (idempotent, best effort); the
+        commit writer first writes what it holds."""
+        if self.writer is not None:
+            _quietly(self.writer.close)
         if self.asyncio_runner is not None:
             _quietly(self.asyncio_runner.close)
         for t in self.tasks:

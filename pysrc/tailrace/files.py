@@ -693,13 +693,28 @@ class FileProducer(Producer):
         self._dirty.add(out)
 
     def flush(self) -> None:
+        sync = self.flush_begin()
+        if sync is not None:
+            sync()
+
+    def flush_begin(self) -> Callable[[], None] | None:
+        """Write every buffer now; return the fsync of the files written since the last
+        flush (the commit writer's thread calls it before the checkpoint). The files stay
+        open until ``close``, which comes after the commit writer stopped."""
         with self._lock:
             for out in self._outs.values():
                 if out.used:
                     self._write(out)
-            for out in self._dirty:
-                os.fsync(out.fd)
+            if not self._dirty:
+                return None
+            fds = [out.fd for out in self._dirty]
             self._dirty.clear()
+
+        def sync() -> None:
+            for fd in fds:
+                os.fsync(fd)
+
+        return sync
 
     def close(self) -> None:
         with self._lock:

@@ -71,6 +71,14 @@ class Producer(ABC):
     def flush(self) -> None:
         """Make everything sent so far durable (called before a checkpoint is written)."""
 
+    def flush_begin(self) -> Callable[[], None] | None:
+        """The first half of ``flush`` for a commit written off the loop thread: hand
+        everything sent so far to the system now (loop thread), and return what makes it
+        durable, called from the commit writer's thread before the checkpoint is written
+        (None: nothing left to wait for). The default flushes whole, here."""
+        self.flush()
+        return None
+
     def close(self) -> None:
         """Flush and release resources. Idempotent."""
 
@@ -116,10 +124,18 @@ class CheckpointStore(ABC):
 
     ``open``, ``load``, ``write``, ``reset`` and ``close`` are called from the
     loop thread only (one container at a time per job and store: ``open``
-    refuses a second one with CheckpointError). ``state_get`` and ``state_scan``
-    read committed state and are safe from any thread (a task's stores read
-    through on a cache miss from pool threads, callbacks and coroutines).
+    refuses a second one with CheckpointError), except that a store whose
+    ``background_writes`` is True has its commits' ``write`` called from the job's
+    commit writer thread instead, one at a time, while the loop goes on (``load``
+    and ``open`` happen before it starts, ``close`` after it stopped).
+    ``state_get`` and ``state_scan`` read committed state and are safe from any
+    thread (a task's stores read through on a cache miss from pool threads,
+    callbacks and coroutines).
     """
+
+    #: Commits are written by the job's commit writer thread, off the loop (see
+    #: ``tailrace.container.CommitWriter``): for a store whose writes wait on a disk.
+    background_writes: bool = False
 
     @abstractmethod
     def open(self, job_name: str) -> None:

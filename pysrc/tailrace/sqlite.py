@@ -61,7 +61,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ from ._digest import blake2b
 from .config import options_checked
 from .errors import CheckpointError
 from .interfaces import CheckpointStore, StateChanges
+from .stores import split_changes
 from .types import Offset, SystemStreamPartition
 
 log = logging.getLogger("tailrace.sqlite")
@@ -316,11 +317,15 @@ class SqliteCheckpointStore(CheckpointStore):
     ``path``: the database file (also the job file's ``[checkpoints] path``); ``open``
     creates it, and its directory, when missing.
 
-    Thread-safety: ``open``, ``load``, ``write``, ``reset`` and ``close`` on the loop
-    thread only (one container per job and store: see the module doc); ``state_get``
-    and ``state_scan`` from any thread (each reading thread has a read-only
-    connection of its own).
+    Thread-safety: ``open``, ``load``, ``reset`` and ``close`` on the loop thread only
+    (one container per job and store: see the module doc), ``write`` on the job's commit
+    writer thread (``background_writes``: one write at a time, while the loop goes on);
+    ``state_get`` and ``state_scan`` from any thread (each reading thread has a
+    read-only connection of its own).
     """
+
+    # a write waits on fsync (synchronous=FULL): commits are written off the loop thread
+    background_writes = True
 
     @options_checked
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -333,6 +338,7 @@ class SqliteCheckpointStore(CheckpointStore):
         self._inode: tuple[int, int] | None = None  # the database file's (st_dev, st_ino) we lock
         self._marker: GenerationMarker | None = None
         self._writes = 0
+        self._max_rows = 0  # rows a state statement holds on the writer's connection (once known)
         # state readers: one connection per reading thread (WAL: they never block the writer)
         self._readers_lock = threading.Lock()
         self._readers: list[sqlite3.Connection] = []
@@ -638,17 +644,15 @@ class SqliteCheckpointStore(CheckpointStore):
                     raise sqlite3.DatabaseError(f"state scope of store {store!r} vanished")
             if self._scopes.get((task_name, store)) != scope:
                 self._new_scopes[task_name, store] = scope  # cached once the transaction commits
-            # the scope as a literal (an int of ours): executemany binds the changes' own
-            # (key, value) pairs, no row tuple per key (dict items reuse theirs)
-            deletes = [(k,) for k, v in changes.items() if v is None]
-            puts: Iterable[tuple[bytes, bytes | None]] = changes.items()
-            if deletes:
-                puts = [(k, v) for k, v in changes.items() if v is not None]
-            db.executemany(
-                f"INSERT OR REPLACE INTO state (scope, key, value) VALUES ({int(scope)}, ?, ?)", puts
-            )
-            if deletes:
-                db.executemany(f"DELETE FROM state WHERE scope = {int(scope)} AND key = ?", deletes)
+            puts, deletes = split_changes(changes, yield_gil=True)
+            # as few statements as SQLite allows (thousands of rows a statement), so that
+            # the sqlite3 module takes the GIL once per statement, not once per row: it lets
+            # the GIL go around each step, and on the commit writer's thread each take back
+            # may wait for the loop thread (up to the switch interval, 5 ms)
+            most = self._max_rows or _max_rows(db)
+            self._max_rows = most
+            _run_rows(db, _UPSERT, scope, puts, 2, most)
+            _run_rows(db, _DELETE, scope, deletes, 1, most)
 
     def _scope_id(
         self, db: sqlite3.Connection, task_name: str, store: str, *, cache: bool = True
@@ -863,6 +867,50 @@ def _offset(path: Path, value: Any) -> Offset:
     if isinstance(value, (int, str)) and not isinstance(value, bool):
         return value
     raise CheckpointError(f"checkpoint store {path} holds an offset of unexpected type: {value!r}")
+
+
+_MAX_ROWS = 8192  # rows per statement of a state write, at most (parameters permitting)
+_UPSERT = "INSERT OR REPLACE INTO state (scope, key, value) VALUES (?1,?,?)"
+_DELETE = "DELETE FROM state WHERE scope = ?1 AND key IN (?)"
+_statements: dict[tuple[str, int], str] = {}  # (template, rows) -> SQL text
+
+
+def _statement(template: str, rows: int) -> str:
+    """The SQL text of ``rows`` rows of ``template`` (``?1`` the scope, then ``?`` per value:
+    SQLite numbers each plain ``?`` after the largest number used so far)."""
+    sql = _statements.get((template, rows))
+    if sql is None:
+        if template is _UPSERT:
+            sql = template + ",(?1,?,?)" * (rows - 1)
+        else:
+            sql = template[:-1] + ",?" * (rows - 1) + ")"
+        _statements[template, rows] = sql
+    return sql
+
+
+def _max_rows(db: sqlite3.Connection) -> int:
+    """Rows a statement of two parameters a row may hold on this connection (a power of two)."""
+    limit = db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    rows = 1
+    while rows * 2 <= _MAX_ROWS and rows * 2 * 2 + 1 <= limit:
+        rows *= 2
+    return rows
+
+
+def _run_rows(
+    db: sqlite3.Connection, template: str, scope: int, params: list[Any], width: int, most: int
+) -> None:
+    """Run ``template`` over ``params`` (``width`` parameters a row) in statements of
+    ``most`` rows, the rest in statements of power-of-two sizes: a handful of distinct SQL
+    texts, each prepared once (the sqlite3 module's statement cache), shared by every scope."""
+    total = len(params) // width
+    at = 0
+    size = most
+    while at < total:
+        while size > total - at:
+            size //= 2
+        db.execute(_statement(template, size), [scope, *params[at * width : (at + size) * width]])
+        at += size
 
 
 def _bump_generation(db: sqlite3.Connection) -> int:

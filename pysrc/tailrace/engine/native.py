@@ -109,6 +109,8 @@ class NativeEngine:
         self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows], plan.clock)
         for timers in self._timers:
             timers.runner = self._runner
+        if plan.writer is not None:  # a failed commit stops the loop at once (any thread)
+            plan.writer.on_error = self._runner.post_error
         self._ran = False
         self._failure: BaseException | None = None
         self._reason = "stop"
@@ -141,6 +143,10 @@ class NativeEngine:
                 self._loop()
             if self._failure is not None:
                 self._final_commit()  # the low watermark, never past a failure (rules 18, 19)
+            try:
+                self.plan.drain()  # every commit the commit writer holds is durable
+            except BaseException as e:  # noqa: BLE001 - recorded; raised below
+                self._fail(e)
         finally:
             self._close_tasks()
             if manual is not None:
@@ -201,6 +207,8 @@ class NativeEngine:
             self._reason = reason
 
     def _fail(self, error: BaseException) -> None:
+        if error is self._failure:  # a failed commit (the writer posted it), raised again later
+            return
         if self._failure is None:
             log.info("stopping on error: %s", error)
             self._failure = error

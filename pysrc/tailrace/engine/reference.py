@@ -363,7 +363,8 @@ class ReferenceEngine:
         # thread while that thread holds the lock.
         self._clock = plan.clock  # every deadline of the run comes from it (tailrace.clock)
         self._cv = self._clock.condition(threading.RLock())
-        # (kind, callback, exception; for "late": how late, in seconds)
+        # (kind, callback, exception; for "late": how late, in seconds; for "commit": no
+        # callback, the error of a commit the commit writer failed)
         self._events: deque[tuple[str, _Callback, Any]] = deque()
         self._signalled = False  # reader wakeup / timer change since the last wait
         self._stop_flag = False
@@ -375,6 +376,8 @@ class ReferenceEngine:
         self._watch: StuckCallWatch | None = None  # sync calls on the loop thread (rules 3, 16)
         now = self._clock.monotonic()
         self._tasks = [_Task(self, tp, now) for tp in plan.tasks]
+        if plan.writer is not None:  # a failed commit stops the loop at once (its thread)
+            plan.writer.on_error = self._commit_failed
         self._rr = 0  # round-robin cursor over tasks (rule 5)
         self._failure: BaseException | None = None
         # a callback failed or resolved twice (set under _cv by the resolving thread, before
@@ -427,6 +430,7 @@ class ReferenceEngine:
             if self._failure is None:
                 self._loop()
             self._final_commit()
+            self._drain()
         finally:
             self._stop_pool()  # before close(): no process call of a task after its close (rule 19)
             self._close_tasks()
@@ -443,6 +447,15 @@ class ReferenceEngine:
     def _wakeup(self) -> None:
         """Reader wakeup / timer change: any thread."""
         with self._cv:
+            self._signalled = True
+            self._cv.notify()
+
+    def _commit_failed(self, error: BaseException) -> None:
+        """The commit writer failed a commit (its thread): the loop stops on it at once."""
+        with self._cv:
+            self._events.append(("commit", None, error))  # type: ignore[arg-type]
+            self._failing = True
+            self._poke = True
             self._signalled = True
             self._cv.notify()
 
@@ -600,6 +613,9 @@ class ReferenceEngine:
             events = list(self._events)
             self._events.clear()
         for kind, cb, exc in events:
+            if kind == "commit":  # a commit the commit writer failed to write (rule 16)
+                self._fail(exc)
+                continue
             t = cb.task
             if kind == "twice":
                 what = "failed" if exc is not None else "completed"
@@ -1341,11 +1357,20 @@ class ReferenceEngine:
     # -- failure and the end --------------------------------------------------
     def _fail(self, error: BaseException) -> None:
         """Record the first failure (rule 16); the loop stops at its next check."""
+        if error is self._failure:  # a failed commit, raised again by the drain
+            return
         if self._failure is None:
             log.info("stopping on error: %s", error)
             self._failure = error
         else:
             log.warning("further error while stopping: %s", error)
+
+    def _drain(self) -> None:
+        """Wait for the commits the commit writer holds (JobPlan.drain); a failure stops the run."""
+        try:
+            self.plan.drain()
+        except BaseException as e:  # noqa: BLE001 - recorded; raised by run()
+            self._fail(e)
 
     def _final_commit(self) -> None:
         """Commit every task's low watermark (rule 19); after an error too, never more (rule 18)."""

@@ -1,0 +1,232 @@
+"""Commits written off the loop thread (issue 34; rules 13, 26, 27 unchanged): the loop goes on
+processing while a commit is made durable; a commit carries exactly the state and offsets of
+its moment; a task's next commit waits for its previous one; a failed write stops the job
+with the task named, and nothing is committed past it. Both engines."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tailrace
+from tailrace.errors import TaskError
+from tailrace.interfaces import StateChanges
+from tailrace.serdes import SerdeError
+from tailrace.sqlite import SqliteCheckpointStore
+from tailrace.types import Offset, SystemStreamPartition
+
+ENGINES = ["c", "python"]
+
+
+class _SlowWrites(SqliteCheckpointStore):
+    """SQLite checkpoints whose writes take 0.3 s with the GIL released (a slow disk); records
+    the threads they ran on and when."""
+
+    def __init__(self, path: Path, delay: float = 0.3) -> None:
+        super().__init__(path)
+        self.delay = delay
+        self.writes: list[tuple[float, float, str, dict[SystemStreamPartition, Offset]]] = []
+        self.fail_at: int | None = None
+
+    def write(
+        self,
+        task_name: str,
+        offsets: Any,
+        state: StateChanges | None = None,
+    ) -> None:
+        started = time.monotonic()
+        time.sleep(self.delay)
+        if self.fail_at is not None and len(self.writes) >= self.fail_at:
+            raise OSError("disk on fire")
+        super().write(task_name, offsets, state)
+        self.writes.append((started, time.monotonic(), threading.current_thread().name, dict(offsets)))
+
+
+class Paced(tailrace.StreamTask):
+    """Counts per key in a store; records when each message ran; asks for a commit at 100."""
+
+    seen: list[float]
+
+    def init(self, context: Any) -> None:
+        self.counts = context.store("counts")
+        Paced.seen = []
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        n = envelope.message
+        self.counts[f"k{n % 7}"] = self.counts.get(f"k{n % 7}", 0) + 1
+        Paced.seen.append(time.monotonic())
+        if n == 100:
+            coordinator.commit()
+        time.sleep(0.001)
+
+
+def _run(engine: str, store: SqliteCheckpointStore, messages: int) -> tailrace.RunResult:
+    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(messages))])
+    c = tailrace.Container(
+        Paced,
+        inputs=["mem.in"],
+        systems=[mem],
+        checkpoints=store,
+        engine=engine,
+        stores={"counts": {"key.serde": "str", "value.serde": "int"}},
+        config={"task.commit.ms": -1},
+    )
+    return c.run()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_loop_processes_while_a_commit_is_written(tmp_path: Path, engine: str) -> None:
+    store = _SlowWrites(tmp_path / "c.db")
+    result = _run(engine, store, 400)
+    first = store.writes[0]
+    started, ended, thread, offsets = first
+    assert thread == "tailrace-commit-writer"  # not the loop thread
+    during = [t for t in Paced.seen if started < t < ended]
+    # the commit took 0.3 s: the loop ran messages meanwhile (1 ms each); on the loop thread
+    # no message could run while the write waited
+    assert len(during) >= 50, len(during)
+    ssp = SystemStreamPartition("mem", "in", 0)
+    assert offsets[ssp] == 100  # the commit's own moment, not where the loop was when it was written
+    assert result.committed[ssp] == 399  # the final commit is durable when run() returns
+    check = SqliteCheckpointStore(tmp_path / "c.db")
+    check.open("tailrace-job")
+    try:
+        assert check.load("Partition 0") == {ssp: 399}
+        assert _counts(check) == _fold(range(400))
+    finally:
+        check.close()
+
+
+def _counts(store: SqliteCheckpointStore) -> dict[str, int]:
+    """The committed counts of Partition 0 (int serde: big-endian value + 2**63)."""
+    return {
+        k.decode(): int.from_bytes(v, "big") ^ (1 << 63) for k, v in store.state_scan("Partition 0", "counts")
+    }
+
+
+def _fold(ns: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in ns:
+        counts[f"k{n % 7}"] = counts.get(f"k{n % 7}", 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_commit_carries_the_state_of_its_moment(tmp_path: Path, engine: str) -> None:
+    # the first commit is at offset 100 (messages 0..100); the state written with it is the
+    # fold of exactly those, whatever the loop did during the slow write (rule 26)
+    store = _SlowWrites(tmp_path / "c.db")
+    _run(engine, store, 400)
+    assert [w[3][SystemStreamPartition("mem", "in", 0)] for w in store.writes] == [100, 399]
+    # what the first write left: the same run with its final commit failing
+    store3 = _SlowWrites(tmp_path / "d.db", delay=0.3)
+    store3.fail_at = 1  # the final commit fails: what stays is the commit at 100
+    with pytest.raises(TaskError, match="disk on fire") as info:
+        _run(engine, store3, 400)
+    assert info.value.phase == "commit"
+    assert info.value.task == "Partition 0"
+    check = SqliteCheckpointStore(tmp_path / "d.db")
+    check.open("tailrace-job")
+    try:
+        assert check.load("Partition 0") == {SystemStreamPartition("mem", "in", 0): 100}
+        # the fold of exactly messages 0..100, though the loop ran on during the write
+        assert _counts(check) == _fold(range(101))
+    finally:
+        check.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_failed_background_write_stops_the_job_naming_the_task(tmp_path: Path, engine: str) -> None:
+    store = _SlowWrites(tmp_path / "c.db", delay=0.05)
+    store.fail_at = 0  # the first commit (at 100) fails
+    started = time.monotonic()
+    with pytest.raises(TaskError, match="disk on fire") as info:
+        _run(engine, store, 5000)
+    assert info.value.phase == "commit" and info.value.task == "Partition 0"
+    # the job stopped on it, long before its 5,000 messages (5 s) were done
+    assert time.monotonic() - started < 4.0
+    check = SqliteCheckpointStore(tmp_path / "c.db")
+    check.open("tailrace-job")
+    try:
+        assert check.load("Partition 0") == {}  # nothing committed past the failure
+        assert list(check.state_scan("Partition 0", "counts")) == []
+    finally:
+        check.close()
+
+
+def test_a_str_value_with_a_lone_surrogate_is_refused_at_the_put(tmp_path: Path) -> None:
+    # rule 39: a store write that cannot be encoded fails at the write itself, never at the
+    # commit (the task can catch it); serdes that can encode it (pickle) take it
+    from tailrace.config import StoreSpec
+    from tailrace.memory import MemoryCheckpointStore
+    from tailrace.stores import KeyValueStore, TaskStores, _PyKeyValueStore
+
+    backend = MemoryCheckpointStore()
+    backend.open("job")
+    for cls in (KeyValueStore, _PyKeyValueStore):
+        for serde in ("json", "str", "msgpack"):
+            stores = TaskStores("t", {"s": StoreSpec("str", serde)}, backend, cls)
+            s = stores.get("s")
+            with pytest.raises(SerdeError, match=r"store 's' of task 't', key 'k'"):
+                s["k"] = "a\ud800b"
+            with pytest.raises(SerdeError, match=r"key 'k2'"):
+                s.put_all({"k2": "\udfff"})
+            s["ok"] = "é\u20ac"  # non-ASCII with a UTF-8 encoding is fine
+            assert s["ok"] == "é\u20ac"
+            assert "k" not in s and s.dirty() == 1
+            assert stores.begin_commit()["s"] == {b"ok": s._vserde.encode("é\u20ac")}
+            stores.end_commit(True)
+        stores = TaskStores("t", {"s": StoreSpec("str", "pickle")}, backend, cls)
+        stores.get("s")["k"] = "a\ud800b"
+        assert stores.get("s")["k"] == "a\ud800b"
+
+
+class _CountingReads(SqliteCheckpointStore):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.gets = 0
+
+    def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
+        self.gets += 1
+        return super().state_get(task_name, store, key)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_restarted_task_whose_state_fits_its_cache_reads_nothing_on_a_miss(
+    tmp_path: Path, engine: str
+) -> None:
+    # issue 34: the committed state is read whole at the start when it fits the cache; a
+    # key it does not hold cannot exist, so a miss reads nothing
+    _run(engine, SqliteCheckpointStore(tmp_path / "c.db"), 50)
+    store = _CountingReads(tmp_path / "c.db")
+    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(80))])
+
+    class More(Paced):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            n = envelope.message
+            key = f"k{n % 7}" if n < 65 else f"new{n}"  # new keys from 65 on
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    c = tailrace.Container(
+        More,
+        inputs=["mem.in"],
+        systems=[mem],
+        checkpoints=store,
+        engine=engine,
+        stores={"counts": {"key.serde": "str", "value.serde": "int"}},
+    )
+    c.run()
+    assert store.gets == 0
+    check = SqliteCheckpointStore(tmp_path / "c.db")
+    check.open("tailrace-job")
+    try:
+        got = _counts(check)
+    finally:
+        check.close()
+    expected = _fold(range(65))
+    expected.update({f"new{n}": 1 for n in range(65, 80)})
+    assert got == expected
