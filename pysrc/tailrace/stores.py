@@ -168,8 +168,8 @@ try:
     from ._stores import StoreCore as _StoreCore
     from ._stores import StoreLock as _StoreLock
     from ._stores import encode_changes as _encode_changes_c
-    from ._stores import scan_overlay as _scan_overlay_c
     from ._stores import evict_clean as _evict_clean
+    from ._stores import scan_overlay as _scan_overlay_c
     from ._stores import split_changes as _split_changes_c
 except ImportError:  # pragma: no cover - a build without the compiled store path
     _ABSENT = _PY_ABSENT
@@ -593,12 +593,23 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
                 self._evict()
 
 
-class _PyKeyValueStore(_PyStoreCore, KeyValueStore[K, V]):
-    """KeyValueStore on the pure-Python hot path and commit encoding (the tests run both)."""
+class _PyPaths:
+    """The pure-Python commit encoding, overlay and eviction (see ``_PyKeyValueStore``)."""
 
-    _compiled_encode = None
-    _compiled_overlay = None
+    _compiled_encode: Callable[..., dict[bytes, bytes | None]] | None = None
+    _compiled_overlay: Callable[..., list[tuple[bytes, Any, Any]]] | None = None
     _evict_pass = staticmethod(_py_evict_clean)
+
+
+if COMPILED:
+
+    class _PyKeyValueStore(_PyPaths, _PyStoreCore, KeyValueStore[K, V]):
+        """KeyValueStore on the pure-Python hot path and commit encoding (the tests run both)."""
+
+else:  # KeyValueStore is on the pure-Python hot path already (an MRO of _PyStoreCore twice fails)
+
+    class _PyKeyValueStore(_PyPaths, KeyValueStore[K, V]):  # type: ignore[no-redef]
+        """KeyValueStore on the pure-Python hot path and commit encoding (the tests run both)."""
 
 
 class TaskStores:

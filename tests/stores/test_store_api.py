@@ -3,6 +3,9 @@ range scans over cache and backend together, eviction, errors naming store and k
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -453,3 +456,46 @@ def test_tuple_keys_read_back_as_tuples_committed_or_not(backend: CheckpointStor
     stores, s = _store(backend, key_serde=key_serde)
     assert {k: s[k] for k in s} == {("a", 1): 1, ("b", (2, 3)): 2}
     backend.close()
+
+
+def test_stores_work_without_the_compiled_module(tmp_path: Path) -> None:
+    # a build without tailrace._stores falls back to the pure-Python twin: the module imports
+    # (its two pure-Python classes once had no consistent MRO there) and a job keeps state
+    code = textwrap.dedent(
+        """
+        import sys, importlib.abc
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "tailrace._stores":
+                    raise ImportError("blocked by the test")
+
+        sys.meta_path.insert(0, Block())
+        import tailrace
+        from tailrace.sqlite import SqliteCheckpointStore
+        from tailrace.stores import COMPILED
+
+        class Count(tailrace.StreamTask):
+            def init(self, context):
+                self.counts = context.store("counts")
+
+            def process(self, envelope, collector, coordinator):
+                w = envelope.message
+                self.counts[w] = self.counts.get(w, 0) + 1
+
+        for run in range(2):
+            mem = tailrace.MemorySystem("mem").add_stream("in", [["a", "b", "a"] * (run + 1)])
+            c = tailrace.Container(Count, inputs=["mem.in"], systems=[mem],
+                                   checkpoints=SqliteCheckpointStore(sys.argv[1]), stores=["counts"])
+            c.run()
+        store = SqliteCheckpointStore(sys.argv[1])
+        store.open("tailrace-job")
+        print(COMPILED, sorted(store.state_scan("Partition 0", "counts")))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "c.db")], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    # run 1: a a b; run 2 resumes after offset 2 and reads a b a (offsets 3..5)
+    assert out.stdout.strip() == "False [(b'\"a\"', b'4'), (b'\"b\"', b'2')]"
