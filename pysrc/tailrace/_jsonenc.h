@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "_jsonkeys.h"
+#include "_shortest.h"
 
 /* deeper than orjson writes (255), far below the interpreter's recursion limit that
  * bounds the standard library; the C stack holds it easily */
@@ -290,6 +291,10 @@ static int tr_json_float(tr_jw *w, PyObject *o) {
             return tr_jw_lit(w, "NaN", 3);
         return d > 0 ? tr_jw_lit(w, "Infinity", 8) : tr_jw_lit(w, "-Infinity", 9);
     }
+    char buf[32];
+    int n = tr_shortest(d, buf); /* the same text, without dtoa's bignums (_shortest.h) */
+    if (n >= 0)
+        return tr_jw_lit(w, buf, n);
     char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (s == NULL)
         return -1;

@@ -26,6 +26,40 @@ cdef extern from "_jsonenc.h":
     void tr_jw_free(tr_jw *w)
 
 
+cdef extern from "_shortest.h":
+    # the shortest repr of a double (Schubfach), with its table of 10^-k handed in at import
+    void tr_sf_set(int i, uint64_t g1, uint64_t g0)
+    int tr_shortest(double d, char *out)
+    int TR_SF_K_MIN
+    int TR_SF_N
+
+
+def _shortest_table():
+    """Fill _shortest.h's table: g(k) = floor(10^-k * 2^(125 - floor(-k log2 10))) + 1, exact
+    (Python integers), split into its high and low 63 bits; k from TR_SF_K_MIN on."""
+    cdef int i
+    mask = (1 << 63) - 1
+    for i in range(TR_SF_N):
+        e = -(TR_SF_K_MIN + i)
+        r = (e * 913124641741) >> 38  # floor(e log2 10), as the header computes it
+        if e >= 0:
+            g = 10**e << (125 - r) if r <= 125 else 10**e >> (r - 125)
+        else:
+            g = (1 << (125 - r)) // 10 ** (-e)
+        g += 1
+        tr_sf_set(i, g >> 63, g & mask)
+
+
+_shortest_table()
+
+
+def _float_repr(double d):
+    """float.__repr__ of a finite ``d`` by _shortest.h (tests); None where it cannot."""
+    cdef char buf[32]
+    cdef int n = tr_shortest(d, buf)
+    return None if n < 0 else buf[:n].decode("ascii")
+
+
 cdef extern from "_jsondec.h":
     # tailrace's reader of plain JSON texts (the header says what it takes)
     ctypedef struct tr_jdcache:

@@ -8,6 +8,9 @@ import dataclasses
 import datetime
 import json
 import math
+import random
+import struct
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -687,3 +690,63 @@ def test_texts_are_read_by_the_plain_reader_escapes_and_all() -> None:
     # a text json.loads refuses raises json.loads' error
     with pytest.raises(json.JSONDecodeError, match="Invalid \\\\escape"):
         codec.decode(b'{"key": "\\x"}')
+
+
+# -- floats: _shortest.h (Schubfach) writes float.__repr__ without dtoa's bignums -----------
+
+
+def _double(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
+
+
+def _check_repr(d: float) -> None:
+    from tailrace._core import _float_repr
+
+    got = _float_repr(d)
+    if got is not None:  # None: left to PyOS_double_to_string (subnormals)
+        assert got == repr(d), (d.hex(), got)
+    assert serdes._json_encode([d]) == _std_bytes([d])
+
+
+def test_the_shortest_repr_of_random_bit_patterns() -> None:
+    # every exponent and significand alike; a seeded sample large enough that a wrong
+    # rounding rule (the closer of two candidates, ties, the lower neighbour of a power of
+    # two) shows, yet quick
+    rng = random.Random(20261128)
+    for _ in range(200_000):
+        d = _double(rng.getrandbits(64))
+        if math.isfinite(d):
+            _check_repr(d)
+
+
+def test_the_shortest_repr_around_powers_of_two_and_the_format_edges() -> None:
+    # a power of two's lower neighbour is half as far (irregular spacing); the layout
+    # switches to an exponent below 1e-4 and from 1e16 on; integers below 2^53 are exact
+    for e in range(-1074, 1024):
+        p = math.ldexp(1.0, e)
+        for d in (p, math.nextafter(p, 0.0), math.nextafter(p, math.inf)):
+            if math.isfinite(d):
+                _check_repr(d)
+                _check_repr(-d)
+    edges = [0.0, -0.0, 1e16, 9999999999999998.0, 1e16 + 2, 1e-4, 9.999999999999999e-05, 1e-5, 0.001]
+    edges += [2.0**53, 2.0**53 - 1, 2.0**53 + 2, 9007199254740993.0, 123.45, 512569.13000000006, 1e23]
+    edges += [5e-324, 1e-323, 8e-323, 2.2250738585072009e-308, 2.2250738585072014e-308, sys.float_info.max]
+    for d in edges:
+        _check_repr(d)
+        _check_repr(-d)
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+@settings(max_examples=2000)
+def test_the_shortest_repr_property(d: float) -> None:
+    _check_repr(d)
+
+
+def test_the_shortest_repr_of_sums_of_decimals() -> None:
+    # what a job writes most: running sums of amounts with two decimals (17-digit reprs)
+    rng = random.Random(7)
+    total = 0.0
+    for _ in range(100_000):
+        total += round(rng.uniform(1, 1000), 2)
+        _check_repr(total)
+        _check_repr(round(rng.uniform(-1e6, 1e6), rng.randrange(0, 9)))
