@@ -345,12 +345,14 @@ class KafkaMember:
         else:
             heartbeat = threading.Thread(target=self._heartbeat, name="tailrace-kafka-leases", daemon=True)
             heartbeat.start()
+        joined = False
         try:
             for topic in self.topics[system.name]:
                 # an input topic that is missing (or brokers that do not answer) is an error
                 # now, naming it: a subscription would wait for it without a word
                 system.topic_partitions(topic)
             system.fetcher.ensure_started()
+            joined = True
             log.info("member joining group %r for %s", system.group_id, self.spec.inputs)
             while True:
                 with self._cond:
@@ -377,7 +379,8 @@ class KafkaMember:
                 if self._leases is not None:
                     self._leases.release_all()
                 self.store.close()
-                log.info("member of %r left (%s)", self.job, self.result.reason)
+                if joined:  # else it failed at start, and its error says so
+                    log.info("member of %r left (%s)", self.job, self.result.reason)
         if self._error is not None:
             raise self._error
         return self.result

@@ -164,6 +164,50 @@ client), repeats thinned out by :class:`_RepeatFilter`."""
 client_log.addFilter(_RepeatFilter())
 
 
+class _HeldLog:
+    """A client's ``logger`` for one query: its lines are held until the query ends, then
+    passed on to ``client_log`` (at DEBUG when the query's error already says it all)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str, tuple[Any, ...]]] = []
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        self.lines.append((level, msg, args))
+
+    def release(self, level: int | None = None) -> None:
+        for own, msg, args in self.lines:
+            client_log.log(own if level is None else level, msg, *args)
+        self.lines.clear()
+
+
+class _BrokerErrors:
+    """A client's ``error_cb`` for one query: why each broker's connection failed, and
+    whether librdkafka found every broker down."""
+
+    def __init__(self) -> None:
+        self.all_down = False
+        self.failures: dict[str, str] = {}  # broker (host:port, or '' when unnamed) -> its last error
+
+    def __call__(self, err: Any) -> None:
+        if err.code() == _kafka().KafkaError._ALL_BROKERS_DOWN:
+            self.all_down = True
+            return
+        # "127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused
+        # (after 0ms in state CONNECT)"
+        text = _AFTER.sub("", err.str())
+        m = _BROKER_ERROR.match(text)
+        broker, why = (m.group(1), m.group(2)) if m else ("", text)
+        self.failures[broker] = _CONNECT_FAILED.sub("", why)
+
+    def text(self) -> str:
+        return "; ".join(f"{b}: {why}" if b else why for b, why in self.failures.items())
+
+
+_AFTER = re.compile(r" \(after \d+ms in state [^)]*\)$")
+_BROKER_ERROR = re.compile(r"^(\S+?)/\w+: (.*)$")
+_CONNECT_FAILED = re.compile(r"^Connect to \S+ failed: ")
+
+
 class _Fetcher:
     """The system's consumer and the thread that reads it (see the module docstring).
 
@@ -989,11 +1033,13 @@ class KafkaSystem(System):
     def _check_client_settings(self) -> None:
         """librdkafka's verdict on the settings, now rather than when a client first starts
         (a producer starts only once a container runs): a client of each kind is made and
-        dropped at once (a few ms; its log lines, never served, are dropped with it), and a
-        setting it refuses is a ConfigError naming it and its table."""
+        dropped at once (a few ms), and a setting it refuses is a ConfigError naming it and its
+        table. Their log lines go to DEBUG: a consumer starts connecting at once, and its close
+        may log that the connection failed, about a client that was never meant to connect."""
         ck = _kafka()
+        held = _HeldLog()
         for consumer in (True, False):
-            cfg = {**(self.consumer_config() if consumer else self.producer_config()), "logger": client_log}
+            cfg = {**(self.consumer_config() if consumer else self.producer_config()), "logger": held}
             try:
                 client = ck.Consumer(cfg) if consumer else ck.Producer(cfg)
             except ck.KafkaException as e:
@@ -1007,6 +1053,7 @@ class KafkaSystem(System):
                 raise ConfigError(f"librdkafka refuses it: {text}", key=key) from None
             if consumer:
                 client.close()
+        held.release(logging.DEBUG)
 
     def producer_config(self) -> dict[str, Any]:
         """The producer's librdkafka settings: defaults, then ``config``, then ``producer``."""
@@ -1022,13 +1069,14 @@ class KafkaSystem(System):
 
     # -- metadata ------------------------------------------------------------------
     @contextlib.contextmanager
-    def _admin_client(self) -> Iterator[Any]:
+    def _admin_client(self, logger: Any = client_log, **callbacks: Any) -> Iterator[Any]:
         """A fresh admin client for one metadata query (they are rare: a topic's partition
         count once, a bounded reader's end when it starts), dropped after it: one kept
         idle would go on reconnecting to a broker that is down for as long as it is. Its
-        log lines reach ``logger`` only through ``poll``, called once it is done."""
+        log lines reach ``logger`` (and its errors an ``error_cb`` in ``callbacks``) only
+        through ``poll``, called once it is done."""
         base = {k: v for k, v in self.producer_config().items() if k not in _PRODUCER_ONLY}
-        admin = _kafka().admin.AdminClient({**base, "logger": client_log})
+        admin = _kafka().admin.AdminClient({**base, "logger": logger, **callbacks})
         try:
             yield admin
         finally:
@@ -1055,14 +1103,14 @@ class KafkaSystem(System):
         if n is not None:
             return n
         ck = _kafka()
+        held, brokers = _HeldLog(), _BrokerErrors()
         try:
-            with self._admin_client() as admin:
-                md = admin.list_topics(topic, timeout=self.metadata_timeout_s)
+            with self._admin_client(held, error_cb=brokers) as admin:
+                md = self._metadata(admin, topic, brokers)
         except ck.KafkaException as e:
-            raise InputError(
-                f"no metadata from Kafka at {self.bootstrap_servers} within {self.metadata_timeout_s} s: {e}",
-                source=f"{self.name}.{topic}",
-            ) from e
+            held.release(logging.DEBUG)  # the error's one line says what they say, once
+            raise InputError(self._no_metadata(e, brokers), source=f"{self.name}.{topic}") from e
+        held.release()
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
             why = t.error if t is not None else "not in the metadata"
@@ -1072,6 +1120,40 @@ class KafkaSystem(System):
             )
         self._partitions[topic] = len(t.partitions)
         return len(t.partitions)
+
+    def _metadata(self, admin: Any, topic: str, brokers: _BrokerErrors) -> Any:
+        """``admin.list_topics(topic)``, given up as soon as librdkafka finds every broker
+        down (its ``error_cb``, served by ``poll`` between tries of growing length) rather
+        than at ``metadata_timeout_s``: a refused connection or a name that does not resolve
+        is known within a fraction of a second. Raises the last try's KafkaException."""
+        ck = _kafka()
+        retry = (ck.KafkaError._TRANSPORT, ck.KafkaError._TIMED_OUT)
+        deadline = time.monotonic() + self.metadata_timeout_s
+        step = 0.05
+        while True:
+            try:
+                return admin.list_topics(topic, timeout=max(min(step, deadline - time.monotonic()), 0.001))
+            except ck.KafkaException as e:
+                admin.poll(0)
+                code = e.args[0].code() if e.args and isinstance(e.args[0], ck.KafkaError) else None
+                if brokers.all_down or code not in retry or time.monotonic() >= deadline:
+                    raise
+            step = min(step * 2, 1.0)
+
+    def _no_metadata(self, e: Any, brokers: _BrokerErrors) -> str:
+        """One line for a metadata query that failed: the brokers, why, what to check."""
+        ck = _kafka()
+        check = (
+            f"check that the brokers run and this machine reaches them, and that "
+            f"systems.{self.name}.bootstrap_servers names their host:port"
+        )
+        why = brokers.text()
+        if brokers.all_down:
+            return f"Kafka at {self.bootstrap_servers} is unreachable ({why}); {check}"
+        error = e.args[0].str() if e.args and isinstance(e.args[0], ck.KafkaError) else str(e)
+        why = f"{error}; {why}" if why else error
+        within = f"within {self.metadata_timeout_s} s"
+        return f"no metadata from Kafka at {self.bootstrap_servers} {within} ({why}); {check}"
 
     # -- tailrace interface ----------------------------------------------------------
     def partitions(self, stream: str) -> int:
