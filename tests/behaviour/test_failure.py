@@ -3,6 +3,7 @@ completion; callback timeout; the watermark never passes a failure (rules 16-18)
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -18,6 +19,8 @@ from tailrace import (
     StreamTask,
     TaskError,
 )
+from tailrace.engine.failures import FurtherErrors
+from tailrace.errors import CheckpointError
 
 from .helpers import HeldCallbacks, bounded, run_job, ssp, start
 
@@ -387,3 +390,55 @@ def test_a_callback_timeout_counts_from_the_call_not_from_the_batch(engine: str,
 
     result, _ = run_job(engine, Task, bounded([list(range(slow_first + 3))]), task_callback_timeout_ms=200)
     assert result.reason == "end_of_stream" and result.processed == slow_first + 3
+
+
+class _GoneStore(MemoryCheckpointStore):
+    """Every write fails as one outage fails them: the same message but for the task."""
+
+    def write(self, task_name: str, offsets: Any, state: Any = None) -> None:
+        raise CheckpointError(f"task {task_name!r}: the store is gone: committing {task_name}")
+
+
+def test_further_errors_of_the_first_one_s_cause_are_counted_not_logged_again(
+    engine: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 38, item 4: one outage failed the first commit, then the final commit of every
+    # task (rule 19) with the same cause: each was one more "further error while stopping"
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            pass
+
+    with caplog.at_level(logging.DEBUG, logger="tailrace.engine"), pytest.raises(CheckpointError) as info:
+        run_job(engine, Task, bounded([list(range(5))] * 3), store=_GoneStore())
+    assert "the store is gone" in str(info.value)
+    stopping = [r for r in caplog.records if r.getMessage().startswith("stopping on error")]
+    further = [r for r in caplog.records if r.getMessage().startswith("further error")]
+    assert len(stopping) == 1, caplog.text
+    assert len(further) >= 2, caplog.text  # the other two tasks' final commits at least
+    assert all(r.levelno == logging.DEBUG for r in further), caplog.text
+    counted = f"further error while stopping, the first one's cause ({len(further)} so far)"
+    assert further[-1].getMessage().startswith(counted), caplog.text
+
+
+def test_a_further_error_of_another_cause_is_still_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("tailrace.engine.test")
+    further = FurtherErrors(["Partition 1", "Partition 10"], log)
+    first = CheckpointError("task 'Partition 1': the store is gone")
+    original = Boom("disk")
+    with caplog.at_level(logging.DEBUG, logger="tailrace.engine.test"):
+        further.report(first, CheckpointError("task 'Partition 1': the store is gone"))  # the same again
+        further.report(first, CheckpointError("task 'Partition 10': the store is gone"))  # another task
+        one = TaskError("Partition 1", original=original)
+        further.report(one, TaskError("Partition 10", original=original))  # one original
+        # one outage seen by process and then by the commit: two originals of one message
+        gone = TaskError("Partition 1", ssp(1), 7, ConnectionError("writing 50 entries: gave up"))
+        again = ConnectionError("writing 50 entries: gave up")
+        further.report(gone, TaskError("Partition 10", original=again))
+        further.report(first, CheckpointError("task 'Partition 10': the disk is full"))
+        further.report(first, TaskError("Partition 1", original=Boom("the store is gone")))
+    assert further.repeats == 4
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [
+        "further error while stopping: task 'Partition 10': the disk is full",
+        f"further error while stopping: {TaskError('Partition 1', original=Boom('the store is gone'))}",
+    ]

@@ -148,8 +148,8 @@ def test_a_stop_after_a_long_outage_says_each_failure_once_without_tracebacks(
 ) -> None:
     # issue 38, item 4: Redis killed, the member heartbeats for a few seconds, then Ctrl-C:
     # the stop gave up in time with its report, but printed a traceback of tailrace's own
-    # frames ("error while closing _RedisProducer.close"), one heartbeat warning a second
-    # and a line per lease it could not release
+    # frames ("error while closing _RedisProducer.close"), one heartbeat warning a second,
+    # a line per lease it could not release and a "further error while stopping" per task
     system = RedisSystem("redis", redis_server.url)
     fill(system)
     proc = start_job(write_job(tmp_path, redis_server.url, engine="c"))
@@ -168,6 +168,8 @@ def test_a_stop_after_a_long_outage_says_each_failure_once_without_tracebacks(
     assert re.search(r"left without telling Redis \(\d+ failed heartbeats\)", err), err[-5000:]
     assert "could not release" not in err, err[-5000:]
     assert "reading redis failed" not in err, err[-5000:]
+    # the outage failed every task's final commit with one cause: said once, the rest counted
+    assert err.count("stopping on error") == 1 and "further error while stopping" not in err, err[-5000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("tailrace: error: member ") and "stop gave up" in last, err[-3000:]
 

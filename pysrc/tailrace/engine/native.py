@@ -29,6 +29,7 @@ from ..clock import Clock, ManualClock
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
+from .failures import FurtherErrors
 from .timers import TimerHeap, before_window
 from .watchdog import StuckCallWatch
 
@@ -113,6 +114,7 @@ class NativeEngine:
             plan.writer.on_error = self._runner.post_error
         self._ran = False
         self._failure: BaseException | None = None
+        self._further = FurtherErrors((tp.name for tp in plan.tasks), log)
         self._reason = "stop"
         self._final_seen = False  # the final commits began (on_commit)
 
@@ -213,7 +215,7 @@ class NativeEngine:
             log.info("stopping on error: %s", error)
             self._failure = error
         else:
-            log.warning("further error while stopping: %s", error)
+            self._further.report(self._failure, error)
 
     def _final_commit(self) -> None:
         for i in range(len(self._slots)):

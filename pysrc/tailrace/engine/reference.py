@@ -91,6 +91,7 @@ from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskErr
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..ordering import key_identity
 from ..types import Offset, SystemStreamPartition
+from .failures import FurtherErrors
 from .timers import TimerHeap, before_window
 from .watchdog import StuckCallWatch
 
@@ -380,6 +381,7 @@ class ReferenceEngine:
             plan.writer.on_error = self._commit_failed
         self._rr = 0  # round-robin cursor over tasks (rule 5)
         self._failure: BaseException | None = None
+        self._further = FurtherErrors((tp.name for tp in plan.tasks), log)
         # a callback failed or resolved twice (set under _cv by the resolving thread, before
         # the loop applies it): pool threads invoke no more queued messages
         self._failing = False
@@ -1363,7 +1365,7 @@ class ReferenceEngine:
             log.info("stopping on error: %s", error)
             self._failure = error
         else:
-            log.warning("further error while stopping: %s", error)
+            self._further.report(self._failure, error)
 
     def _drain(self) -> None:
         """Wait for the commits the commit writer holds (JobPlan.drain); a failure stops the run."""
