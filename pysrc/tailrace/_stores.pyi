@@ -22,6 +22,7 @@ class StoreCore:
     _complete: bool
     _str_keys: bool
     _evict_at: int
+    _lru_at: int
     misses: int
     def get(self, key: Any, default: Any = None) -> Any: ...
     def __getitem__(self, key: Any) -> Any: ...

@@ -146,6 +146,7 @@ cdef class StoreCore:
     cdef public bint _complete  # the cache holds the whole state: a miss is an absent key
     cdef public bint _str_keys  # the key serde is "str"
     cdef public Py_ssize_t _evict_at  # len(_entries) that makes a miss evict first
+    cdef public Py_ssize_t _lru_at  # len(_entries) from which a hit makes its key most recent
     cdef public Py_ssize_t misses
 
     def __cinit__(self, *args, **kwargs):
@@ -158,6 +159,7 @@ cdef class StoreCore:
         self._complete = False
         self._str_keys = False
         self._evict_at = 0
+        self._lru_at = 0
         self.misses = 0
 
     @property
@@ -177,12 +179,24 @@ cdef class StoreCore:
             self._n_trusted += 1
 
     cdef inline object _lookup(self, object key):
-        """The cached value of ``key`` (loaded through on a miss), made most recent. Lock held."""
+        """The cached value of ``key`` (loaded through on a miss), made most recent once the
+        cache is half full (``_lru_at``). Lock held."""
         cdef dict entries = self._entries
-        try:
-            value = entries.pop(key, _MISSING)
-        except TypeError as e:
-            raise self._unhashable(key, e) from None
+        if len(entries) < self._lru_at:
+            # a cache under half full keeps no recency order on hits (a hit is then one
+            # lookup, not a pop and an insert): nothing is evicted before the cache fills,
+            # and from half full on every hit moves its key to the end
+            try:
+                value = entries.get(key, _MISSING)
+            except TypeError as e:
+                raise self._unhashable(key, e) from None
+            if value is not _MISSING:
+                return value
+        else:
+            try:
+                value = entries.pop(key, _MISSING)
+            except TypeError as e:
+                raise self._unhashable(key, e) from None
         if value is _MISSING:
             if (
                 self._complete

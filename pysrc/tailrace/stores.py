@@ -86,18 +86,22 @@ class _PyStoreCore:
     _trusted: frozenset[type]
     _int_bits: bool
     _lock: Any
+    _lru_at: int
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when absent. Any thread."""
         with self._lock:
             entries = self._entries
+            lazy = len(entries) < self._lru_at  # no recency order on hits below half full
             try:
-                value = entries.pop(key, _MISSING)
+                value = entries.get(key, _MISSING) if lazy else entries.pop(key, _MISSING)
             except TypeError as e:
                 raise self._unhashable(key, e) from None  # type: ignore[attr-defined]
             if value is _MISSING:
                 value = self._load(key)  # type: ignore[attr-defined]
-            entries[key] = value  # most recently used last
+                entries[key] = value
+            elif not lazy:
+                entries[key] = value  # most recently used last
         if value is _ABSENT:
             return default
         if type(value) is _Encoded:
@@ -279,6 +283,9 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         self._dirty: dict[Any, Any] = {}
         self._committing: dict[Any, Any] = {}  # the snapshot of the commit in flight
         self._evict_at = spec.cache_size  # len(_entries) that triggers an eviction pass
+        # len(_entries) from which a hit makes its key the most recent: below half full no
+        # recency order is kept on hits (nothing is evicted before the cache fills)
+        self._lru_at = spec.cache_size // 2
         self.misses = 0  # reads that missed the cache (tests, tuning cache.size)
         # True while the cache holds the whole state: the backend's state of this store
         # fitted the cache at start and was read into it whole (or there was none), and

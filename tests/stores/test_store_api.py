@@ -226,6 +226,20 @@ def test_lru_keeps_recently_read_keys(backend: CheckpointStore) -> None:
     backend.close()
 
 
+def test_hits_keep_recency_order_once_the_cache_is_half_full(backend: CheckpointStore) -> None:
+    # a cache under half full keeps no recency order on hits (a hit is one lookup; nothing
+    # is evicted before the cache fills); from half full on, a hit makes its key most recent
+    stores, s = _store(backend, key_serde="int", value_serde="int", cache_size=10)
+    for k in range(4):
+        s[k] = k
+    s.get(0)
+    assert list(s._entries) == [0, 1, 2, 3]
+    s[4] = 4  # half full
+    s.get(0)
+    assert list(s._entries) == [1, 2, 3, 4, 0]
+    backend.close()
+
+
 def test_failed_commit_keeps_writes_dirty(tmp_path: Path) -> None:
     backend = SqliteCheckpointStore(tmp_path / "c.db")
     stores, s = _store(backend, cache_size=1)
