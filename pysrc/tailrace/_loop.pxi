@@ -320,6 +320,40 @@ cdef uint64_t _key_hash(object key) except? 0xFFFFFFFFFFFFFFFF:
         return <uint64_t>hash(unhashable_key_text(key))
 
 
+cdef int _hash_envelope_keys(const uint64_t *items, uint64_t *hashes, size_t m,
+                             _TaskSlot slot, object ssp) except -1:
+    """hashes[j] = the key hash of envelope items[j] (borrowed), j < m. A key without one
+    stops the container naming the task, partition, offset and the key's type."""
+    cdef size_t j = 0
+    cdef Envelope env
+    try:
+        while j < m:
+            hashes[j] = _key_hash((<Envelope><PyObject *>items[j]).key)
+            j += 1
+    except Exception as e:
+        from .ordering import key_error
+
+        env = <Envelope><PyObject *>items[j]
+        raise key_error(slot.name, ssp, env.offset, env.key, e) from e
+    return 0
+
+
+cdef int _hash_listed_keys(object keys, Py_ssize_t start, uint64_t *hashes, size_t m,
+                           _TaskSlot slot, object ssp) except -1:
+    """hashes[j] = the key hash of the message at offset start + j (its key in the list
+    ``keys``; every key None when ``keys`` is None), j < m; a key without one: as above."""
+    cdef size_t j = 0
+    try:
+        while j < m:
+            hashes[j] = _key_hash(None if keys is None else (<list>keys)[start + j])
+            j += 1
+    except Exception as e:
+        from .ordering import key_error
+
+        raise key_error(slot.name, ssp, start + j, (<list>keys)[start + j], e) from e
+    return 0
+
+
 cdef class LoopRunner:
     """The C dispatch loop and its batch executor; used by tailrace.engine.native.
 
@@ -757,7 +791,7 @@ cdef class LoopRunner:
         if ps.pinned and capi.tr_loop_watermark(self._loop, t, p, &mark) == capi.TR_OK:
             ps.purge_below(mark.handle)
         if ps.poll_range is not None:
-            return self._refill_range(ps, t, p, free_slots)
+            return self._refill_range(slot, ps, t, p, free_slots)
         batch = ps.reader.poll(free_slots)
         if type(batch) is not list:
             batch = list(batch)
@@ -775,11 +809,10 @@ cdef class LoopRunner:
             m = n - i if n - i < 256 else 256
             for j in range(m):
                 env = <Envelope?>(<list>batch)[i + j]
-                items[j] = <uint64_t><PyObject *>env
+                items[j] = <uint64_t><PyObject *>env  # borrowed from batch until the pin below
                 handles[j] = ps.handle_of(env)
-                if self._keyed:
-                    hashes[j] = _key_hash(env.key)
             if self._keyed:
+                _hash_envelope_keys(items, hashes, <size_t>m, slot, ps.ssp)
                 st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes, <size_t>m)
             else:
                 st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
@@ -792,7 +825,7 @@ cdef class LoopRunner:
         ps.newest_read = envelope_offset(<Envelope>batch[n - 1])
         return 0
 
-    cdef int _refill_range(self, _PartState ps, uint32_t t, uint32_t p,
+    cdef int _refill_range(self, _TaskSlot slot, _PartState ps, uint32_t t, uint32_t p,
                            Py_ssize_t free_slots) except -1:
         """_refill for a reader with _tailrace_poll_range (docs/native-fast-paths.md).
 
@@ -832,9 +865,8 @@ cdef class LoopRunner:
                     # fit: the largest offset and p passed tr_lazy_item above, and end < TR_HANDLE_LIMIT
                     capi.tr_lazy_item(<uint64_t>(i + j), p, &items[j])
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])
-                    if self._keyed:
-                        hashes[j] = _key_hash(None if keys is None else (<list>keys)[i + j])
                 if self._keyed:
+                    _hash_listed_keys(keys, i, hashes, <size_t>m, slot, ps.ssp)
                     st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes, <size_t>m)
                 else:
                     st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
@@ -862,9 +894,9 @@ cdef class LoopRunner:
                     Py_INCREF(env)  # the ring's pin: see _take_item, _drain
                     items[j] = <uint64_t><PyObject *>env
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT
-                    if self._keyed:
-                        hashes[j] = _key_hash(env.key)
                     j += 1
+                if self._keyed:
+                    _hash_envelope_keys(items, hashes, <size_t>m, slot, ps.ssp)
             except BaseException:
                 for k in range(j):  # the pins taken for this chunk: nothing leaks
                     Py_DECREF(<object><PyObject *>items[k])

@@ -89,7 +89,7 @@ from ..clock import Clock
 from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
-from ..ordering import key_identity
+from ..ordering import key_error, key_identity
 from ..types import Offset, SystemStreamPartition
 from .failures import FurtherErrors
 from .timers import TimerHeap, before_window
@@ -795,6 +795,8 @@ class ReferenceEngine:
                 except Exception as e:  # noqa: BLE001 - bad input: stop, committing what was released (rule 18)
                     self._fail(e)
                     return got
+                if t.keyed and not self._keys_ordered(t, p, batch):
+                    return got
                 if batch:
                     p.buffer.extend(batch)
                     if t.keyed:
@@ -805,6 +807,17 @@ class ReferenceEngine:
                 elif ended:
                     p.at_end = True
         return got
+
+    def _keys_ordered(self, t: _Task, p: _Partition, batch: list[Envelope]) -> bool:
+        """True when every key of ``batch`` has an identity (rule 30); else the run stops
+        on the first that has none, when it is read, as the C loop stops when it hashes it."""
+        for env in batch:
+            try:
+                key_identity(env.key)
+            except Exception as e:  # noqa: BLE001 - the key's own hash or JSON failed
+                self._fail(key_error(t.name, p.ssp, env.offset, env.key, e))
+                return False
+        return True
 
     # -- 5. barriers: commit, window, timers ----------------------------------
     def _run_barriers(self, commit_only: bool) -> bool:
