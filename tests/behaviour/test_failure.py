@@ -434,9 +434,14 @@ def test_a_further_error_of_another_cause_is_still_a_warning(caplog: pytest.LogC
         gone = TaskError("Partition 1", ssp(1), 7, ConnectionError("writing 50 entries: gave up"))
         again = ConnectionError("writing 50 entries: gave up")
         further.report(gone, TaskError("Partition 10", original=again))
+        # a Kafka group that does not answer: the same but for the partition and offset
+        late = TaskError("Partition 0", original=TimeoutError("no answer to the commit of in[0]@128"))
+        further.report(
+            late, TaskError("Partition 2", original=TimeoutError("no answer to the commit of in[2]@12"))
+        )
         further.report(first, CheckpointError("task 'Partition 10': the disk is full"))
         further.report(first, TaskError("Partition 1", original=Boom("the store is gone")))
-    assert further.repeats == 4
+    assert further.repeats == 5
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warned == [
         "further error while stopping: task 'Partition 10': the disk is full",

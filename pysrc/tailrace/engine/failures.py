@@ -3,8 +3,9 @@
 The first failure stops the run and is what it raises (rule 16). Stopping still commits
 (rule 19) and closes, so more errors may come, and one outage usually brings several: a
 Redis that is gone fails every task's final commit with the same message but for the
-task's name. Such a repeat says nothing new; it is counted and logged at DEBUG only. A
-further error with another cause is a warning.
+task's name, a Kafka group that does not answer with the same message but for the
+partition and offset. Such a repeat says nothing new; it is counted and logged at DEBUG
+only. A further error with another cause is a warning.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class FurtherErrors:
     def same_cause(self, first: BaseException, error: BaseException) -> bool:
         """True when ``error`` has ``first``'s cause: one holds the other, or they hold one
         original exception (``__cause__`` chains), or they are, or their originals are, of
-        one type with one message but for the task names in it."""
+        one type with one message but for the task names and numbers (partitions, offsets)
+        in it."""
         ours, theirs = _chain(first), _chain(error)
         if any(e is o for e in theirs for o in ours):
             return True
@@ -47,7 +49,12 @@ class FurtherErrors:
 
     def _masked(self, error: BaseException) -> str:
         text = str(error)
-        return text if self._names is None else self._names.sub("\0", text)
+        if self._names is not None:
+            text = self._names.sub("\0", text)
+        return _NUMBERS.sub("#", text)
+
+
+_NUMBERS = re.compile(r"\d+")
 
 
 def _chain(error: BaseException) -> list[BaseException]:
