@@ -591,19 +591,37 @@ cdef class LoopRunner:
         cdef capi.tr_status st
         cdef double t0 = 0
         cdef bint timed = self._cb_timeout_s > 0
+        cdef bint calling = False  # inside process: an exception now is the message's
+        cdef bint more = True
         process = slot.process
         collector = slot.collector
         try:
-            while consumed < n:
-                if capi.tr_loop_run_yield(self._loop):
-                    break  # a barrier is due or a stop was asked: the rest waits (rules 8, 19)
-                env = _take_item(items[consumed], slot)
-                consumed += 1
-                if timed:
-                    t0 = self._call_begins(slot, env)
+            while more:
+                # the try around process is set up once per run, not once per message (each
+                # setup reads the thread state and saves the exception state: on 3.12 a TLS
+                # call through libpython); an exception that process raises ends this inner
+                # loop, and an ignored one goes on with the next message
                 try:
-                    process(env, collector, coord)
+                    while consumed < n:
+                        if capi.tr_loop_run_yield(self._loop):
+                            break  # a barrier is due or a stop was asked: the rest waits (rules 8, 19)
+                        env = _take_item(items[consumed], slot)
+                        consumed += 1
+                        if timed:
+                            t0 = self._call_begins(slot, env)
+                        calling = True
+                        process(env, collector, coord)
+                        calling = False
+                        if self._after_call(slot, env, coord, t0, timed):
+                            break
+                        completed = consumed
+                        if coord._requests:
+                            break
+                    more = False
                 except Exception as e:
+                    if not calling:
+                        raise
+                    calling = False
                     if timed:
                         self._call_ends()
                     if not (self._has_ignores and self._ignores(e)):
@@ -612,15 +630,13 @@ cdef class LoopRunner:
                         self._post(_TaskError(slot.name, env.ssp, env.offset, e))
                         break
                     slot.ignored += 1
-                if timed:
-                    self._call_ends()
-                    if self._returned_late(slot, env, coord, t0):
-                        break  # consumed, not completed: the task halts there (rule 18)
-                completed = consumed
-                if coord._requests:
-                    req = coord._requests
-                    coord._requests = 0
-                    break
+                    if self._after_call(slot, env, coord, t0, timed):
+                        break
+                    completed = consumed
+                    more = consumed < n and not coord._requests
+            if coord._requests and completed == consumed:
+                req = coord._requests
+                coord._requests = 0
         finally:
             # also on a BaseException: the items taken are ours, the failed one
             # (taken, not completed) halts the task in C
@@ -706,6 +722,16 @@ cdef class LoopRunner:
         if self.watch is not None:
             self.watch.begin(slot.name, env.ssp, env.offset, t0)
         return t0
+
+    cdef inline bint _after_call(self, _TaskSlot slot, Envelope env, Coordinator coord, double t0,
+                                 bint timed) except -1:
+        """After a message's process call returned (or raised an ignored exception): True
+        when it returned past task.callback.timeout.ms, consumed and not completed: the task
+        halts there (rule 18)."""
+        if not timed:
+            return False
+        self._call_ends()
+        return self._returned_late(slot, env, coord, t0)
 
     cdef inline void _call_ends(self):
         if self._cb_timeout_s > 0 and self.watch is not None:

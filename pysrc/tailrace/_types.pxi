@@ -19,6 +19,12 @@ cdef extern from "Python.h":
     bint _is_bytes "PyBytes_CheckExact"(object o)
     bint _is_float "PyFloat_CheckExact"(object o)
     bint _is_bool "PyBool_Check"(object o)
+    # the same on a borrowed pointer: no reference taken for the check (_all_atomic)
+    bint _p_is_str "PyUnicode_CheckExact"(PyObject *o)
+    bint _p_is_int "PyLong_CheckExact"(PyObject *o)
+    bint _p_is_bytes "PyBytes_CheckExact"(PyObject *o)
+    bint _p_is_float "PyFloat_CheckExact"(PyObject *o)
+    bint _p_is_bool "PyBool_Check"(PyObject *o)
 
 from tailrace.types import Scope as _Scope
 from tailrace.types import SystemStreamPartition as _SSP
@@ -205,8 +211,16 @@ cdef inline bint _atomic(object o) noexcept:
     return o is None or _is_str(o) or _is_int(o) or _is_bytes(o) or _is_float(o) or _is_bool(o)
 
 
+cdef inline bint _p_atomic(PyObject *o) noexcept:
+    """_atomic of a borrowed field: no reference counted (each costs an immortality check
+    on 3.12+), once per envelope made."""
+    return (o == <PyObject *>None or _p_is_str(o) or _p_is_int(o) or _p_is_bytes(o)
+            or _p_is_float(o) or _p_is_bool(o))
+
+
 cdef inline bint _all_atomic(Envelope e) noexcept:
-    return _atomic(e.message) and _atomic(e.key) and (e._int or _atomic(e._offset))
+    return (_p_atomic(<PyObject *>e.message) and _p_atomic(<PyObject *>e.key)
+            and (e._int or _p_atomic(<PyObject *>e._offset)))
 
 
 cdef inline void _settle_new(Envelope e) noexcept:
