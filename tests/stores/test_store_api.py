@@ -229,7 +229,7 @@ def test_lru_keeps_recently_read_keys(backend: CheckpointStore) -> None:
 def test_hits_keep_recency_order_once_the_cache_is_half_full(backend: CheckpointStore) -> None:
     # a cache under half full keeps no recency order on hits (a hit is one lookup; nothing
     # is evicted before the cache fills); from half full on, a hit makes its key most recent
-    stores, s = _store(backend, key_serde="int", value_serde="int", cache_size=10)
+    _, s = _store(backend, key_serde="int", value_serde="int", cache_size=10)
     for k in range(4):
         s[k] = k
     s.get(0)

@@ -380,7 +380,14 @@ class KafkaMember:
                     self._leases.release_all()
                 self.store.close()
                 if joined:  # else it failed at start, and its error says so
-                    log.info("member of %r left (%s)", self.job, self.result.reason)
+                    result = self.result  # what it processed counts in the run's summary
+                    log.info(
+                        "member of %r left (%s): %s messages processed in %d container runs",
+                        self.job,
+                        result.reason,
+                        f"{result.processed:,}",
+                        result.runs,
+                    )
         if self._error is not None:
             raise self._error
         return self.result
