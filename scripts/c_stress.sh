@@ -32,7 +32,7 @@ if [ "$kind" = tsan ] && setarch "$(uname -m)" -R true 2>/dev/null; then
 fi
 
 programs=(stress_notifier stress_queue stress_sequencer stress_watermark stress_loop test_loop_cq
-          test_loop_signal)
+          test_loop_signal test_loop_keyed)
 share=$((seconds / ${#programs[@]}))
 [ "$share" -lt 1 ] && share=1
 scale=1

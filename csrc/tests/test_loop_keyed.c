@@ -8,6 +8,12 @@
  * outstanding, and the watermark is a gap-free prefix of completions. With
  * `spread`, the key hashes pushed are chosen to crowd the loop's busy-key set
  * (see kh_spread_hash): keys that share a slot must not wait for each other.
+ *
+ * Keyed tasks on the worker pool (key_pick's pool branch; the kp binding below):
+ * several tasks, partitions and workers, many keys, calls of random length, so
+ * completions reach the loop out of order, with commit requests that make
+ * workers hand queued ops back; optionally keyed loop-thread tasks in the same
+ * loop, completed in random order from another thread. Checked for meaning.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -333,6 +339,350 @@ static void test_settled_commits(uint64_t seed, uint32_t maxc, uint32_t buffer, 
     pthread_mutex_destroy(&h.mu);
 }
 
+/* ------------------------------------------- keyed tasks on the worker pool */
+
+/* kp: `ntasks` keyed tasks of `nparts` partitions of `nmsgs` messages each, on
+ * a pool of `pool_size` workers (the pool branch of key_pick: a pool task's one
+ * worker runs what it is handed one at a time, so the loop hands it messages in
+ * offset order, busy keys included). Message i of partition p of task t is item
+ * kp_item(t, p, i) with handle i and key kp_key(t, p, i) < nkeys. With `mixed`,
+ * every fourth task (t % 4 == 3) runs on the loop thread instead: its PROCESS
+ * ops are completed by kp_completer, in random order, from another thread.
+ * Checked, as the loop hands out ops:
+ *   - rule 30: per task, partition and key, invocation in offset order; per task
+ *     and key, at most one message invoked and not completed;
+ *   - each message invoked once (no duplicate), every one by the end (no loss);
+ *   - rules 2, 21: a pool task runs one call at a time; a loop-thread task has at
+ *     most max_concurrency invoked and not completed;
+ *   - rules 9, 14: a commit runs with nothing of its task outstanding, and a pool
+ *     task's requested commit runs before its next call;
+ *   - rules 12, 13: every watermark covers only completed messages, never moves
+ *     back, and reaches the last message at end of stream;
+ *   - rule 27: a commit that tr_loop_task_settled allows sees exactly the
+ *     released prefix invoked (nothing past the watermark). */
+typedef struct kp_pending {
+    uint64_t item, seq;
+    uint32_t req;
+} kp_pending;
+
+typedef struct kp {
+    tr_loop *loop;
+    uint32_t ntasks, nparts, nkeys, maxc, pool_size, commit_every;
+    uint64_t nmsgs, seed;
+    int mixed;
+    _Atomic uint8_t *state;       /* [t][p][i]: 0 not invoked, 1 invoked, 2 completed */
+    uint64_t *last;               /* [t][p][key]: last index invoked (t's invoking thread) */
+    _Atomic uint32_t *kbusy;      /* [t][key]: invoked, not completed */
+    _Atomic uint32_t *busy;       /* [t]: invoked, not completed */
+    _Atomic uint8_t *commit_wait; /* [t]: a pool task asked for a commit */
+    _Atomic uint64_t *invoked;    /* [t] */
+    uint64_t *next_read, *checked, *wm_next;       /* [t][p]: loop thread */
+    uint64_t *rng;                                 /* [worker]: its own */
+    uint64_t commits, settled, final_commits, eos; /* loop thread */
+    pthread_mutex_t mu;
+    kp_pending *pending; /* loop-thread tasks' outstanding ops (mixed) */
+    size_t npending, cap;
+    uint64_t crng; /* kp_completer's */
+    _Atomic int quit;
+} kp;
+
+static inline uint64_t kp_item(uint32_t t, uint32_t p, uint64_t i) {
+    return ((uint64_t)t << 44) | ((uint64_t)p << 30) | (i + 1);
+}
+static inline void kp_decode(uint64_t item, uint32_t *t, uint32_t *p, uint64_t *i) {
+    *t = (uint32_t)(item >> 44);
+    *p = (uint32_t)((item >> 30) & 0x3fff);
+    *i = (item & ((1ull << 30) - 1)) - 1;
+}
+static inline size_t kp_tp(const kp *h, uint32_t t, uint32_t p) {
+    return (size_t)t * h->nparts + p;
+}
+static inline int kp_pooled(const kp *h, uint32_t t) {
+    return !(h->mixed && t % 4 == 3);
+}
+static uint32_t kp_key(const kp *h, uint32_t t, uint32_t p, uint64_t i) {
+    uint64_t x = h->seed ^ ((uint64_t)t << 48) ^ ((uint64_t)p << 32) ^ i;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull; /* splitmix64's finaliser */
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)((x ^ (x >> 31)) % h->nkeys);
+}
+
+static void kp_invoke(kp *h, uint32_t t, uint32_t p, uint64_t i) {
+    uint8_t zero = 0;
+    CHECK(atomic_compare_exchange_strong(&h->state[kp_tp(h, t, p) * h->nmsgs + i], &zero, 1));
+    uint32_t k = kp_key(h, t, p, i);
+    uint64_t *last = &h->last[kp_tp(h, t, p) * h->nkeys + k];
+    CHECK(*last == UINT64_MAX || *last < i); /* rule 30: offset order within a key */
+    *last = i;
+    CHECK_EQ(atomic_fetch_add(&h->kbusy[(size_t)t * h->nkeys + k], 1), 0); /* rule 30 */
+    uint32_t b = atomic_fetch_add(&h->busy[t], 1) + 1;
+    CHECK(b <= (kp_pooled(h, t) ? 1 : h->maxc));  /* rules 2, 21 */
+    CHECK_EQ(atomic_load(&h->commit_wait[t]), 0); /* rule 9 */
+    atomic_fetch_add(&h->invoked[t], 1);
+}
+
+/* Before the completion is reported: the loop may release it at once. */
+static void kp_completed(kp *h, uint32_t t, uint32_t p, uint64_t i) {
+    atomic_store(&h->state[kp_tp(h, t, p) * h->nmsgs + i], 2);
+    atomic_fetch_sub(&h->kbusy[(size_t)t * h->nkeys + kp_key(h, t, p, i)], 1);
+    atomic_fetch_sub(&h->busy[t], 1);
+}
+
+static uint32_t kp_requests(kp *h, uint32_t t, uint64_t i) {
+    if (!h->commit_every || i % h->commit_every != h->commit_every - 1)
+        return 0;
+    if (kp_pooled(h, t)) /* one call at a time: nothing more before the commit */
+        atomic_store(&h->commit_wait[t], 1);
+    return TR_REQ_COMMIT_CURRENT;
+}
+
+/* Loop thread: rules 12, 13 (and, final at end of stream, every message). */
+static void kp_check_wm(kp *h, uint32_t t, int final_eos) {
+    for (uint32_t p = 0; p < h->nparts; p++) {
+        size_t tp = kp_tp(h, t, p);
+        tr_mark m;
+        tr_status st = tr_loop_watermark(h->loop, t, p, &m);
+        if (st == TR_EAGAIN) {
+            CHECK(!final_eos);
+            continue;
+        }
+        CHECK_EQ(st, TR_OK);
+        CHECK_EQ(m.handle, m.position);
+        CHECK(m.position + 1 >= h->wm_next[tp]); /* never backwards */
+        h->wm_next[tp] = m.position + 1;
+        while (h->checked[tp] <= m.position) { /* never past an incomplete message */
+            CHECK_EQ(atomic_load(&h->state[tp * h->nmsgs + h->checked[tp]]), 2);
+            h->checked[tp]++;
+        }
+        if (final_eos)
+            CHECK_EQ(m.position, h->nmsgs - 1);
+    }
+}
+
+static int kp_batch(void *ctx, tr_loop *loop) {
+    kp *h = ctx;
+    tr_op op;
+    while (tr_loop_next_op(loop, &op)) {
+        uint32_t t = op.task, p, tt;
+        uint64_t i;
+        switch (op.kind) {
+        case TR_OP_REFILL: {
+            size_t tp = kp_tp(h, t, op.partition);
+            uint64_t room = op.handle;
+            while (room && h->next_read[tp] < h->nmsgs) {
+                uint64_t items[64], handles[64], hashes[64];
+                size_t m = 0;
+                while (m < 64 && m < room && h->next_read[tp] < h->nmsgs) {
+                    uint64_t k = h->next_read[tp]++;
+                    items[m] = kp_item(t, op.partition, k);
+                    handles[m] = k;
+                    hashes[m++] = kp_key(h, t, op.partition, k);
+                }
+                CHECK_EQ(
+                    tr_loop_push_inputs_keyed(loop, t, op.partition, items, handles, hashes, m),
+                    TR_OK);
+                room -= m;
+            }
+            if (h->next_read[tp] == h->nmsgs)
+                tr_loop_partition_state(loop, t, op.partition, TR_PART_ENDED);
+            break;
+        }
+        case TR_OP_PROCESS: /* a loop-thread task: completed later, by kp_completer */
+            kp_decode(op.item, &tt, &p, &i);
+            CHECK(!kp_pooled(h, t));
+            CHECK_EQ(tt, t);
+            CHECK_EQ(p, op.partition);
+            CHECK_EQ(op.handle, i);
+            kp_invoke(h, t, p, i);
+            pthread_mutex_lock(&h->mu);
+            CHECK(h->npending < h->cap);
+            h->pending[h->npending++] = (kp_pending){op.item, op.seq, kp_requests(h, t, i)};
+            pthread_mutex_unlock(&h->mu);
+            break;
+        case TR_OP_COMMIT:
+            if (op.flags & TR_OPF_FINAL) {
+                kp_check_wm(h, t, tr_loop_stop_reason(loop) == TR_STOP_END_OF_STREAM);
+                h->final_commits++;
+            } else {
+                CHECK_EQ(atomic_load(&h->busy[t]), 0); /* rule 9 */
+                kp_check_wm(h, t, 0);
+                h->commits++;
+                if (tr_loop_task_settled(loop, t)) { /* rule 27 */
+                    h->settled++;
+                    for (p = 0; p < h->nparts; p++) {
+                        size_t tp = kp_tp(h, t, p);
+                        for (i = h->wm_next[tp]; i < h->next_read[tp]; i++)
+                            CHECK_EQ(atomic_load(&h->state[tp * h->nmsgs + i]), 0);
+                    }
+                }
+                atomic_store(&h->commit_wait[t], 0);
+            }
+            tr_loop_control_done(loop, t, 0);
+            break;
+        case TR_OP_END_OF_STREAM:
+            CHECK_EQ(atomic_load(&h->busy[t]), 0); /* rule 11 */
+            CHECK_EQ(atomic_load(&h->invoked[t]), (uint64_t)h->nparts * h->nmsgs);
+            h->eos++;
+            tr_loop_control_done(loop, t, 0);
+            break;
+        default:
+            CHECK(0); /* no windows, no timers, no runs (keyed) */
+        }
+    }
+    for (uint32_t t = 0; t < h->ntasks; t++)
+        kp_check_wm(h, t, 0);
+    return 0;
+}
+
+/* A call takes a random time (mostly a short spin, sometimes a sleep), so the
+ * workers' completions reach the loop interleaved, out of hand-out order. */
+static void kp_call(uint64_t *rng) {
+    uint64_t r = tr_test_rand(rng);
+    if (r % 64 == 0) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    } else {
+        for (volatile uint64_t n = (r >> 8) % 512; n; n--) {
+        }
+    }
+}
+
+static void kp_pool_batch(void *ctx, tr_loop *loop, uint32_t worker) {
+    kp *h = ctx;
+    tr_op op;
+    while (tr_loop_pool_next(loop, worker, &op)) {
+        CHECK_EQ(op.flags & TR_OPF_DISCARD, 0); /* the loop stops only at end of stream */
+        uint32_t t, p;
+        uint64_t i;
+        kp_decode(op.item, &t, &p, &i);
+        CHECK_EQ(t, op.task);
+        CHECK(kp_pooled(h, t));
+        CHECK_EQ(t % h->pool_size, worker); /* a pool task's one worker */
+        kp_invoke(h, t, p, i);
+        uint32_t req = kp_requests(h, t, i);
+        kp_call(&h->rng[worker]);
+        kp_completed(h, t, p, i);
+        CHECK_EQ(tr_loop_pool_done(loop, worker, &op, req), TR_OK);
+    }
+}
+
+static void *kp_completer(void *arg) {
+    kp *h = arg;
+    while (!atomic_load(&h->quit)) {
+        pthread_mutex_lock(&h->mu);
+        if (h->npending == 0) {
+            pthread_mutex_unlock(&h->mu);
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        size_t k = (size_t)(tr_test_rand(&h->crng) % h->npending);
+        kp_pending e = h->pending[k];
+        h->pending[k] = h->pending[--h->npending];
+        pthread_mutex_unlock(&h->mu);
+        uint32_t t, p;
+        uint64_t i;
+        kp_decode(e.item, &t, &p, &i);
+        kp_completed(h, t, p, i);
+        CHECK_EQ(tr_loop_complete(h->loop, t, e.seq, e.req), TR_OK);
+    }
+    return NULL;
+}
+
+static void test_pool(uint64_t seed, uint32_t ntasks, uint32_t nparts, uint64_t nmsgs,
+                      uint32_t nkeys, uint32_t pool_size, uint32_t maxc, uint32_t buffer,
+                      uint32_t commit_every, int mixed) {
+    kp h;
+    memset(&h, 0, sizeof h);
+    h.ntasks = ntasks;
+    h.nparts = nparts;
+    h.nmsgs = nmsgs;
+    h.nkeys = nkeys;
+    h.pool_size = pool_size;
+    h.maxc = maxc;
+    h.commit_every = commit_every;
+    h.mixed = mixed;
+    h.seed = seed * 0x9E3779B97F4A7C15ull;
+    h.crng = h.seed | 1;
+    size_t ntp = (size_t)ntasks * nparts;
+    h.state = calloc(ntp * nmsgs, sizeof *h.state);
+    h.last = malloc(ntp * nkeys * sizeof *h.last);
+    h.kbusy = calloc((size_t)ntasks * nkeys, sizeof *h.kbusy);
+    h.busy = calloc(ntasks, sizeof *h.busy);
+    h.commit_wait = calloc(ntasks, sizeof *h.commit_wait);
+    h.invoked = calloc(ntasks, sizeof *h.invoked);
+    h.next_read = calloc(ntp, sizeof *h.next_read);
+    h.checked = calloc(ntp, sizeof *h.checked);
+    h.wm_next = calloc(ntp, sizeof *h.wm_next);
+    h.rng = calloc(pool_size, sizeof *h.rng);
+    h.cap = (size_t)ntasks * maxc + 16;
+    h.pending = calloc(h.cap, sizeof *h.pending);
+    CHECK(h.state && h.last && h.kbusy && h.busy && h.commit_wait && h.invoked && h.next_read &&
+          h.checked && h.wm_next && h.rng && h.pending);
+    for (size_t j = 0; j < ntp * nkeys; j++)
+        h.last[j] = UINT64_MAX;
+    for (uint32_t w = 0; w < pool_size; w++)
+        h.rng[w] = (h.seed + w) | 1;
+    pthread_mutex_init(&h.mu, NULL);
+
+    tr_loop_config cfg = {0};
+    cfg.ntasks = ntasks;
+    cfg.max_concurrency = maxc;
+    cfg.input_buffer = buffer;
+    cfg.pool_size = pool_size;
+    cfg.commit_ns = 300000; /* timer commits too, between requested ones */
+    cfg.max_idle_ns = 1000000;
+    cfg.shutdown_ns = 5000000000LL;
+    tr_loop_task *tasks = calloc(ntasks, sizeof *tasks);
+    CHECK(tasks);
+    for (uint32_t t = 0; t < ntasks; t++) {
+        tasks[t].npartitions = nparts;
+        tasks[t].flags = TR_TASK_KEYED | (kp_pooled(&h, t) ? TR_TASK_POOL : 0);
+    }
+    CHECK_EQ(tr_loop_create(&cfg, tasks, &h.loop), TR_OK);
+    free(tasks);
+
+    pthread_t completer;
+    if (mixed)
+        CHECK_EQ(pthread_create(&completer, NULL, kp_completer, &h), 0);
+    tr_loop_hooks hooks = {&h, kp_batch, kp_pool_batch, NULL, NULL};
+    CHECK_EQ(tr_loop_run(h.loop, &hooks), TR_OK);
+    atomic_store(&h.quit, 1);
+    if (mixed)
+        pthread_join(completer, NULL);
+
+    CHECK_EQ(tr_loop_stop_reason(h.loop), TR_STOP_END_OF_STREAM);
+    CHECK_EQ(h.eos, ntasks);
+    CHECK_EQ(h.final_commits, ntasks);
+    CHECK(h.commits > 0);
+    uint64_t items[8];
+    CHECK_EQ(tr_loop_drain_items(h.loop, items, 8), 0); /* nothing left behind */
+    for (uint32_t t = 0; t < ntasks; t++) {
+        CHECK_EQ(atomic_load(&h.invoked[t]), (uint64_t)nparts * nmsgs);
+        for (size_t j = (size_t)t * nparts * nmsgs; j < (size_t)(t + 1) * nparts * nmsgs; j++)
+            CHECK_EQ(atomic_load(&h.state[j]), 2); /* none lost */
+        tr_task_stats s;
+        tr_loop_task_stats(h.loop, t, &s);
+        CHECK_EQ(s.processed, (uint64_t)nparts * nmsgs);
+        CHECK_EQ(s.completed, (uint64_t)nparts * nmsgs);
+        CHECK_EQ(s.outstanding, 0);
+        CHECK_EQ(s.keys_in_flight, 0);
+    }
+    tr_loop_destroy(h.loop);
+    pthread_mutex_destroy(&h.mu);
+    free(h.state);
+    free(h.last);
+    free((void *)h.kbusy);
+    free((void *)h.busy);
+    free((void *)h.commit_wait);
+    free((void *)h.invoked);
+    free(h.next_read);
+    free(h.checked);
+    free(h.wm_next);
+    free(h.rng);
+    free(h.pending);
+}
+
 int main(void) {
     test_lookahead_picks_free_keys(0);
     test_lookahead_picks_free_keys(1);
@@ -351,6 +701,12 @@ int main(void) {
     }
     test_settled_commits(8, 8, 32, 5);
     test_settled_commits(9, 64, 256, 40);
+    /* keyed tasks on the pool: seed, tasks, partitions, messages, keys, workers,
+     * max concurrency, input buffer, commit request every k-th message, mixed */
+    test_pool(11, 8, 3, 600, 1000, 3, 1, 64, 0, 0);  /* many keys */
+    test_pool(12, 6, 2, 600, 3, 2, 1, 32, 37, 0);    /* few keys, many queued per key */
+    test_pool(13, 5, 1, 1500, 40, 4, 8, 256, 53, 0); /* one partition, long look-ahead */
+    test_pool(14, 8, 3, 500, 40, 3, 8, 32, 29, 1);   /* loop-thread keyed tasks beside */
     printf("test_loop_keyed: ok\n");
     return 0;
 }
