@@ -293,6 +293,21 @@ uint64_t tr_loop_take_error(tr_loop *L) {
     return atomic_exchange_explicit(&L->error, 0, TR_ACQ_REL);
 }
 
+/* Any thread (the binding may hold its runtime lock): push one item onto the
+ * completion queue. Never spins: by the bound in tr_loop_create the queue has
+ * room; if it had none, that bound is broken, and the loop stops with
+ * TR_EAGAIN rather than this thread waiting for a consumer that may be
+ * waiting for the lock it holds. */
+void trl_cq_push(tr_loop *L, tr_item it) {
+    if (TR_LIKELY(tr_queue_try_push_mpsc(L->cq, it) == TR_OK))
+        return;
+    uint32_t none = 0;
+    /* release: pairs with build_batch's acquire load; seq_cst would add nothing */
+    atomic_compare_exchange_strong_explicit(&L->broken, &none, (uint32_t)TR_EAGAIN, TR_RELEASE,
+                                            TR_RELAXED);
+    tr_notifier_notify(&L->notifier);
+}
+
 void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
     if (t >= L->cfg.ntasks)
         return;

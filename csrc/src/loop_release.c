@@ -324,21 +324,6 @@ tr_status tr_loop_run_escape(tr_loop *L, uint32_t t, uint32_t consumed, uint64_t
     return finish_run(L, t, consumed, consumed ? consumed - 1 : 0, 0, 1, seq);
 }
 
-/* Any thread (the binding may hold its runtime lock): push one item onto the
- * completion queue. Never spins: by the bound in tr_loop_create the queue has
- * room; if it had none, that bound is broken, and the loop stops with
- * TR_EAGAIN rather than this thread waiting for a consumer that may be
- * waiting for the lock it holds. */
-void trl_cq_push(tr_loop *L, tr_item it) {
-    if (TR_LIKELY(tr_queue_try_push_mpsc(L->cq, it) == TR_OK))
-        return;
-    uint32_t none = 0;
-    /* release: pairs with build_batch's acquire load; seq_cst would add nothing */
-    atomic_compare_exchange_strong_explicit(&L->broken, &none, (uint32_t)TR_EAGAIN, TR_RELEASE,
-                                            TR_RELAXED);
-    tr_notifier_notify(&L->notifier);
-}
-
 /* Any thread: resolve seq in the task's sequencer, then hand the completion to
  * the loop through the completion queue (the push notifies a parked loop). */
 static tr_status complete_remote(tr_loop *L, uint32_t t, uint64_t seq, uint32_t flags) {
