@@ -441,6 +441,75 @@ static inline uint64_t at_worker(const task *T) {
     return T->acquired - T->completions - T->redo_count;
 }
 
+static inline int worker_has_room(const tr_loop *L, const task *T) {
+    const worker *W = &L->workers[T->worker];
+    /* the loop is the only producer, so the size can only shrink meanwhile; one
+     * slot stays free for the stop sentinel */
+    return tr_queue_size_approx(W->q) + 2 <= tr_queue_capacity(W->q);
+}
+
+/* May T be dispatched to now? (trl_maybe_ready, and the scheduler before each
+ * dispatch.) */
+static inline int runnable(const tr_loop *L, const task *T) {
+    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due ||
+        T->in_run || T->halted)
+        return 0;
+    if (commit_holds(L, T))
+        return 0;
+    if (T->flags & TR_TASK_POOL) {
+        /* after the worker stopped this task, hand out again only once everything
+         * it still had came back, so the handed-back tail stays in seq order */
+        if ((T->paused || T->redo_count) && at_worker(T) != 0)
+            return 0;
+        if (!worker_has_room(L, T))
+            return 0;
+        if (T->redo_count)
+            return 1; /* already hold their seqs */
+    }
+    /* queued: lazy PROCESS ops in the batch, each to take one message (pool
+     * tasks have none) */
+    if (T->buffered <= T->queued || T->kblocked)
+        return 0;
+    /* keyed loop-thread tasks: max concurrency counts invoked, not completed
+     * (rule 2); the wider sequencer window holds the completed-unreleased */
+    if (T->keyed && !(T->flags & TR_TASK_POOL) &&
+        T->acquired - T->completions + T->queued >= L->cfg.max_concurrency)
+        return 0;
+    if (tr_sequencer_outstanding(T->seq) + T->queued >= T->limit)
+        return 0;
+    return 1;
+}
+
+/* Which control op may run for T now (commit > window > timer > end of stream). */
+static inline int control_kind(const tr_loop *L, const task *T) {
+    if (T->in_control || L->phase >= PH_FINAL)
+        return CTL_NONE;
+    /* a done task (rule 11) still commits: a commit ALL request (rule 14) and its
+     * commit period (rule 9) write what it released since its last commit */
+    if (commit_pending(T)) {
+        /* rule 9: nothing invoked-and-incomplete, unless async commit (rule 10);
+         * completed-but-held messages are fine: they are exactly the tail the
+         * commit must not cover (rule 15) */
+        if (L->cfg.async_commit || T->acquired == T->completions + T->redo_count)
+            return CTL_COMMIT;
+        return CTL_NONE;
+    }
+    if (L->phase != PH_RUNNING || T->done)
+        return CTL_NONE;
+    uint32_t out = tr_sequencer_outstanding(T->seq);
+    /* ops handed back unrun (the tail) were never invoked: they do not hold
+     * a window or timer back (they run after it) */
+    /* windows and timers in the order they fell due; at one instant the window first */
+    if (T->window_due && !(T->timer_due && T->timer_due_at < T->window_due_at))
+        return out == T->redo_count ? CTL_WINDOW : CTL_NONE;
+    if (T->timer_due)
+        return out == T->redo_count ? CTL_TIMER : CTL_NONE;
+    if (T->nended == T->nparts && T->buffered == 0 && out == 0 && !T->halted &&
+        L->builds >= T->eos_not_before)
+        return CTL_EOS;
+    return CTL_NONE;
+}
+
 /* ---- shared between the loop's files (each defined where its name says) ---- */
 
 tr_status trl_start_workers(tr_loop *L);
@@ -471,5 +540,8 @@ uint32_t trl_seq_flags(uint32_t requests);
 void trl_stop_workers(tr_loop *L);
 void trl_cq_push(tr_loop *L, tr_item it);
 void trl_key_free(tr_loop *L, uint32_t t, uint64_t seq);
+void trl_repoll_idle(tr_loop *L);
+void trl_begin_drain(tr_loop *L, tr_stop_reason reason);
+void trl_settle_check(tr_loop *L, int after_batch);
 
 #endif

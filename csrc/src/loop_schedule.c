@@ -3,218 +3,9 @@
  * the run loop and its parking. Loop thread. */
 #include "loop_internal.h"
 
-static inline int worker_has_room(const tr_loop *L, const task *T) {
-    const worker *W = &L->workers[T->worker];
-    /* the loop is the only producer, so the size can only shrink meanwhile; one
-     * slot stays free for the stop sentinel */
-    return tr_queue_size_approx(W->q) + 2 <= tr_queue_capacity(W->q);
-}
-
-static int runnable(const tr_loop *L, const task *T) {
-    if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due ||
-        T->in_run || T->halted)
-        return 0;
-    if (commit_holds(L, T))
-        return 0;
-    if (T->flags & TR_TASK_POOL) {
-        /* after the worker stopped this task, hand out again only once everything
-         * it still had came back, so the handed-back tail stays in seq order */
-        if ((T->paused || T->redo_count) && at_worker(T) != 0)
-            return 0;
-        if (!worker_has_room(L, T))
-            return 0;
-        if (T->redo_count)
-            return 1; /* already hold their seqs */
-    }
-    /* queued: lazy PROCESS ops in the batch, each to take one message (pool
-     * tasks have none) */
-    if (T->buffered <= T->queued || T->kblocked)
-        return 0;
-    /* keyed loop-thread tasks: max concurrency counts invoked, not completed
-     * (rule 2); the wider sequencer window holds the completed-unreleased */
-    if (T->keyed && !(T->flags & TR_TASK_POOL) &&
-        T->acquired - T->completions + T->queued >= L->cfg.max_concurrency)
-        return 0;
-    if (tr_sequencer_outstanding(T->seq) + T->queued >= T->limit)
-        return 0;
-    return 1;
-}
-
-void trl_maybe_ready(tr_loop *L, uint32_t t) {
-    task *T = &L->tasks[t];
-    if (T->in_ready || !runnable(L, T))
-        return;
-    T->in_ready = 1;
-    L->ready[(L->ready_head + L->ready_count) % L->cfg.ntasks] = t;
-    L->ready_count++;
-}
-
-/* Which control op may run for T now (commit > window > timer > end of stream). */
 static int cmp_task(const void *a, const void *b) {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return (x > y) - (x < y);
-}
-
-static int control_kind(const tr_loop *L, const task *T) {
-    if (T->in_control || L->phase >= PH_FINAL)
-        return CTL_NONE;
-    /* a done task (rule 11) still commits: a commit ALL request (rule 14) and its
-     * commit period (rule 9) write what it released since its last commit */
-    if (commit_pending(T)) {
-        /* rule 9: nothing invoked-and-incomplete, unless async commit (rule 10);
-         * completed-but-held messages are fine: they are exactly the tail the
-         * commit must not cover (rule 15) */
-        if (L->cfg.async_commit || T->acquired == T->completions + T->redo_count)
-            return CTL_COMMIT;
-        return CTL_NONE;
-    }
-    if (L->phase != PH_RUNNING || T->done)
-        return CTL_NONE;
-    uint32_t out = tr_sequencer_outstanding(T->seq);
-    /* ops handed back unrun (the tail) were never invoked: they do not hold
-     * a window or timer back (they run after it) */
-    /* windows and timers in the order they fell due; at one instant the window first */
-    if (T->window_due && !(T->timer_due && T->timer_due_at < T->window_due_at))
-        return out == T->redo_count ? CTL_WINDOW : CTL_NONE;
-    if (T->timer_due)
-        return out == T->redo_count ? CTL_TIMER : CTL_NONE;
-    if (T->nended == T->nparts && T->buffered == 0 && out == 0 && !T->halted &&
-        L->builds >= T->eos_not_before)
-        return CTL_EOS;
-    return CTL_NONE;
-}
-
-void trl_maybe_control(tr_loop *L, uint32_t t) {
-    task *T = &L->tasks[t];
-    if (T->in_ctl || control_kind(L, T) == CTL_NONE)
-        return;
-    T->in_ctl = 1;
-    L->ctl[L->nctl++] = t;
-}
-
-/* Every idle partition is polled again (their wake-ups may be lost or late). */
-static void repoll_idle(tr_loop *L) {
-    for (uint32_t t = 0; t < L->cfg.ntasks; t++) {
-        task *T = &L->tasks[t];
-        for (uint32_t p = 0; p < T->nparts; p++) {
-            if (T->parts[p].state == TR_PART_IDLE) {
-                T->parts[p].state = TR_PART_ACTIVE;
-                trl_queue_refill(L, t, p);
-            }
-        }
-    }
-    L->nidle = 0;
-}
-
-/* T's last partition just ended. Partitions that went idle before may have
- * ended meanwhile too, their wake-ups still on their way (a source that ends
- * every partition at once wakes them one by one): they are polled again at
- * once, and T's end of stream waits for the build after that poll, so the ends
- * of stream that fall due together run together, whatever the order the
- * wake-ups arrived in (rule 11; a shutdown ALL asked by one of them then ends
- * the run after all of them, as in the reference engine). */
-void trl_eos_gate(tr_loop *L, uint32_t t) {
-    if (!L->nidle || L->phase != PH_RUNNING)
-        return;
-    repoll_idle(L);
-    task *T = &L->tasks[t];
-    if (!T->eos_not_before)
-        L->eos_waiting++;
-    /* this batch's refill results are in by the end of the next one: the
-     * build after it decides */
-    T->eos_not_before = L->builds + 2;
-}
-
-void trl_mark_dirty(tr_loop *L, uint32_t t) {
-    task *T = &L->tasks[t];
-    if (T->in_dirty)
-        return;
-    T->in_dirty = 1;
-    L->dirty[L->ndirty++] = t;
-}
-
-void trl_queue_refill(tr_loop *L, uint32_t t, uint32_t p) {
-    part *P = &L->tasks[t].parts[p];
-    if (P->refill_queued || P->state != TR_PART_ACTIVE)
-        return;
-    P->refill_queued = 1;
-    L->refill[(L->refill_head + L->refill_count) % L->refill_cap] = ((uint64_t)t << 32) | p;
-    L->refill_count++;
-}
-
-static inline int failed_reason(uint32_t r) {
-    return r == TR_STOP_ERROR || r == TR_STOP_TIMEOUT;
-}
-
-void trl_finish(tr_loop *L, tr_stop_reason reason) {
-    /* the first reason wins, except that a failure ends a graceful drain as a
-     * failure (a callback timing out while a stop waits for it: rule 16).
-     * relaxed: read by stats and by the owner after run returns (join orders it) */
-    uint32_t seen = atomic_load_explicit(&L->reason, TR_RELAXED);
-    while (seen == TR_STOP_NONE || (failed_reason((uint32_t)reason) && !failed_reason(seen))) {
-        if (atomic_compare_exchange_weak_explicit(&L->reason, &seen, (uint32_t)reason, TR_RELAXED,
-                                                  TR_RELAXED))
-            break;
-    }
-    L->phase = PH_FINISHED;
-}
-
-static void begin_drain(tr_loop *L, tr_stop_reason reason) {
-    if (L->phase != PH_RUNNING)
-        return;
-    uint32_t none = TR_STOP_NONE;
-    /* relaxed: the first reason wins; readers (stop_reason) need only the value,
-     * and the binding reads it after tr_loop_run returned */
-    atomic_compare_exchange_strong_explicit(&L->reason, &none, (uint32_t)reason, TR_RELAXED,
-                                            TR_RELAXED);
-    L->phase = PH_DRAINING;
-    /* workers stop invoking queued ops: dispatch has stopped (rule 19). relaxed:
-     * a worker that reads 0 late invokes one more op it already held, which is
-     * still a correct outstanding callback the drain waits for; nothing else is
-     * published through this flag */
-    atomic_store_explicit(&L->draining, 1, TR_RELAXED);
-    L->drain_deadline = L->now + (L->cfg.shutdown_ns > 0 ? L->cfg.shutdown_ns : 0);
-    for (uint32_t t = 0; t < L->cfg.ntasks; t++)
-        trl_maybe_control(L, t);
-}
-
-/* Every task done: the run ended at end of stream (rule 11). Every task voted or
- * done: it stops as a shutdown (rule 14), decided at once, or (`after_batch`: a
- * task's end of stream completed the vote) by build_batch after the other
- * end-of-stream hooks of this batch, which may leave every task done (as the
- * reference engine, which decides after the hooks that fell due together). */
-static void settle_check(tr_loop *L, int after_batch) {
-    if (L->done_count == L->cfg.ntasks) {
-        begin_drain(L, TR_STOP_END_OF_STREAM);
-    } else if (L->settled_count == L->cfg.ntasks) {
-        if (after_batch) {
-            L->eos_shutdown = 1;
-            L->progress = 1; /* build again at once */
-        } else {
-            begin_drain(L, TR_STOP_SHUTDOWN);
-        }
-    }
-}
-
-void trl_apply_requests(tr_loop *L, uint32_t t, uint32_t req) {
-    task *T = &L->tasks[t];
-    if (req & TR_REQ_COMMIT_ALL) {
-        for (uint32_t u = 0; u < L->cfg.ntasks; u++) {
-            L->tasks[u].commit_req = 1;
-            trl_maybe_control(L, u);
-        }
-    } else if (req & TR_REQ_COMMIT_CURRENT) {
-        T->commit_req = 1;
-        trl_maybe_control(L, t);
-    }
-    if ((req & TR_REQ_SHUTDOWN_CURRENT) && !T->voted) {
-        T->voted = 1;
-        if (!T->done)
-            L->settled_count++;
-        settle_check(L, 0);
-    }
-    if (req & TR_REQ_SHUTDOWN_ALL)
-        begin_drain(L, TR_STOP_SHUTDOWN);
 }
 
 static void op_set(tr_op *op, uint32_t kind, uint32_t t, uint32_t p, uint32_t flags, uint64_t seq,
@@ -525,19 +316,6 @@ static void dispatch_ready(tr_loop *L, uint32_t t, uint32_t *pool_budget) {
     trl_maybe_ready(L, t);
 }
 
-/* T keeps its turn: the next batch serves it before the ready ring (rule 5). For a
- * RUN op cut by a barrier or a stop (tr_loop_run_yield), before its first message
- * (carry_run) or after some (finish_run, which leaves the rest of the turn in
- * run_left, so that a turn is TR_RUN_MAX messages however often it is cut): with
- * runs cut at every commit, the task served last before the barrier would
- * otherwise be served first after it, every time, and get the longer share. */
-void trl_carry(tr_loop *L, uint32_t t) {
-    task *T = &L->tasks[t];
-    T->in_ready = 1; /* not in the ready ring while carried */
-    L->carry[(L->carry_head + L->carry_count) % L->cfg.ntasks] = t;
-    L->carry_count++;
-}
-
 /* A RUN op about to be handed out while a barrier or a stop is due already: it
  * would end before its first message. */
 static void carry_run(tr_loop *L, uint32_t t) {
@@ -590,12 +368,13 @@ static void build_batch(tr_loop *L) {
     /* acquire: pairs with tr_loop_stop's release store */
     if (L->eos_shutdown) {
         L->eos_shutdown = 0;
-        begin_drain(L, L->done_count == L->cfg.ntasks ? TR_STOP_END_OF_STREAM : TR_STOP_SHUTDOWN);
+        trl_begin_drain(L,
+                        L->done_count == L->cfg.ntasks ? TR_STOP_END_OF_STREAM : TR_STOP_SHUTDOWN);
     }
     if (L->phase == PH_RUNNING && atomic_load_explicit(&L->stop_requested, TR_ACQUIRE))
-        begin_drain(L, TR_STOP_EXTERNAL);
+        trl_begin_drain(L, TR_STOP_EXTERNAL);
     if (L->phase == PH_RUNNING && L->nidle && L->now >= L->next_idle_poll)
-        repoll_idle(L);
+        trl_repoll_idle(L);
     if (L->phase == PH_DRAINING && L->nctl == 0 && (drained(L) || L->now >= L->drain_deadline))
         start_final(L);
     if (L->phase == PH_FINAL) {
@@ -931,20 +710,6 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
     return 1;
 }
 
-/* Loop thread: re-open a pool task to its worker once nothing of rules 8, 9, 23
- * is due or running for it (see task.hold). seq_cst clear, then re-read
- * timer_pending: a due timer set on the worker meanwhile
- * (tr_loop_set_user_timer sets pending, then hold) keeps the task held until
- * the loop has read it. */
-void trl_pool_unhold(tr_loop *L, task *T) {
-    if (!(T->flags & TR_TASK_POOL) || T->window_due || T->timer_due || T->in_control ||
-        (!L->cfg.async_commit && T->commit_due))
-        return;
-    atomic_store_explicit(&T->hold, 0, TR_SEQ_CST);
-    if (atomic_load_explicit(&T->timer_pending, TR_SEQ_CST))
-        atomic_store_explicit(&T->hold, 1, TR_SEQ_CST);
-}
-
 int tr_loop_run_yield(tr_loop *L) {
     /* relaxed: hints; build_batch's acquire load acts on the stop itself, and
      * next_op's on an error (posted by the message just run: a callback resolved
@@ -1021,7 +786,7 @@ void tr_loop_control_done(tr_loop *L, uint32_t t, uint32_t requests) {
     /* the last task's end of stream ends the run as such, even when its hook also
      * requested a shutdown (the first reason wins; as the reference engine) */
     if (T->done)
-        settle_check(L, 1);
+        trl_settle_check(L, 1);
     if (requests)
         trl_apply_requests(L, t, requests & TR_REQ_MASK);
     trl_maybe_ready(L, t);
