@@ -167,3 +167,147 @@ void tr_loop_wake_partition(tr_loop *L, uint32_t t, uint32_t p) {
         return;
     trl_cq_push(L, (tr_item){kt_word(CQ_WAKE, t), p});
 }
+
+/* Pick the partition to serve next (round robin over non-empty rings). */
+static inline uint32_t next_part(task *T) {
+    uint32_t p = T->rr;
+    for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
+        if (T->parts[p].tail != T->parts[p].head)
+            break;
+    }
+    T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
+    return p;
+}
+
+/* TR_TASK_KEYED: the first buffered message whose key is free, looking ahead
+ * at most each partition's ring (rule 31), partitions round robin (rule 5).
+ * Scanning in offset order and marking a key busy as soon as one of its
+ * messages is dispatched keeps one key's messages in offset order: an earlier
+ * message of a key is skipped only while that key is busy, and
+ * then every later one of that key is skipped too (rule 30). 0: none. */
+static int key_pick(task *T, uint32_t *p_out, uint64_t *pos_out) {
+    uint32_t p = T->rr;
+    /* a pool task's one worker runs what it is handed one at a time, in that
+     * order: handed over in offset order, one key's messages complete in order
+     * with one outstanding at a time, and nothing is ever taken ahead (a stop
+     * that hands queued ops back leaves a plain tail, so its state commits) */
+    int pool = (T->flags & TR_TASK_POOL) != 0;
+    for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
+        const part *P = &T->parts[p];
+        for (uint64_t pos = P->head; pos != P->tail; pos++) {
+            uint32_t s = (uint32_t)(pos & P->mask);
+            if (P->kst[s] & KS_TAKEN)
+                continue;
+            if (!pool && key_busy(T, P->khash[s])) {
+                if (T->kcatchup)
+                    break; /* only the head (never a taken slot) while catching up */
+                continue;
+            }
+            *p_out = p;
+            *pos_out = pos;
+            T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The keyed take: mark the message taken and its key busy; the ring keeps
+ * the slot until the watermark passes it (release_task). */
+static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
+                           uint64_t *handle_out) {
+    task *T = &L->tasks[t];
+    uint32_t p;
+    uint64_t pos;
+    if (!key_pick(T, &p, &pos)) {
+        T->kblocked = 1; /* every buffered key is busy: wait for a completion */
+        /* and read on while a buffer has room: the look-ahead is the whole buffer
+         * (rule 31), not the half that refills wait for, also when messages
+         * arrive one at a time */
+        for (uint32_t q = 0; q < T->nparts; q++) {
+            part *Q = &T->parts[q];
+            if (Q->state == TR_PART_ACTIVE && part_used(Q, 1) < Q->fill)
+                trl_queue_refill(L, t, q);
+        }
+        return TR_NO_SEQ;
+    }
+    part *P = &T->parts[p];
+    uint32_t s = (uint32_t)(pos & P->mask);
+    uint64_t item = P->items[s];
+    uint64_t handle = P->handles[s];
+    uint64_t h = P->khash[s];
+    P->kst[s] = KS_TAKEN;
+    if (pos != P->head)
+        T->kahead++;
+    key_hold(T, h);
+    kinflight_add(T, 1);
+    if (pos == P->head) {
+        P->head++;
+        while (P->head != P->tail && (P->kst[P->head & P->mask] & KS_TAKEN)) {
+            P->head++;
+            T->kahead--; /* taken ahead before; head has caught up with it */
+        }
+        if (T->kcatchup && T->kahead == 0) {
+            /* nothing taken ahead any more: the commit that found some can write once
+             * what is outstanding is released (tr_loop_task_settled); no more is
+             * dispatched to T meanwhile (runnable, trl_dispatch_pool) */
+            T->kcatchup = 0;
+            T->commit_due = 1;
+        }
+    }
+    T->buffered--;
+    uint64_t seq = 0;
+    /* the caller checked outstanding < limit (see trl_take_one) */
+    tr_status st = tr_sequencer_acquire(T->seq, pos, handle, &seq);
+    if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK)
+        L->internal = st;
+    T->spart[seq & T->smask] = p;
+    T->skey[seq & T->smask] = h;
+    atomic_store_explicit(&T->sdisp[seq & T->smask], L->now, TR_RELAXED); /* metric */
+    T->acquired++;
+    bump(&T->processed);
+    bump(&L->chosen);
+    if (T->infl)
+        trl_arm_timeout(L, t, seq, handle, p);
+    *part_out = p;
+    *item_out = item;
+    *handle_out = handle;
+    return seq;
+}
+
+/* Pop T's next message (round robin over its partitions) and acquire its seq.
+ * TR_NO_SEQ only for a keyed task whose buffered keys are all busy. */
+uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
+                      uint64_t *handle_out) {
+    task *T = &L->tasks[t];
+    if (T->keyed)
+        return take_keyed(L, t, part_out, item_out, handle_out);
+    uint32_t p = next_part(T);
+    part *P = &T->parts[p];
+    uint64_t pos = P->head;
+    uint64_t item = P->items[pos & P->mask];
+    uint64_t handle = P->handles[pos & P->mask];
+    P->head++;
+    T->buffered--;
+    uint64_t seq = 0;
+    /* cannot fail: the caller checked outstanding < limit */
+    /* the caller checked outstanding < limit, so this cannot fail; if it did, the
+     * loop stops with the status rather than run a message with no seq */
+    tr_status st = tr_sequencer_acquire(T->seq, pos, handle, &seq);
+    if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK)
+        L->internal = st;
+    T->spart[seq & T->smask] = p;
+    T->acquired++;
+    bump(&T->processed);
+    bump(&L->chosen);
+    if (T->infl)
+        trl_arm_timeout(L, t, seq, handle, p);
+    if (T->flags & TR_TASK_POOL)
+        P->lent++;
+    if (P->tail - P->head + P->lent <= P->fill / 2)
+        trl_queue_refill(L, t, p);
+    *part_out = p;
+    *item_out = item;
+    *handle_out = handle;
+    return seq;
+}

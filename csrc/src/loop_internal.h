@@ -273,6 +273,27 @@ static inline void key_hold(task *T, uint64_t h) {
     T->bcount[i]++;
 }
 
+/* One outstanding message with key hash h is done: the key is free once none
+ * is left. Emptying a slot shifts back the entries after it that probed past
+ * it (linear probing keeps every entry reachable from its key_slot with no
+ * empty slot between). */
+static inline void key_unhold(task *T, uint64_t h) {
+    uint32_t i = key_find(T, h);
+    if (T->bcount[i] == 0 || --T->bcount[i] != 0)
+        return; /* (not held cannot happen) */
+    for (uint32_t j = (i + 1) & T->bmask; T->bcount[j]; j = (j + 1) & T->bmask) {
+        /* j's entry may fill the hole at i when i lies on its probe path: from
+         * its key_slot to j, cyclically */
+        uint32_t home = key_slot(T, T->bkey[j]);
+        if (((j - home) & T->bmask) >= ((j - i) & T->bmask)) {
+            T->bkey[i] = T->bkey[j];
+            T->bcount[i] = T->bcount[j];
+            T->bcount[j] = 0;
+            i = j;
+        }
+    }
+}
+
 typedef struct hent {
     int64_t when;
     uint32_t task;
@@ -436,9 +457,34 @@ static inline uint32_t run_quota(const task *T) {
     return T->run_left ? T->run_left : TR_RUN_MAX;
 }
 
+/* Loop thread: runs end before `when` (the earliest timer); run_check_from is
+ * when the coarse clock may already be past it. */
+static inline void set_run_until(tr_loop *L, int64_t when) {
+    L->run_until = when;
+    int64_t from = when > INT64_MIN + L->coarse_lag ? when - L->coarse_lag : INT64_MIN;
+    L->run_check_from = from < L->run_slice_end ? from : L->run_slice_end;
+}
+
+/* A RUN op begins (end: RUN_SLICE_NS from now) or ended (INT64_MAX). */
+static inline void run_slice(tr_loop *L, int64_t end) {
+    L->run_slice_end = end;
+    set_run_until(L, L->run_until);
+}
+
 /* Ops of a pool task queued or running on its worker (not completed, not handed back). */
 static inline uint64_t at_worker(const task *T) {
     return T->acquired - T->completions - T->redo_count;
+}
+
+/* The sequencer flags of a completion whose process call made `requests`: the
+ * bits ride in its user field, and a commit request holds the releases after
+ * it until the commit has run (TR_SEQ_COMMIT, rule 15). */
+static inline uint32_t seq_flags(uint32_t requests) {
+    requests &= TR_REQ_MASK;
+    uint32_t f = requests << TR_SEQ_USER_SHIFT;
+    if (requests & (TR_REQ_COMMIT_CURRENT | TR_REQ_COMMIT_ALL))
+        f |= TR_SEQ_COMMIT;
+    return f;
 }
 
 static inline int worker_has_room(const tr_loop *L, const task *T) {
@@ -517,7 +563,6 @@ int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t 
 void trl_heap_compact(tr_loop *L);
 void trl_maybe_ready(tr_loop *L, uint32_t t);
 void trl_eos_gate(tr_loop *L, uint32_t t);
-void trl_run_slice(tr_loop *L, int64_t end);
 void trl_carry(tr_loop *L, uint32_t t);
 void trl_maybe_control(tr_loop *L, uint32_t t);
 void trl_pool_unhold(tr_loop *L, task *T);
@@ -536,10 +581,8 @@ uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item
 uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget);
 void trl_build(tr_loop *L);
 void trl_loop_unref(tr_loop *L);
-uint32_t trl_seq_flags(uint32_t requests);
 void trl_stop_workers(tr_loop *L);
 void trl_cq_push(tr_loop *L, tr_item it);
-void trl_key_free(tr_loop *L, uint32_t t, uint64_t seq);
 void trl_repoll_idle(tr_loop *L);
 void trl_begin_drain(tr_loop *L, tr_stop_reason reason);
 void trl_settle_check(tr_loop *L, int after_batch);

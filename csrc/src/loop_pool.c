@@ -260,7 +260,7 @@ tr_status tr_loop_pool_done(tr_loop *L, uint32_t w, const tr_op *op, uint32_t re
     if (w >= L->cfg.pool_size || op->task >= L->cfg.ntasks)
         return TR_EINVAL;
     worker *W = &L->workers[w];
-    tr_status st = tr_sequencer_complete(L->tasks[op->task].seq, op->seq, trl_seq_flags(requests));
+    tr_status st = tr_sequencer_complete(L->tasks[op->task].seq, op->seq, seq_flags(requests));
     if (st != TR_OK)
         return st;
     /* a request (commit, shutdown) is acted on by the loop before this task's

@@ -51,6 +51,14 @@ static void key_release(tr_loop *L, uint32_t t, uint32_t p, uint64_t pos) {
     }
 }
 
+/* Loop thread: the loop saw seq's completion: its key is free again (rule 30). */
+static void key_free(tr_loop *L, uint32_t t, uint64_t seq) {
+    task *T = &L->tasks[t];
+    key_unhold(T, T->skey[seq & T->smask]);
+    T->kblocked = 0;
+    kinflight_add(T, -1);
+}
+
 /* The loop has seen seq's completion (its CQ_DONE item, or complete_local):
  * it may be released (task.sseen), its key is free (rule 30), its callback
  * timeout no longer runs. */
@@ -59,7 +67,7 @@ static void completion_seen(tr_loop *L, uint32_t t, uint64_t seq) {
     T->completions++;
     T->sseen[seq & T->smask] = 1;
     if (T->keyed)
-        trl_key_free(L, t, seq);
+        key_free(L, t, seq);
     if (T->infl)
         T->infl[seq & T->infl_mask].done = 1;
     trl_mark_dirty(L, t);
@@ -197,14 +205,6 @@ void trl_drain_completions(tr_loop *L) {
         trl_heap_compact(L);
 }
 
-uint32_t trl_seq_flags(uint32_t requests) {
-    requests &= TR_REQ_MASK;
-    uint32_t f = requests << TR_SEQ_USER_SHIFT;
-    if (requests & (TR_REQ_COMMIT_CURRENT | TR_REQ_COMMIT_ALL))
-        f |= TR_SEQ_COMMIT;
-    return f;
-}
-
 /* run_done and run_escape: pop the `consumed` items taken, release the first
  * `completed`; with `escape`, the last one taken is outstanding: it gets a
  * sequence number (*seq) like a PROCESS op. */
@@ -217,7 +217,7 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
         (escape && (consumed == 0 || completed != consumed - 1)))
         return TR_EINVAL;
     T->in_run = 0;
-    trl_run_slice(L, INT64_MAX);
+    run_slice(L, INT64_MAX);
     uint32_t esc_part = UINT32_MAX;
     uint64_t esc_pos = 0;
     if (escape) {
@@ -337,14 +337,14 @@ static tr_status complete_remote(tr_loop *L, uint32_t t, uint64_t seq, uint32_t 
 }
 
 tr_status tr_loop_complete(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
-    return complete_remote(L, t, seq, trl_seq_flags(requests));
+    return complete_remote(L, t, seq, seq_flags(requests));
 }
 
 tr_status tr_loop_complete_local(tr_loop *L, uint32_t t, uint64_t seq, uint32_t requests) {
     if (t >= L->cfg.ntasks)
         return TR_EINVAL;
     task *T = &L->tasks[t];
-    tr_status st = tr_sequencer_complete(T->seq, seq, trl_seq_flags(requests));
+    tr_status st = tr_sequencer_complete(T->seq, seq, seq_flags(requests));
     if (st != TR_OK)
         return st;
     completion_seen(L, t, seq);

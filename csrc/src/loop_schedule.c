@@ -26,17 +26,6 @@ static void emit(tr_loop *L, uint32_t kind, uint32_t t, uint32_t p, uint32_t fla
     op_set(&L->batch[L->nbatch++], kind, t, p, flags, seq, item, handle);
 }
 
-/* Pick the partition to serve next (round robin over non-empty rings). */
-static inline uint32_t next_part(task *T) {
-    uint32_t p = T->rr;
-    for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
-        if (T->parts[p].tail != T->parts[p].head)
-            break;
-    }
-    T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
-    return p;
-}
-
 /* A TR_TASK_INLINE task with nothing outstanding or held: hand it a run of up
  * to TR_RUN_MAX of its buffered messages (fill_run picks them when the op is
  * handed out). The items stay in the rings until tr_loop_run_done pops the
@@ -85,168 +74,6 @@ static uint32_t fill_run(tr_loop *L, uint32_t t, uint32_t max) {
     return n;
 }
 
-/* TR_TASK_KEYED: the first buffered message whose key is free, looking ahead
- * at most each partition's ring (rule 31), partitions round robin (rule 5).
- * Scanning in offset order and marking a key busy as soon as one of its
- * messages is dispatched keeps one key's messages in offset order: an earlier
- * message of a key is skipped only while that key is busy, and
- * then every later one of that key is skipped too (rule 30). 0: none. */
-static int key_pick(task *T, uint32_t *p_out, uint64_t *pos_out) {
-    uint32_t p = T->rr;
-    /* a pool task's one worker runs what it is handed one at a time, in that
-     * order: handed over in offset order, one key's messages complete in order
-     * with one outstanding at a time, and nothing is ever taken ahead (a stop
-     * that hands queued ops back leaves a plain tail, so its state commits) */
-    int pool = (T->flags & TR_TASK_POOL) != 0;
-    for (uint32_t i = 0; i < T->nparts; i++, p = (p + 1 == T->nparts) ? 0 : p + 1) {
-        const part *P = &T->parts[p];
-        for (uint64_t pos = P->head; pos != P->tail; pos++) {
-            uint32_t s = (uint32_t)(pos & P->mask);
-            if (P->kst[s] & KS_TAKEN)
-                continue;
-            if (!pool && key_busy(T, P->khash[s])) {
-                if (T->kcatchup)
-                    break; /* only the head (never a taken slot) while catching up */
-                continue;
-            }
-            *p_out = p;
-            *pos_out = pos;
-            T->rr = (p + 1 == T->nparts) ? 0 : p + 1;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* The keyed take: mark the message taken and its key busy; the ring keeps
- * the slot until the watermark passes it (release_task). */
-static uint64_t take_keyed(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
-                           uint64_t *handle_out) {
-    task *T = &L->tasks[t];
-    uint32_t p;
-    uint64_t pos;
-    if (!key_pick(T, &p, &pos)) {
-        T->kblocked = 1; /* every buffered key is busy: wait for a completion */
-        /* and read on while a buffer has room: the look-ahead is the whole buffer
-         * (rule 31), not the half that refills wait for, also when messages
-         * arrive one at a time */
-        for (uint32_t q = 0; q < T->nparts; q++) {
-            part *Q = &T->parts[q];
-            if (Q->state == TR_PART_ACTIVE && part_used(Q, 1) < Q->fill)
-                trl_queue_refill(L, t, q);
-        }
-        return TR_NO_SEQ;
-    }
-    part *P = &T->parts[p];
-    uint32_t s = (uint32_t)(pos & P->mask);
-    uint64_t item = P->items[s];
-    uint64_t handle = P->handles[s];
-    uint64_t h = P->khash[s];
-    P->kst[s] = KS_TAKEN;
-    if (pos != P->head)
-        T->kahead++;
-    key_hold(T, h);
-    kinflight_add(T, 1);
-    if (pos == P->head) {
-        P->head++;
-        while (P->head != P->tail && (P->kst[P->head & P->mask] & KS_TAKEN)) {
-            P->head++;
-            T->kahead--; /* taken ahead before; head has caught up with it */
-        }
-        if (T->kcatchup && T->kahead == 0) {
-            /* nothing taken ahead any more: the commit that found some can write once
-             * what is outstanding is released (tr_loop_task_settled); no more is
-             * dispatched to T meanwhile (runnable, trl_dispatch_pool) */
-            T->kcatchup = 0;
-            T->commit_due = 1;
-        }
-    }
-    T->buffered--;
-    uint64_t seq = 0;
-    /* the caller checked outstanding < limit (see trl_take_one) */
-    tr_status st = tr_sequencer_acquire(T->seq, pos, handle, &seq);
-    if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK)
-        L->internal = st;
-    T->spart[seq & T->smask] = p;
-    T->skey[seq & T->smask] = h;
-    atomic_store_explicit(&T->sdisp[seq & T->smask], L->now, TR_RELAXED); /* metric */
-    T->acquired++;
-    bump(&T->processed);
-    bump(&L->chosen);
-    if (T->infl)
-        trl_arm_timeout(L, t, seq, handle, p);
-    *part_out = p;
-    *item_out = item;
-    *handle_out = handle;
-    return seq;
-}
-
-/* One outstanding message with key hash h is done: the key is free once none
- * is left. Emptying a slot shifts back the entries after it that probed past
- * it (linear probing keeps every entry reachable from its key_slot with no
- * empty slot between). */
-static void key_unhold(task *T, uint64_t h) {
-    uint32_t i = key_find(T, h);
-    if (T->bcount[i] == 0 || --T->bcount[i] != 0)
-        return; /* (not held cannot happen) */
-    for (uint32_t j = (i + 1) & T->bmask; T->bcount[j]; j = (j + 1) & T->bmask) {
-        /* j's entry may fill the hole at i when i lies on its probe path: from
-         * its key_slot to j, cyclically */
-        uint32_t home = key_slot(T, T->bkey[j]);
-        if (((j - home) & T->bmask) >= ((j - i) & T->bmask)) {
-            T->bkey[i] = T->bkey[j];
-            T->bcount[i] = T->bcount[j];
-            T->bcount[j] = 0;
-            i = j;
-        }
-    }
-}
-
-/* Loop thread: the loop saw seq's completion: its key is free again (rule 30). */
-void trl_key_free(tr_loop *L, uint32_t t, uint64_t seq) {
-    task *T = &L->tasks[t];
-    key_unhold(T, T->skey[seq & T->smask]);
-    T->kblocked = 0;
-    kinflight_add(T, -1);
-}
-
-/* Pop T's next message (round robin over its partitions) and acquire its seq.
- * TR_NO_SEQ only for a keyed task whose buffered keys are all busy. */
-uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
-                      uint64_t *handle_out) {
-    task *T = &L->tasks[t];
-    if (T->keyed)
-        return take_keyed(L, t, part_out, item_out, handle_out);
-    uint32_t p = next_part(T);
-    part *P = &T->parts[p];
-    uint64_t pos = P->head;
-    uint64_t item = P->items[pos & P->mask];
-    uint64_t handle = P->handles[pos & P->mask];
-    P->head++;
-    T->buffered--;
-    uint64_t seq = 0;
-    /* cannot fail: the caller checked outstanding < limit */
-    /* the caller checked outstanding < limit, so this cannot fail; if it did, the
-     * loop stops with the status rather than run a message with no seq */
-    tr_status st = tr_sequencer_acquire(T->seq, pos, handle, &seq);
-    if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK)
-        L->internal = st;
-    T->spart[seq & T->smask] = p;
-    T->acquired++;
-    bump(&T->processed);
-    bump(&L->chosen);
-    if (T->infl)
-        trl_arm_timeout(L, t, seq, handle, p);
-    if (T->flags & TR_TASK_POOL)
-        P->lent++;
-    if (P->tail - P->head + P->lent <= P->fill / 2)
-        trl_queue_refill(L, t, p);
-    *part_out = p;
-    *item_out = item;
-    *handle_out = handle;
-    return seq;
-}
-
 /* A loop-thread task's next message, taken now, as a PROCESS op in `dst`. */
 static int dispatch_one(tr_loop *L, uint32_t t, tr_op *dst) {
     uint32_t p;
@@ -276,21 +103,6 @@ static void start_final(tr_loop *L) {
         trl_release_task(L, t, 1);
     L->phase = PH_FINAL;
     L->final_cursor = 0;
-}
-
-/* Fill the batch: the one place that decides what runs next. */
-/* Loop thread: runs end before `when` (the earliest timer); run_check_from is
- * when the coarse clock may already be past it. */
-static inline void set_run_until(tr_loop *L, int64_t when) {
-    L->run_until = when;
-    int64_t from = when > INT64_MIN + L->coarse_lag ? when - L->coarse_lag : INT64_MIN;
-    L->run_check_from = from < L->run_slice_end ? from : L->run_slice_end;
-}
-
-/* A RUN op begins (end: RUN_SLICE_NS from now) or ended (INT64_MAX). */
-void trl_run_slice(tr_loop *L, int64_t end) {
-    L->run_slice_end = end;
-    set_run_until(L, L->run_until);
 }
 
 /* Dispatch to a runnable task taken off the ready or carry ring. */
@@ -324,6 +136,7 @@ static void carry_run(tr_loop *L, uint32_t t) {
     trl_maybe_control(L, t);
 }
 
+/* Fill the batch: the one place that decides what runs next. */
 static void build_batch(tr_loop *L) {
     if (L->phase == PH_FINISHED)
         return;
@@ -673,7 +486,7 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
     }
     *out = *op;
     if (op->kind == TR_OP_RUN) {
-        trl_run_slice(L, trl_coarse_now(L) + RUN_SLICE_NS);
+        run_slice(L, trl_coarse_now(L) + RUN_SLICE_NS);
         out->count = fill_run(L, op->task, op->count);
         out->partition = L->run_parts[0];
         out->item = (uint64_t)(uintptr_t)L->run_items;
