@@ -1,6 +1,8 @@
-/* loop.c: the dispatch loop's public API that is neither scheduling, release,
- * input, timers nor the pool: create/destroy, errors, stop, user timers,
- * watermarks, counters, drain_items. See loop_internal.h for the layout. */
+/* loop.c: the loop object and its any-thread surface: create/destroy (and the
+ * references that keep an abandoned pool worker's loop alive), errors, stop,
+ * user timers, the completion queue's push, watermarks, counters, drain_items.
+ *
+ * Layer 1 (see loop_internal.h): calls no other loop file. */
 #include "loop_internal.h"
 
 /* ------------------------------------------------------------- public API */
@@ -335,7 +337,7 @@ void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
 }
 
 void tr_loop_stop(tr_loop *L) {
-    /* release: pairs with trl_build()'s acquire load; seq_cst for the notifier's re-check */
+    /* release: pairs with build_batch's acquire load; seq_cst for the notifier's re-check */
     atomic_store_explicit(&L->stop_requested, 1, TR_SEQ_CST);
     atomic_store_explicit(&L->parked, 0, TR_SEQ_CST); /* busy until it parks again (tr_loop_idle) */
     tr_notifier_notify(&L->notifier);
@@ -378,7 +380,7 @@ int tr_loop_task_settled(tr_loop *L, uint32_t t) {
     if (processed != completed)
         return 0;
     if (T->keyed && T->kahead) {
-        T->kcatchup = 1; /* see key_pick and take_keyed */
+        T->kcatchup = 1; /* see key_pick and take_keyed (loop_input.c) */
         return 0;
     }
     return 1;

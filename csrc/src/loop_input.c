@@ -1,5 +1,11 @@
 /* loop_input.c: the per-partition input rings (rule 6): refills, growth up
- * to the input buffer, reader states and wake-ups. */
+ * to the input buffer, reader states and wake-ups; and taking a task's next
+ * message out of them with its sequence number (round robin, rule 5; the
+ * keyed look-ahead, rules 30, 31).
+ *
+ * Layer 3 (see loop_internal.h): calls loop_timers.c (a callback timeout is
+ * armed when a message is taken), loop_state.c and loop.c (a wake-up's
+ * completion-queue item). */
 #include "loop_internal.h"
 
 /* Make room in P's ring for n more items (the caller checked the limit). A

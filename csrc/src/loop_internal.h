@@ -2,17 +2,30 @@
  * functions its files share (see tailrace/loop.h for the contract; packed
  * words live in tailrace/encoding.h).
  *
- * The loop is split by concern:
- *   loop.c          - the thin public API: create/destroy, errors, stop, user
- *                     timers, watermarks, counters, drain_items
- *   loop_schedule.c - the one place that decides what runs next: batches,
- *                     runs, barriers, graceful stop, the run loop and its wait
- *   loop_release.c  - completions: the completion queue, sequencer release,
- *                     watermarks, run_done / run_escape
- *   loop_input.c    - the per-partition input rings and reader states
- *   loop_timers.c   - the timer heap: windows, commits, user timers, callback
- *                     timeouts
- *   loop_pool.c     - the worker pool (its essay: queue bounds, who blocks where)
+ * The loop is split by concern, in layers: a file calls only files of a lower
+ * layer (and this header's inlines), never one above it, so each can be read
+ * knowing only the ones below. No call has to go up: what a lower file must
+ * have happen above it (a completion or a timer that makes a task ready or
+ * due) it notes in loop_state.c's worklists, which the scheduler reads.
+ *   5 loop_schedule.c - the one place that decides what runs next: batches,
+ *                       runs, control ops, the run loop and its wait;
+ *                       next_op, control_done, run_yield
+ *   4 loop_pool.c     - the worker pool (its essay: queue bounds, who blocks
+ *                       where)
+ *   3 loop_release.c  - completions: draining the completion queue, sequencer
+ *                       release, watermarks, run_done / run_escape
+ *   3 loop_input.c    - the per-partition input rings and reader states, and
+ *                       taking a message out of them (with its seq)
+ *   2 loop_timers.c   - the timer heap: windows, commits, user timers, callback
+ *                       timeouts, and what fires when one is due
+ *   1 loop_state.c    - the scheduling state the files above update: the
+ *                       worklists below, the phase (drain, finish), requests
+ *   1 loop.c          - the loop object and its any-thread surface: create /
+ *                       destroy, errors, stop, user timers, the completion
+ *                       queue's push, watermarks, counters, drain_items
+ *   (this header: the structs, and inlines any layer may use: the clock, the
+ *   key busy set, runnable / control_kind, run deadlines, request flags)
+ * The binding's hooks (tr_loop_hooks) are the only calls out of the loop.
  *
  * Everything in `struct tr_loop` below the "loop thread only" line is touched
  * by the loop thread alone (during run, and by whichever thread calls the
@@ -556,35 +569,45 @@ static inline int control_kind(const tr_loop *L, const task *T) {
     return CTL_NONE;
 }
 
-/* ---- shared between the loop's files (each defined where its name says) ---- */
+/* ---- shared between the loop's files, by the file that defines them ---- */
 
-tr_status trl_start_workers(tr_loop *L);
-int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t gen);
-void trl_heap_compact(tr_loop *L);
+/* loop.c (layer 1) */
+void trl_loop_unref(tr_loop *L);
+void trl_cq_push(tr_loop *L, tr_item it);
+
+/* loop_state.c (layer 1) */
 void trl_maybe_ready(tr_loop *L, uint32_t t);
-void trl_eos_gate(tr_loop *L, uint32_t t);
 void trl_carry(tr_loop *L, uint32_t t);
 void trl_maybe_control(tr_loop *L, uint32_t t);
-void trl_pool_unhold(tr_loop *L, task *T);
 void trl_mark_dirty(tr_loop *L, uint32_t t);
 void trl_queue_refill(tr_loop *L, uint32_t t, uint32_t p);
+void trl_repoll_idle(tr_loop *L);
+void trl_eos_gate(tr_loop *L, uint32_t t);
 void trl_finish(tr_loop *L, tr_stop_reason reason);
+void trl_begin_drain(tr_loop *L, tr_stop_reason reason);
+void trl_settle_check(tr_loop *L, int after_batch);
 void trl_apply_requests(tr_loop *L, uint32_t t, uint32_t req);
+void trl_pool_unhold(tr_loop *L, task *T);
+
+/* loop_timers.c (layer 2) */
+int trl_heap_push(tr_loop *L, int64_t when, uint32_t t, uint32_t kind, uint32_t gen);
+void trl_heap_compact(tr_loop *L);
+void trl_fire_timers(tr_loop *L);
+void trl_arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p);
+
+/* loop_input.c (layer 3) */
+uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
+                      uint64_t *handle_out);
+
+/* loop_release.c (layer 3) */
 void trl_wm_flush(tr_loop *L);
 void trl_release_task(tr_loop *L, uint32_t t, int all);
 void trl_process_dirty(tr_loop *L);
 void trl_drain_completions(tr_loop *L);
-void trl_fire_timers(tr_loop *L);
-void trl_arm_timeout(tr_loop *L, uint32_t t, uint64_t seq, uint64_t handle, uint32_t p);
-uint64_t trl_take_one(tr_loop *L, uint32_t t, uint32_t *part_out, uint64_t *item_out,
-                      uint64_t *handle_out);
+
+/* loop_pool.c (layer 4) */
+tr_status trl_start_workers(tr_loop *L);
 uint32_t trl_dispatch_pool(tr_loop *L, uint32_t t, uint32_t budget);
-void trl_build(tr_loop *L);
-void trl_loop_unref(tr_loop *L);
 void trl_stop_workers(tr_loop *L);
-void trl_cq_push(tr_loop *L, tr_item it);
-void trl_repoll_idle(tr_loop *L);
-void trl_begin_drain(tr_loop *L, tr_stop_reason reason);
-void trl_settle_check(tr_loop *L, int after_batch);
 
 #endif

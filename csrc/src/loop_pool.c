@@ -26,6 +26,11 @@
  *   - A worker parks on its own queue's notifier only with nothing to do.
  *   - At a stop, a worker still inside process after the drain (task.shutdown.ms)
  *     is abandoned (stop_workers): refs keep the loop alive until it exits.
+ *
+ * Layer 4 (see loop_internal.h): calls loop_input.c (take a message for a
+ * worker), loop_timers.c (arm a handed-back op's timeout again) and loop.c (a
+ * worker's reference on the loop). Completions go back through the completion
+ * queue, which loop_release.c drains.
  */
 #include "loop_internal.h"
 
@@ -232,7 +237,7 @@ int tr_loop_pool_next(tr_loop *L, uint32_t w, tr_op *out) {
             out->flags = TR_OPF_DISCARD; /* the loop has stopped: only drop the item */
             return 1;
         }
-        /* relaxed: see begin_drain (a late read only runs an op already handed out) */
+        /* relaxed: see trl_begin_drain (a late read only runs an op already handed out) */
         /* relaxed (hold): see task.hold */
         if (W->stopped[t / L->cfg.pool_size] || atomic_load_explicit(&L->draining, TR_RELAXED) ||
             atomic_load_explicit(&L->tasks[t].hold, TR_RELAXED)) {

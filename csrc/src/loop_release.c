@@ -1,6 +1,10 @@
 /* loop_release.c: completions reach the loop (the completion queue and its
  * bound, see tr_loop_create) and are released in sequence order into the
- * watermarks (rules 12, 13, 15, 17, 18); runs report with run_done. */
+ * watermarks (rules 12, 13, 15, 17, 18); runs report with run_done.
+ *
+ * Layer 3 (see loop_internal.h): calls loop_timers.c (user timers read from
+ * the queue, an escaped run message's timeout), loop_state.c (what a release
+ * makes ready or due, its requests) and loop.c (a remote completion's push). */
 #include "loop_internal.h"
 
 /* A released message moves its partition's low watermark. The write to the

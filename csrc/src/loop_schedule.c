@@ -1,6 +1,10 @@
 /* loop_schedule.c: the one place that decides what runs next (rules 1-11,
  * 14, 19, 23): ready tasks, control ops, runs, pool hand-outs, graceful stop,
- * the run loop and its parking. Loop thread. */
+ * the run loop and its parking. Loop thread.
+ *
+ * Layer 5, the top (see loop_internal.h): may call every other loop file; none
+ * calls it. Each build drains completions (loop_release.c), fires timers
+ * (loop_timers.c), then reads the worklists loop_state.c keeps. */
 #include "loop_internal.h"
 
 static int cmp_task(const void *a, const void *b) {
@@ -293,7 +297,7 @@ static void build_batch(tr_loop *L) {
 /* Every op of a batch sees the watermarks of everything released before it
  * was built: a control op of a task is built only when nothing of that task
  * runs in between (rules 9, 15); other threads read at most a batch behind. */
-void trl_build(tr_loop *L) {
+static void build(tr_loop *L) {
     build_batch(L);
     trl_wm_flush(L);
 }
@@ -380,7 +384,7 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
         if (!tick)
             bump(&L->iterations);
         L->progress = 0;
-        trl_build(L);
+        build(L);
         if (L->phase == PH_FINISHED)
             break;
         if (L->nbatch || tick) {
@@ -438,7 +442,7 @@ int tr_loop_next_op(tr_loop *L, tr_op *out) {
             if (L->phase == PH_FINISHED || L->budget == 0)
                 return 0;
             bump(&L->iterations); /* a scheduling pass inside a batch is an iteration too */
-            trl_build(L);
+            build(L);
             if (L->nbatch == 0)
                 return 0;
         }

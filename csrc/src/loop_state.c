@@ -3,7 +3,9 @@
  * loop_internal.h), the loop's phase (drain, finish), coordinator requests
  * (rules 9, 11, 14, 19) and a pool task's hold (rules 8, 9, 23). Loop thread.
  *
- * Layer 1 of the loop (see loop_internal.h): calls no other loop file. */
+ * Layer 1 (see loop_internal.h): calls no other loop file. The files above
+ * note here what a completion, an input or a timer made ready or due, and the
+ * next build acts on it (loop_schedule.c). */
 #include "loop_internal.h"
 
 void trl_maybe_ready(tr_loop *L, uint32_t t) {

@@ -1,5 +1,9 @@
 /* loop_timers.c: the timer heap (windows, commits, user timers, callback
- * timeouts; lazy deletion) and what fires when an entry is due. Loop thread. */
+ * timeouts; lazy deletion) and what fires when an entry is due. Loop thread.
+ *
+ * Layer 2 (see loop_internal.h): calls loop_state.c only. A timer that falls
+ * due marks its task's barrier due there (trl_maybe_control), a callback
+ * timeout finishes the loop (trl_finish); loop_schedule.c acts on both. */
 #include "loop_internal.h"
 
 /* ------------------------------------------------------------------ heap */
