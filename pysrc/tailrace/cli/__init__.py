@@ -27,12 +27,12 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TextIO
 
-from .config import describe_keys
-from .container import ENGINES, Container, load_engine
-from .errors import ConfigError, InputError, SetupError, TailraceError, TaskError
-from .jobfile import JOB_FILE, JobSpec, load_job, parse_override
-from .metrics import RunResult, TaskMetrics
-from .types import Offset, SystemStreamPartition
+from ..config import describe_keys
+from ..container import ENGINES, Container, load_engine
+from ..errors import ConfigError, InputError, SetupError, TailraceError, TaskError
+from ..jobfile import JOB_FILE, JobSpec, load_job, parse_override
+from ..metrics import RunResult, TaskMetrics
+from ..types import Offset, SystemStreamPartition
 
 if TYPE_CHECKING:
     import subprocess
@@ -52,7 +52,7 @@ _KEYS_EPILOG = (
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 
@@ -419,7 +419,7 @@ _SIGNALS = _StopSignals()
 
 
 # -- task failures ----------------------------------------------------------------
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tailrace/, above cli/
 
 
 @functools.cache
@@ -469,7 +469,7 @@ def _input_location(spec: JobSpec | None, ssp: Any, offset: Any) -> str | None:
     """``FILE line N (byte offset O)`` for a message of a file input, else None."""
     if spec is None or not isinstance(ssp, SystemStreamPartition) or not isinstance(offset, int):
         return None
-    from .files import FileSystem
+    from ..files import FileSystem
 
     system = spec.systems.get(ssp.system)
     if not isinstance(system, FileSystem):
@@ -580,7 +580,7 @@ def _check_file_inputs(spec: JobSpec) -> None:
     a wrong ``path``) is a configuration error (exit 2), said before anything is made or
     run. A stream directory that exists but is malformed (a partition gap, an unexpected
     file, mixed formats) is bad input, which the run reports (InputError, exit 1)."""
-    from .files import FileSystem
+    from ..files import FileSystem
 
     for name in spec.inputs:
         sname, _, stream = name.partition(".")
@@ -712,8 +712,8 @@ def _run_watched(
 def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     """Checkpoints in Redis: run as a member of the job (see tailrace.redis.membership),
     or start ``--containers`` member processes whose lines are prefixed ``[container i]``."""
-    from ._stopping import arm_backstop
-    from .redis.membership import Member, member_spec_from_job
+    from .._stopping import arm_backstop
+    from ..redis.membership import Member, member_spec_from_job
 
     member_spec = member_spec_from_job(spec, lambda: _load_spec(args))  # checks [checkpoints] is Redis
     count = _container_count(args, spec)
@@ -762,8 +762,8 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
     """Kafka inputs: run as a member of the job's consumer group (group id = the job's
     name; see tailrace.kafka.membership), or start ``--containers`` member processes.
     Several members of one job need one checkpoint store they all reach (Redis)."""
-    from ._stopping import arm_backstop
-    from .kafka.membership import KafkaMember, KafkaMemberSpec
+    from .._stopping import arm_backstop
+    from ..kafka.membership import KafkaMember, KafkaMemberSpec
 
     count = _container_count(args, spec)
     if count != 1:
@@ -1261,8 +1261,8 @@ class _FileProgress:
     call: an appended file has more to go."""
 
     def __init__(self, spec: JobSpec) -> None:
-        from .files import FileSystem, partition_file, scan_stream
-        from .types import parse_system_stream
+        from ..files import FileSystem, partition_file, scan_stream
+        from ..types import parse_system_stream
 
         self.paths: dict[SystemStreamPartition, Path] = {}
         for name in spec.inputs:
@@ -1393,10 +1393,10 @@ def _redis_inputs(spec: JobSpec, missing: list[str] | None = None) -> list[Syste
     """Every input partition of a Redis-checkpointed job (asks each input's system). An input
     stream that does not exist yet is left out and described in ``missing`` when it is
     given (else its InputError is raised)."""
-    from .errors import CheckpointError
-    from .redis import RedisSystem
-    from .redis._io import connection_errors
-    from .types import parse_system_stream
+    from ..errors import CheckpointError
+    from ..redis import RedisSystem
+    from ..redis._io import connection_errors
+    from ..types import parse_system_stream
 
     out: list[SystemStreamPartition] = []
     for name in spec.inputs:
@@ -1437,7 +1437,7 @@ def _committed(
     """Committed offsets per task (Redis jobs: per partition, under "Partition N"; an input
     stream that does not exist yet is described in ``missing``, see _redis_inputs)."""
     if _is_distributed(spec):
-        from .redis.tools import committed_offsets
+        from ..redis.tools import committed_offsets
 
         url, cluster, prefix = _redis_store_args(spec)
         per_task: dict[str, dict[SystemStreamPartition, Offset]] = {}
@@ -1445,7 +1445,7 @@ def _committed(
         inputs = _redis_inputs(spec, missing)
         for ssp, off in committed_offsets(url, cluster, prefix, spec.name, inputs).items():
             if ssp.system in kafka:  # a Kafka offset N is kept in Redis as the id "0-N"
-                from .kafka.checkpoint import _offset_of_id
+                from ..kafka.checkpoint import _offset_of_id
 
                 off = _offset_of_id(ssp, off)
             per_task.setdefault(f"Partition {ssp.partition}", {})[ssp] = off
@@ -1521,7 +1521,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _state_counts(spec: JobSpec) -> dict[str, dict[str, int]]:
     """Entries per task and store of the job's state (committed with its offsets)."""
     if _is_distributed(spec):
-        from .redis.tools import state_counts
+        from ..redis.tools import state_counts
 
         url, cluster, prefix = _redis_store_args(spec)
         return state_counts(url, cluster, prefix, spec.name, _redis_inputs(spec, []))
@@ -1562,7 +1562,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
             print("nothing deleted")
             return 0
     if _is_distributed(spec):
-        from .redis.tools import reset_checkpoints
+        from ..redis.tools import reset_checkpoints
 
         url, cluster, prefix = _redis_store_args(spec)
         missing: list[str] = []
@@ -1606,9 +1606,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
 # -- load -------------------------------------------------------------------------
 def cmd_load(args: argparse.Namespace) -> int:
     """Append a file's lines to a Redis stream of the job, pipelined."""
-    from .redis import RedisSystem
-    from .redis.tools import append_pipelined, ended_partitions, read_messages
-    from .types import parse_system_stream
+    from ..redis import RedisSystem
+    from ..redis.tools import append_pipelined, ended_partitions, read_messages
+    from ..types import parse_system_stream
 
     spec = _load(args)
     target = args.stream or (spec.inputs[0] if len(spec.inputs) == 1 else None)
@@ -1726,8 +1726,8 @@ def _count_key(args: argparse.Namespace) -> str:
 def _file_task_partitions(args: argparse.Namespace, spec: JobSpec) -> list[int]:
     """The partition numbers (= tasks) of a job whose inputs can be split over processes:
     file inputs, checkpoints in SQLite (or memory); ConfigError naming the key otherwise."""
-    from .files import FileSystem
-    from .types import parse_system_stream
+    from ..files import FileSystem
+    from ..types import parse_system_stream
 
     key = _count_key(args)
     kind = (spec.tree.get("checkpoints") or {"type": "sqlite"}).get("type", "sqlite")
@@ -1766,7 +1766,7 @@ def _file_task_partitions(args: argparse.Namespace, spec: JobSpec) -> list[int]:
 
 def _container_inputs(spec: JobSpec, index: int, count: int) -> list[SystemStreamPartition]:
     """The input partitions of container ``index`` of ``count``: task N goes to N mod count."""
-    from .types import parse_system_stream
+    from ..types import parse_system_stream
 
     out: list[SystemStreamPartition] = []
     for name in spec.inputs:
@@ -2056,7 +2056,7 @@ def _serve_prometheus(source: Any, port: int, host: str, job: str) -> None:
         raise ConfigError(
             "--metrics-port needs prometheus-client: pip install 'tailrace[prometheus]'", key="--metrics-port"
         ) from None
-    from .prometheus import ContainerCollector
+    from ..prometheus import ContainerCollector
 
     registry = CollectorRegistry()
     registry.register(ContainerCollector(source, job=job))
@@ -2067,7 +2067,3 @@ def _serve_prometheus(source: Any, port: int, host: str, job: str) -> None:
     # prometheus-client >= 0.20 returns (server, thread): for port 0, the port the server took
     server = started[0] if isinstance(started, tuple) else None
     log.info("Prometheus metrics on http://%s:%d/metrics", host, getattr(server, "server_port", port))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
