@@ -22,6 +22,10 @@ processed after its last commit.
 A partition whose input ended (end-of-stream entry, see ``RedisSystem.end_stream``)
 and was committed to its end is marked done; with ``exit_when_done`` every member
 exits once every partition of the job is done.
+
+The member's life (plan, run, re-plan, results, deadline, signals) is
+:class:`tailrace.membership.MemberLifecycle`'s, shared with Kafka members; this
+module supplies the assignment, the leases and what a fenced lease means.
 """
 
 from __future__ import annotations
@@ -40,18 +44,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from .._stopping import (
-    StopDeadline,
-    arm_backstop,
-    gave_up_message,
-    member_config,
-    not_committed,
-    processed,
-)
 from ..config import parse_config
-from ..container import Container, EngineName
-from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
-from ..interfaces import System
+from ..container import EngineName
+from ..errors import CheckpointError, ConfigError
+from ..interfaces import CheckpointStore, System
+from ..membership import ContainerParts, MemberLifecycle, run_with_signals
 from ..types import SystemStreamPartition, parse_system_stream
 from ._io import (
     DEFAULT_URL,
@@ -115,7 +112,7 @@ class MemberResult:
     reason: str = "stop"  # "stop" or "done" (every partition of the job is done)
 
 
-class Member:
+class Member(MemberLifecycle[int, MemberResult]):
     """One container process of a distributed job (see the module docstring).
 
     ``run()`` blocks until ``stop()`` (any thread, signal handlers) or, with
@@ -131,6 +128,8 @@ class Member:
     """
 
     WATCH_S = 0.1  # between heartbeats, how often membership and wanted partitions are looked at
+    log = log  # the lifecycle's lines keep this module's logger
+    spec: MemberSpec
 
     def __init__(self, spec: MemberSpec) -> None:
         if spec.lease_ms < 100:
@@ -142,16 +141,15 @@ class Member:
                 f"heartbeat_ms {spec.heartbeat_ms} must be positive and at most half of lease_ms",
                 key="heartbeat_ms",
             )
-        self.config = parse_config(spec.config)
-        self.job = self.config.job_name
+        config = parse_config(spec.config)
         self.id = spec.member_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if "|" in self.id:
             raise ConfigError(f"member id {self.id!r} must not contain '|'", key="member_id")
+        super().__init__(config, MemberResult(self.id), member_id=self.id)
         self.keys = Keys(spec.prefix)
         self.client = connect(spec.url, cluster=spec.cluster)
         check(self.client, spec.url, CheckpointError)
         self._scripts = Scripts(self.client)
-        self.deadline = StopDeadline()
         self.deadline.on_due(lambda: abort_client(self.client))
         self.leases = Leases(
             self.client,
@@ -163,19 +161,13 @@ class Member:
             stop=self.deadline.due,
         )
         self.groups = self._resolve_partitions()
-        self.result = MemberResult(self.id)
-        self._members: list[str] = []
+        self._members: list[str] = []  # (guarded by _cond)
         self._done: set[int] = set()
-        self._running: set[int] = set()
-        self._container: Container | None = None
-        self._last_container: Container | None = None
         self._systems: list[System] = []
-        self._stopping = False
-        self._wake = threading.Event()
         self._hb_failures = 0  # heartbeats failed in a row (the first is logged, the rest counted)
         self._lease_lock = threading.Lock()
-        self._state_lock = threading.Lock()
         self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
 
     def _resolve_partitions(self) -> dict[int, list[SystemStreamPartition]]:
         systems = {s.name: s for s in self.spec.systems()}
@@ -276,10 +268,10 @@ class Member:
     def _restart(self, why: str) -> None:
         """Ask the running container to stop gracefully so that the loop re-plans."""
         log.info("member %s: rebalancing (%s)", self.id, why)
-        self._wake.set()
-        c = self._container
-        if c is not None:
-            c.stop()
+        with self._cond:
+            self._replan = True
+            self._cond.notify_all()
+        self._stop_container()
 
     def _heartbeat_loop(self) -> None:
         next_beat = time.monotonic() + self.heartbeat_s
@@ -306,7 +298,7 @@ class Member:
                     _count(self._hb_failures, "failed heartbeat"),
                 )
                 self._hb_failures = 0
-            with self._state_lock:
+            with self._cond:
                 changed = members != self._members
                 self._members = members
                 running = set(self._running)
@@ -347,61 +339,39 @@ class Member:
         else:
             log.debug("member %s: heartbeat failed again (%s)", self.id, e, exc_info=not expected)
 
-    # -- the loop -----------------------------------------------------------------
-    def run(self) -> MemberResult:
-        """Join, run containers over assigned partitions until stopped or done, leave."""
+    # -- the lifecycle's hooks ------------------------------------------------------
+    def _join(self) -> None:
         self._members = self._heartbeat(self.spec.lease_ms)
         log.info("member %s joined job %r (members: %s)", self.id, self.job, self._members)
-        hb = threading.Thread(target=self._heartbeat_loop, name="tailrace-member-heartbeat", daemon=True)
-        hb.start()
-        try:
-            while not self._stopping:
-                self._wake.clear()
-                self._refresh_done()
-                if self.spec.exit_when_done and self._done == set(self.groups):
-                    self.result.reason = "done"
-                    break
-                with self._state_lock:
-                    wanted = self.assigned()
-                for p in sorted(set(self.groups) - wanted):
-                    self._release(p)
-                owned = sorted(p for p in wanted if self._owned(p) or self._try_acquire(p))
-                if not owned:  # wait for partitions others hold, or for the job's end
-                    self._wake.wait(min(self.heartbeat_s, self.WATCH_S))
-                    continue
-                self._run_container(owned)
-        except connection_errors() as e:
-            if self.deadline.due():
-                raise CheckpointError(self.gave_up_message(f"Redis at {redact(self.spec.url)}: {e}")) from e
-            raise CheckpointError(
-                f"Redis at {redact(self.spec.url)} stayed unreachable for {self.spec.retry_s} s: {e}"
-            ) from e
-        finally:
-            self._hb_stop.set()
-            # (a heartbeat blocked on Redis is aborted at the stop's deadline)
-            hb.join(timeout=2.0 if self.deadline.due() else None)
-            for p in list(self.groups):
-                self._release(p)
-            failed = f" ({_count(self._hb_failures, 'failed heartbeat')})" if self._hb_failures else ""
-            if self.deadline.due():
-                log.warning(
-                    "member %s: left without telling Redis%s; its leases and entry expire in %d ms",
-                    self.id,
-                    failed,
-                    self.spec.lease_ms,
-                )
-            else:
-                try:
-                    self._heartbeat(0)  # leave: the others rebalance at their next heartbeat
-                except connection_errors() as e:
-                    log.warning(
-                        "member %s: could not leave cleanly (%s)%s; its entry expires", self.id, e, failed
-                    )
-            self.client.close()
-            log.info("member %s left job %r (%s)", self.id, self.job, self.result.reason)
-        return self.result
+        self._hb_thread = threading.Thread(
+            target=self._heartbeat_loop, name="tailrace-member-heartbeat", daemon=True
+        )
+        self._hb_thread.start()
 
-    def _run_container(self, owned: list[int]) -> None:
+    def _plan(self) -> list[int] | None:
+        """The partitions assigned to this member whose leases it holds (released: the
+        others); ``[]`` after waiting for partitions others hold, or for the job's end."""
+        if self._stopping:
+            return None
+        with self._cond:
+            self._replan = False
+        self._refresh_done()
+        if self.spec.exit_when_done and self._done == set(self.groups):
+            self.result.reason = "done"
+            return None
+        with self._cond:
+            wanted = self.assigned()
+        for p in sorted(set(self.groups) - wanted):
+            self._release(p)
+        owned = sorted(p for p in wanted if self._owned(p) or self._try_acquire(p))
+        if not owned:
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: self._replan or self._stopping, min(self.heartbeat_s, self.WATCH_S)
+                )
+        return owned
+
+    def _prepare(self, owned: list[int]) -> ContainerParts:
         ssps = [s for p in owned for s in self.groups[p]]
         store = RedisCheckpointStore(
             self.spec.url,
@@ -418,71 +388,65 @@ class Member:
                 system.retry_s = self.spec.retry_s
                 system.use_stop_deadline(self.deadline)
         self._systems = systems
-        container = Container(
-            self.spec.task,
-            inputs=ssps,
-            systems=systems,
-            config=member_config(self.config),
-            checkpoints=store,
-            engine=self.spec.engine,
-            default_output_system=self.spec.default_output_system,
-        )
-        with self._state_lock:
-            self._container = container
-            self._running = set(owned)
-        self.result.runs += 1
-        log.info("member %s: running partitions %s", self.id, owned)
-        if self._stopping or self._wake.is_set():
-            container.stop()
-        try:
-            result = container.run()
-        except Exception as e:
-            self.result.processed += processed(container)  # what it processed still counts
-            if self.deadline.due():
-                raise CheckpointError(self.gave_up_message(f"{type(e).__name__}: {e}")) from e
-            if not isinstance(e, TailraceError) or fenced_cause(e) is None:
-                raise
-            self.result.fenced += 1
-            log.warning("member %s: %s; re-planning", self.id, e)
-            with self._lease_lock:
-                for ssp in store.fenced:
-                    self.leases.forget(ssp)
-            return
-        finally:
-            self.result.skipped += sum(container.skipped().values())
-            with self._state_lock:
-                self._last_container = container
-                self._container = None
-                self._running = set()
-        self.result.processed += result.processed
-        if result.reason == "end_of_stream":
+        return ssps, systems, store
+
+    def _describe(self, owned: list[int]) -> str:
+        return f"partitions {owned}"
+
+    def _fenced(self, store: CheckpointStore) -> None:
+        """Forget the leases the store found taken: the next plan acquires them anew."""
+        assert isinstance(store, RedisCheckpointStore)
+        with self._lease_lock:
+            for ssp in store.fenced:
+                self.leases.forget(ssp)
+
+    def _ended(self, owned: list[int], reason: str) -> None:
+        if reason == "end_of_stream":
             self._mark_done(owned)
-        elif result.reason == "shutdown":
+        elif reason == "shutdown":
             log.info("member %s: the task requested shutdown; leaving", self.id)
             self._stopping = True
 
-    def stop(self) -> None:
-        """Leave gracefully: the running container finishes and commits, leases are released,
-        all within ``task.shutdown.ms`` (see the class doc). Safe from any thread and from
-        signal handlers."""
-        self._stopping = True
-        self.deadline.arm(self.config.shutdown_ms / 1000)
-        self._wake.set()
-        c = self._container
-        if c is not None:
-            c.stop()
+    def _leave(self) -> None:
+        self._hb_stop.set()
+        if self._hb_thread is not None:
+            # (a heartbeat blocked on Redis is aborted at the stop's deadline)
+            self._hb_thread.join(timeout=2.0 if self.deadline.due() else None)
+        for p in list(self.groups):
+            self._release(p)
+        failed = f" ({_count(self._hb_failures, 'failed heartbeat')})" if self._hb_failures else ""
+        if self.deadline.due():
+            log.warning(
+                "member %s: left without telling Redis%s; its leases and entry expire in %d ms",
+                self.id,
+                failed,
+                self.spec.lease_ms,
+            )
+        else:
+            try:
+                self._heartbeat(0)  # leave: the others rebalance at their next heartbeat
+            except connection_errors() as e:
+                log.warning(
+                    "member %s: could not leave cleanly (%s)%s; its entry expires", self.id, e, failed
+                )
+        self.client.close()
+        log.info("member %s left job %r (%s)", self.id, self.job, self.result.reason)
 
-    def not_committed(self) -> list[str]:
-        """What the last (or running) container processed but did not commit, per partition,
-        and output Redis has not acknowledged (for a stop that gave up)."""
+    def _unreachable(self, e: Exception) -> Exception | None:
+        if not isinstance(e, connection_errors()):
+            return None
+        if self.deadline.due():
+            return CheckpointError(self.gave_up_message(f"Redis at {redact(self.spec.url)}: {e}"))
+        return CheckpointError(
+            f"Redis at {redact(self.spec.url)} stayed unreachable for {self.spec.retry_s} s: {e}"
+        )
+
+    def _unacknowledged(self) -> str | None:
         pending = sum(s.unacknowledged() for s in self._systems if isinstance(s, RedisSystem))
-        unacked = f"{pending} output entries not acknowledged by Redis (sent again after a restart)"
-        return not_committed(self._container or self._last_container, unacked if pending else None)
-
-    def gave_up_message(self, cause: str) -> str:
-        """The error of a stop that ran out of ``task.shutdown.ms`` while Redis did not answer."""
-        return gave_up_message(
-            f"member {self.id} of job {self.job!r}", self.config.shutdown_ms, cause, self.not_committed()
+        return (
+            f"{pending} output entries not acknowledged by Redis (sent again after a restart)"
+            if pending
+            else None
         )
 
 
@@ -498,35 +462,24 @@ def run_member(spec: MemberSpec, *, handle_signals: bool = True) -> MemberResult
     plus :data:`tailrace._stopping.GRACE_S` (5 s), the process exits with status 1 after printing what was not
     committed."""
     member = Member(spec)
-    restore: list[tuple[signal.Signals, Any]] = []
-    finished = threading.Event()
-    if handle_signals and threading.current_thread() is threading.main_thread():
-        stops = 0
+    stops = 0
 
-        def on_signal(signum: int, _frame: Any) -> None:
-            nonlocal stops
-            stops += 1
-            name = signal.Signals(signum).name
-            if stops > 1:
-                print(f"\ntailrace: {name} again: forced stop", file=sys.stderr, flush=True)
-                os._exit(128 + signum)
-            print(
-                f"\ntailrace: {name}: leaving gracefully (final checkpoint, leases released) within "
-                f"task.shutdown.ms = {member.config.shutdown_ms} ms; again to force",
-                file=sys.stderr,
-                flush=True,
-            )
-            member.stop()
+    def on_signal(signum: int, _frame: Any) -> None:
+        nonlocal stops
+        stops += 1
+        name = signal.Signals(signum).name
+        if stops > 1:
+            print(f"\ntailrace: {name} again: forced stop", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        print(
+            f"\ntailrace: {name}: leaving gracefully (final checkpoint, leases released) within "
+            f"task.shutdown.ms = {member.config.shutdown_ms} ms; again to force",
+            file=sys.stderr,
+            flush=True,
+        )
+        member.stop()
 
-        arm_backstop(member, finished)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            restore.append((sig, signal.signal(sig, on_signal)))
-    try:
-        return member.run()
-    finally:
-        finished.set()
-        for sig, old in restore:
-            signal.signal(sig, old)
+    return run_with_signals(member, handle_signals=handle_signals, on_signal=on_signal)
 
 
 def run_local_containers(
