@@ -43,13 +43,16 @@ blocks the fetch thread, which keeps serving the group's callbacks.
 
 Guarantee: at least once (rule 20); duplicates are bounded by what a container
 processed after its last commit (a crash, kill -9 or lost membership).
+
+The member's life (plan, run, re-plan, results, deadline, signals) is
+:class:`tailrace.membership.MemberLifecycle`'s, shared with Redis members; this
+module supplies the group's assignment, the Redis leases and what a fence means.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -58,18 +61,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._stopping import (
-    StopDeadline,
-    arm_backstop,
-    gave_up_message,
-    member_config,
-    not_committed,
-    processed,
-)
 from ..config import Config, parse_config
-from ..container import Container, EngineName
-from ..errors import CheckpointError, ConfigError, TailraceError, fenced_cause
+from ..container import EngineName
+from ..errors import ConfigError
 from ..interfaces import CheckpointStore, System
+from ..membership import ContainerParts, MemberLifecycle, run_with_signals
 from ..memory import MemoryCheckpointStore
 from ..types import SystemStreamPartition, parse_system_stream
 from .checkpoint import KafkaCheckpointStore
@@ -112,17 +108,19 @@ class KafkaMemberResult:
     reason: str = "stop"
 
 
-class KafkaMember:
+class KafkaMember(MemberLifecycle[SystemStreamPartition, KafkaMemberResult]):
     """One container process of a Kafka job (see the module docstring).
 
     ``run()`` blocks until ``stop()`` (any thread, signal handlers), a task's
     shutdown request, or an error (raised after the consumer left the group).
     """
 
+    log = log  # the lifecycle's lines keep this module's logger
+    spec: KafkaMemberSpec
+
     def __init__(self, spec: KafkaMemberSpec) -> None:
         self.spec = spec
-        self.config = parse_config(spec.config)
-        self.job = self.config.job_name
+        super().__init__(parse_config(spec.config), KafkaMemberResult())
         self.systems = {s.name: s for s in spec.systems}
         self.kafka: dict[str, KafkaSystem] = {}
         self.topics: dict[str, list[str]] = {}
@@ -157,7 +155,6 @@ class KafkaMember:
             )
         self.store = spec.checkpoints if spec.checkpoints is not None else MemoryCheckpointStore()
         self._redis = _redis_store(self.store)  # the job's Redis store: its client, keys and leases
-        self.deadline = StopDeadline()  # armed by stop(): task.shutdown.ms
         for system in self.systems.values():
             if isinstance(system, KafkaSystem):
                 system.use_stop_deadline(self.deadline)
@@ -180,17 +177,12 @@ class KafkaMember:
                 stop=self.deadline.due,
             )
         self._heartbeat_stop = threading.Event()
-        self.result = KafkaMemberResult()
-        self._cond = threading.Condition()
+        self._heartbeat_thread: threading.Thread | None = None
+        self._joined = False
+        # (guarded by _cond)
         self._owned: set[SystemStreamPartition] = set()  # assigned and not revoked/lost
         self._revoking: set[SystemStreamPartition] = set()  # being handed over: no container may start
-        self._running: set[SystemStreamPartition] = set()  # what the running container reads
-        self._container: Container | None = None
-        self._last_container: Container | None = None
-        self._idle = True  # no container running (guarded by _cond)
-        self._changed = False
-        self._stopping = False
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # a group callback's, raised by run()
 
     # -- ownership (fencing) --------------------------------------------------------
     def owned(self) -> set[SystemStreamPartition]:
@@ -200,11 +192,6 @@ class KafkaMember:
 
     def _ssps(self, partitions: Sequence[Any]) -> list[SystemStreamPartition]:
         return [SystemStreamPartition(self.system.name, tp.topic, tp.partition) for tp in partitions]
-
-    def _stop_container(self) -> None:
-        c = self._container
-        if c is not None:
-            c.stop()
 
     # -- group callbacks: on the fetch thread, inside consume() -----------------------
     def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
@@ -216,7 +203,7 @@ class KafkaMember:
                 self._owned.update(ssps)
                 self.result.assigned += len(ssps)
                 if ssps:
-                    self._changed = True
+                    self._replan = True
                     self._stop_container()
                 self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - never raised into librdkafka: handed to run()
@@ -227,14 +214,14 @@ class KafkaMember:
             ssps = set(self._ssps(partitions))
             log.info("member of %r: revoking %s", self.job, ", ".join(map(str, sorted(ssps))))
             with self._cond:
-                self._changed = True
+                self._replan = True
                 self._revoking |= ssps
                 if self._running & ssps:
                     self._stop_container()
                     # the container drains, commits (still owning ssps), and closes
                     # (its final commit to the group is served right here, on this thread)
                     deadline = time.monotonic() + self.config.shutdown_ms / 1000 + 30
-                    while not (self._idle or self._error is not None):
+                    while not (self._container is None or self._error is not None):
                         if time.monotonic() > deadline or self.deadline.due():
                             log.error("member of %r: container did not stop in time", self.job)
                             break
@@ -255,7 +242,7 @@ class KafkaMember:
             log.warning("member of %r: lost %s (no hand-over)", self.job, ", ".join(map(str, sorted(ssps))))
             with self._cond:
                 self._owned -= ssps  # first: from now on commits for them are refused
-                self._changed = True
+                self._replan = True
                 self.result.lost += len(ssps)
                 if self._running & ssps:
                     self._stop_container()
@@ -284,7 +271,7 @@ class KafkaMember:
                 continue
             if lost:
                 with self._cond:
-                    self._changed = True
+                    self._replan = True
                     if self._running & lost:
                         self._stop_container()
                     self._cond.notify_all()
@@ -313,7 +300,7 @@ class KafkaMember:
                 )
                 waiting_logged = True
             with self._cond:
-                if self._stopping or self._changed or self._error is not None:
+                if self._stopping or self._replan or self._error is not None:
                     return False
                 self._cond.wait(0.1)
 
@@ -326,9 +313,15 @@ class KafkaMember:
             self._stop_container()
             self._cond.notify_all()
 
-    # -- the loop ----------------------------------------------------------------------
+    # -- the lifecycle's hooks ---------------------------------------------------------
     def run(self) -> KafkaMemberResult:
         """Join the group, run containers over assigned partitions until stopped, leave."""
+        result = super().run()
+        if self._error is not None:  # a group callback's, met while leaving
+            raise self._error
+        return result
+
+    def _join(self) -> None:
         system = self.system
         if system.group_id is None:
             system.group_id = self.job
@@ -339,63 +332,47 @@ class KafkaMember:
             self._on_revoke,
             self._on_lost,
         )
-        heartbeat: threading.Thread | None = None
         if self._leases is None:
             self.store.open(self.job)
         else:
-            heartbeat = threading.Thread(target=self._heartbeat, name="tailrace-kafka-leases", daemon=True)
-            heartbeat.start()
-        joined = False
+            self._heartbeat_thread = threading.Thread(
+                target=self._heartbeat, name="tailrace-kafka-leases", daemon=True
+            )
+            self._heartbeat_thread.start()
         try:
             for topic in self.topics[system.name]:
                 # an input topic that is missing (or brokers that do not answer) is an error
                 # now, naming it: a subscription would wait for it without a word
                 system.topic_partitions(topic)
             system.fetcher.ensure_started()
-            joined = True
-            log.info("member joining group %r for %s", system.group_id, self.spec.inputs)
-            while True:
-                with self._cond:
-                    self._cond.wait_for(self._ready, 1.0)
-                    if self._error is not None:
-                        raise self._error
-                    if self._stopping:
-                        break
-                    if not self._ready():
-                        continue
-                    self._changed = False
-                    owned = sorted(self._owned)
-                self._run_container(owned)
-        finally:
-            with self._cond:
-                self._stopping = True
-            system.keep_open = False
-            try:
-                system.shutdown()  # leaves the group (a final revoke finds no container running)
-            finally:
-                self._heartbeat_stop.set()
-                if heartbeat is not None:
-                    heartbeat.join()
-                if self._leases is not None:
-                    self._leases.release_all()
-                self.store.close()
-                if joined:  # else it failed at start, and its error says so
-                    result = self.result  # what it processed counts in the run's summary
-                    log.info(
-                        "member of %r left (%s): %s messages processed in %d container runs",
-                        self.job,
-                        result.reason,
-                        f"{result.processed:,}",
-                        result.runs,
-                    )
-        if self._error is not None:
-            raise self._error
-        return self.result
+        except BaseException:
+            self._leave()
+            raise
+        self._joined = True
+        log.info("member joining group %r for %s", system.group_id, self.spec.inputs)
+
+    def _plan(self) -> list[SystemStreamPartition] | None:
+        """What the group assigned, once it changed and no hand-over is in progress."""
+        with self._cond:
+            self._cond.wait_for(self._ready, 1.0)
+            if self._error is not None:
+                raise self._error
+            if self._stopping:
+                return None
+            if not self._ready():
+                return []
+            self._replan = False
+            return sorted(self._owned)
 
     def _ready(self) -> bool:
         """Time to (re)start a container (``_cond`` held): the assignment changed, and no
         hand-over is in progress (a revoke callback still needs the old container's commit)."""
-        return self._stopping or (self._changed and bool(self._owned) and not self._revoking)
+        return self._stopping or (self._replan and bool(self._owned) and not self._revoking)
+
+    def _prepare(self, owned: list[SystemStreamPartition]) -> ContainerParts | None:
+        if not self._acquire(owned):
+            return None  # re-plan first
+        return owned, self.systems, self._checkpoints(owned)
 
     def _checkpoints(self, owned: list[SystemStreamPartition]) -> KafkaCheckpointStore:
         """The store of one container: the job's store (opened by the member), or with
@@ -419,79 +396,53 @@ class KafkaMember:
         )
         return KafkaCheckpointStore(inner, kafka, owned=self.owned, redis_ids=True)
 
-    def _run_container(self, owned: list[SystemStreamPartition]) -> None:
-        if not self._acquire(owned):
-            return  # re-plan first
-        store = self._checkpoints(owned)
-        container = Container(
-            self.spec.task,
-            inputs=owned,
-            systems=self.systems,
-            config=member_config(self.config),
-            checkpoints=store,
-            engine=self.spec.engine,
-            default_output_system=self.spec.default_output_system,
-        )
-        with self._cond:
-            if self._stopping or self._changed or self._revoking:
-                return  # re-plan first
-            self._container = container
-            self._running = set(owned)
-            self._idle = False
-        self.result.runs += 1
-        log.info("member of %r: running %s", self.job, ", ".join(map(str, owned)))
-        if self._stopping:
-            container.stop()  # a stop that came while this container was being built
-        try:
-            result = container.run()
-        except Exception as e:
-            self.result.processed += processed(container)  # what it processed still counts
-            if self.deadline.due():
-                raise CheckpointError(self.gave_up_message(f"{type(e).__name__}: {e}")) from e
-            if not isinstance(e, TailraceError) or fenced_cause(e) is None:
-                raise
-            self.result.fenced += 1
-            log.warning("member of %r: %s; re-planning", self.job, e)
-            with self._cond:
-                self._changed = True  # run what it still owns again (taking its leases anew)
-            return
-        finally:
-            self.result.skipped += sum(container.skipped().values())
-            with self._cond:
-                self._last_container = container
-                self._container = None
-                self._running = set()
-                self._idle = True
-                self._cond.notify_all()
-        self.result.processed += result.processed
-        if result.reason in ("shutdown", "end_of_stream"):
-            log.info("member of %r: the job ended (%s); leaving", self.job, result.reason)
-            self.result.reason = result.reason
+    def _may_start(self) -> bool:
+        return not (self._stopping or self._replan or self._revoking)
+
+    def _describe(self, owned: list[SystemStreamPartition]) -> str:
+        return ", ".join(map(str, owned))
+
+    def _fenced(self, store: CheckpointStore) -> None:
+        """A commit refused (the group's generation or a lease moved on): the run loop
+        runs what this member still owns again, taking its leases anew."""
+
+    def _ended(self, owned: list[SystemStreamPartition], reason: str) -> None:
+        if reason in ("shutdown", "end_of_stream"):
+            log.info("member of %r: the job ended (%s); leaving", self.job, reason)
+            self.result.reason = reason
             with self._cond:
                 self._stopping = True
 
-    def stop(self) -> None:
-        """Leave gracefully: the running container finishes and commits, then the
-        consumer leaves the group, all within ``task.shutdown.ms`` (see the module doc).
-        Safe from any thread and from signal handlers."""
-        self._stopping = True
-        self.deadline.arm(self.config.shutdown_ms / 1000)
-        self._stop_container()
-        with self._cond:  # an RLock: a signal handler on a thread inside _cond may take it again
-            self._cond.notify_all()
+    def _leave(self) -> None:
+        with self._cond:
+            self._stopping = True
+        system = self.system
+        system.keep_open = False
+        try:
+            system.shutdown()  # leaves the group (a final revoke finds no container running)
+        finally:
+            self._heartbeat_stop.set()
+            if self._heartbeat_thread is not None:
+                self._heartbeat_thread.join()
+            if self._leases is not None:
+                self._leases.release_all()
+            self.store.close()
+            if self._joined:  # else it failed at start, and its error says so
+                result = self.result  # what it processed counts in the run's summary
+                log.info(
+                    "member of %r left (%s): %s messages processed in %d container runs",
+                    self.job,
+                    result.reason,
+                    f"{result.processed:,}",
+                    result.runs,
+                )
 
-    def not_committed(self) -> list[str]:
-        """What the last (or running) container processed but did not commit, per
-        partition, and output Kafka has not acknowledged (for a stop that gave up)."""
+    def _unacknowledged(self) -> str | None:
         pending = sum(s.unacknowledged() for s in self.systems.values() if isinstance(s, KafkaSystem))
-        unacked = f"{pending} output messages not acknowledged by Kafka (sent again after a restart)"
-        return not_committed(self._container or self._last_container, unacked if pending else None)
-
-    def gave_up_message(self, cause: str) -> str:
-        """The error of a stop that ran out of ``task.shutdown.ms`` while Kafka (or the
-        store) did not answer."""
-        return gave_up_message(
-            f"member of job {self.job!r}", self.config.shutdown_ms, cause, self.not_committed()
+        return (
+            f"{pending} output messages not acknowledged by Kafka (sent again after a restart)"
+            if pending
+            else None
         )
 
 
@@ -509,19 +460,7 @@ def run_kafka_member(spec: KafkaMemberSpec, *, handle_signals: bool = True) -> K
     ``task.shutdown.ms`` (on the main thread). Should the stop still hang past its
     deadline plus :data:`tailrace._stopping.GRACE_S` (5 s), the process exits with
     status 1 after printing what was not committed."""
-    member = KafkaMember(spec)
-    restore: list[tuple[signal.Signals, Any]] = []
-    finished = threading.Event()
-    if handle_signals and threading.current_thread() is threading.main_thread():
-        arm_backstop(member, finished)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            restore.append((sig, signal.signal(sig, lambda *_: member.stop())))
-    try:
-        return member.run()
-    finally:
-        finished.set()
-        for sig, old in restore:
-            signal.signal(sig, old)
+    return run_with_signals(KafkaMember(spec), handle_signals=handle_signals)
 
 
 __all__ = ["KafkaMember", "KafkaMemberResult", "KafkaMemberSpec", "run_kafka_member"]
