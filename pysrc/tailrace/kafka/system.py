@@ -1236,14 +1236,4 @@ def _tps_text(tps: Sequence[Any]) -> str:
     return ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in tps)
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until true or ``timeout`` seconds passed (tools and tests)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 __all__ = ["KafkaDeliveryError", "KafkaRecord", "KafkaSystem"]
