@@ -9,11 +9,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ._core import make_envelopes
-from .config import options_checked
-from .errors import ConfigError, InputError
-from .interfaces import CheckpointStore, PartitionReader, Producer, StateChanges, System
-from .types import Offset, SystemStreamPartition
+from .._core import make_envelopes
+from ..config import options_checked
+from ..errors import ConfigError, InputError
+from ..interfaces import CheckpointStore, PartitionReader, Producer, StateChanges, System
+from ..types import Offset, SystemStreamPartition
 
 _TEXT = (str, bytes, bytearray)  # sequences, but never a partition or a list of partitions
 
@@ -333,8 +333,8 @@ def decode_state(entries: Mapping[bytes, bytes], key_serde: str, value_serde: st
     """Encoded store entries as the task reads them, in the order of the encoded keys: each
     key and value decoded by its serde (an array key of json or msgpack as a tuple, as a
     store reads it back)."""
-    from .serdes import serde
-    from .stores import _ARRAY_KEYS, _tuple_keys  # the store's own rule for array keys
+    from ..serdes import serde
+    from ..stores import _ARRAY_KEYS, _tuple_keys  # the store's own rule for array keys
 
     kdecode: Callable[[bytes], Any] = serde(key_serde).decode
     if key_serde in _ARRAY_KEYS:

@@ -60,13 +60,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ._core import Envelope, FileOutput, FileSink, file_decode_lines
-from ._digest import sha256
-from .config import options_checked
-from .errors import ConfigError, InputError
-from .interfaces import PartitionReader, Producer, System
-from .serdes import _json_codec, _json_decode, _json_encode  # the raw functions: errors stay the codec's own
-from .types import Offset, SystemStreamPartition
+from .._core import Envelope, FileOutput, FileSink, file_decode_lines
+from .._digest import sha256
+from ..config import options_checked
+from ..errors import ConfigError, InputError
+from ..interfaces import PartitionReader, Producer, System
+from ..serdes import _json_codec, _json_decode, _json_encode  # the raw functions: errors stay the codec's own
+from ..types import Offset, SystemStreamPartition
 
 log = logging.getLogger("tailrace.files")
 

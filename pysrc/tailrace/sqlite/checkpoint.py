@@ -65,12 +65,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._digest import blake2b
-from .config import options_checked
-from .errors import CheckpointError
-from .interfaces import CheckpointStore, StateChanges
-from .stores import split_changes
-from .types import Offset, SystemStreamPartition
+from .._digest import blake2b
+from ..config import options_checked
+from ..errors import CheckpointError
+from ..interfaces import CheckpointStore, StateChanges
+from ..stores import split_changes
+from ..types import Offset, SystemStreamPartition
 
 log = logging.getLogger("tailrace.sqlite")
 

@@ -1,0 +1,3 @@
+from .system import MemoryCheckpointStore, MemorySystem, decode_state, partition_lists
+
+__all__ = ["MemoryCheckpointStore", "MemorySystem", "decode_state", "partition_lists"]
