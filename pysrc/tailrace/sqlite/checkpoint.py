@@ -1,52 +1,5 @@
-"""SQLite checkpoint store (stdlib sqlite3, WAL, synchronous=FULL).
-
-One row per (job, task, system, stream, partition) holds the committed offset;
-``write`` replaces a task's rows in one transaction, so after a crash either the
-whole new checkpoint or the whole previous one is read back. Offsets keep their
-type: the column has no affinity, so an int stays an INTEGER and a str a TEXT.
-
-A ``meta`` table records ``schema_version``; a store written by a newer (or
-unknown) schema is refused. ``open`` runs ``PRAGMA integrity_check`` (the store is small): a corrupt or
-truncated file stops start-up with CheckpointError instead of silently starting
-again from offset 0.
-
-**A damaged store never looks empty (or older).** Every write bumps a
-``generation`` counter in ``meta`` (in the same transaction), and once it is
-durable, records it in a small marker file next to the database,
-``<db>.generation`` (two checksummed slots written alternately, so a torn write
-leaves the previous one readable). ``open`` (and every reader, through
-:func:`connect`) compares the two: a database whose generation is below its
-marker's (its ``-wal`` file deleted or overwritten before SQLite folded it into
-the main file, the main file restored alone from a backup) or that lost its
-schema while the marker says it held checkpoints (truncated to 0 bytes,
-deleted) is refused with CheckpointError naming both files. Crash points are
-safe by order: the marker is written only after the write it names is durable,
-so a crash leaves the database at or ahead of its marker, which is accepted; a
-new store's schema is folded into the main file (``wal_checkpoint(TRUNCATE)``)
-before its marker is created. The marker also carries the store's random id,
-so a different store's database copied over this one is refused as well.
-
-One container per job and store at a time, whatever path names the file: ``open``
-takes an exclusive ``flock`` on ``<db>.<job>.lock`` (which also records the
-holder's pid for the error message), and an open-file-description lock
-(``F_OFD_SETLK``) on a byte of the database file itself, at an offset derived
-from the job name far beyond anything SQLite locks. The second lock is keyed by
-the file (its inode), so a hard link, symlink or bind mount of the same database
-is refused too. And since SQLite names its ``-wal`` and ``-shm`` files after the
-path (symlinks resolved), a database in use under one real path is refused under
-any other (a hard link or bind mount), whatever the job: see ``_claim_name``.
-The locks are held until ``close``; the kernel drops them when the holder dies,
-so a crashed container never blocks the next one.
-
-``tailrace run --containers N`` shares one store between N container processes of
-one job and still refuses every other run of it: the parent holds the job's locks
-(an ordinary ``open``), and container i opens the store ``as_container(i, parent)``,
-taking ``<db>.<job>.container-i.lock`` and a database byte keyed by job and index
-instead, after checking that the job's lock is held by its parent. An ordinary
-``open`` checks, after taking the job's lock, that no container lock of the job is
-held (a container of an earlier run still stopping); so of a newcomer and such a
-container, whichever comes second is refused.
-"""
+"""The SQLite checkpoint store, :class:`SqliteCheckpointStore`: committed offsets and
+state written in one transaction, state read from any thread (see ``tailrace.sqlite``)."""
 
 from __future__ import annotations
 
@@ -54,70 +7,33 @@ import errno
 import fcntl
 import logging
 import os
-import re
 import sqlite3
-import struct
 import threading
 import time
-import uuid
-import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._digest import blake2b
 from ..config import options_checked
 from ..errors import CheckpointError
 from ..interfaces import CheckpointStore, StateChanges
 from ..stores import split_changes
 from ..types import Offset, SystemStreamPartition
+from .database import _STATE_SCHEMA, _access_hint, _bump_generation, _open_checked, connect
+from .locks import (
+    _claim_name,
+    _holder,
+    _inode_locks,
+    _inode_locks_guard,
+    _InodeLock,
+    _ofd,
+    container_lock_path,
+    lock_path,
+)
+from .marker import GenerationMarker, marker_path
 
 log = logging.getLogger("tailrace.sqlite")
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = (
-    """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE checkpoints (
-    job TEXT NOT NULL,
-    task TEXT NOT NULL,
-    system TEXT NOT NULL,
-    stream TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    committed_offset NOT NULL,  -- no affinity: int offsets stay INTEGER, str offsets TEXT
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (job, task, system, stream, partition)
-);
-"""
-    + "\n"
-)
-
-# Key-value state of the tasks' stores (rules 25-29), written in the same transaction as
-# the task's checkpoint rows. A scope is one store of one task of one job; state rows
-# carry its integer id (short rows, cheap key compares: the commit flush rate). Keys
-# compare as BLOBs (memcmp): range scans follow the order of the encoded keys. Created
-# on open when missing (stores written before state existed have none). A scope row is
-# never deleted (a reset deletes its state rows only): a new scope gets max(id) + 1, so
-# an id is never given to another (job, task, store). (Earlier builds deleted the rows on
-# reset; an id they freed may be given again, which is safe as well: cached ids live for
-# one open, and a commit looks its scopes up inside its own transaction.)
-_STATE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS state_scopes (
-    id INTEGER PRIMARY KEY,
-    job TEXT NOT NULL,
-    task TEXT NOT NULL,
-    store TEXT NOT NULL,
-    UNIQUE (job, task, store)
-);
-CREATE TABLE IF NOT EXISTS state (
-    scope INTEGER NOT NULL,
-    key BLOB NOT NULL,
-    value BLOB NOT NULL,
-    PRIMARY KEY (scope, key)
-) WITHOUT ROWID
-"""
-_SCHEMA += _STATE_SCHEMA + ";\n"
 _SCAN_BATCH = 1024  # rows per query of a range scan
 _WRITER_CACHE_KIB = -65536  # the writer's page cache: at most 64 MiB (grows only as used)
 
@@ -128,197 +44,14 @@ _STALL_AFTER_ENV = "TAILRACE_TEST_SQLITE_STALL_AFTER"
 _STALL_MARKER_ENV = "TAILRACE_TEST_SQLITE_STALL_MARKER"
 
 
-def _holder(fd: int) -> str:
-    """What a lock file holds (the pid its holder wrote), as text; "" when empty."""
-    return os.pread(fd, 64, 0).decode(errors="replace").strip()
-
-
-def lock_path(db: Path, job_name: str) -> Path:
-    """The lock file guarding ``job_name`` in store ``db``."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)[:64]
-    return db.with_name(f"{db.name}.{safe}-{zlib.crc32(job_name.encode()):08x}.lock")
-
-
-def container_lock_path(db: Path, job_name: str, index: int) -> Path:
-    """The lock file of container ``index`` of a ``--containers`` run of ``job_name`` in ``db``."""
-    job = lock_path(db, job_name)
-    return job.with_name(f"{job.name[: -len('.lock')]}.container-{index}.lock")
-
-
-def marker_path(db: Path) -> Path:
-    """The generation marker of store ``db`` (see module doc)."""
-    return db.with_name(f"{db.name}.generation")
-
-
-# -- the generation marker ------------------------------------------------------
-# Two 32-byte slots, at offsets 0 and 4096 (different pages, so a torn write of one
-# never touches the other); generation g is written to slot g % 2. A slot is:
-# magic, the store id (16 bytes), the generation, and a CRC-32 of those.
-_MARKER = struct.Struct("<4s16sQI")
-_MARKER_MAGIC = b"TRgn"
-_MARKER_SLOTS = (0, 4096)
-
-
-class GenerationMarker:
-    """The ``<db>.generation`` file of one store: the store id and the highest
-    generation known durable (a lower bound of the database's own)."""
-
-    def __init__(self, path: Path, store_id: bytes, generation: int) -> None:
-        self.path = path
-        self.store_id = store_id
-        self.generation = generation
-
-    @classmethod
-    def read(cls, path: Path) -> GenerationMarker | None:
-        """The marker at ``path``; None when there is none; CheckpointError when it is damaged."""
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise CheckpointError(f"cannot read checkpoint marker {path}: {e}") from None
-        best: GenerationMarker | None = None
-        for at in _MARKER_SLOTS:
-            raw = data[at : at + _MARKER.size]
-            if len(raw) < _MARKER.size:
-                continue
-            magic, store_id, gen, crc = _MARKER.unpack(raw)
-            if magic != _MARKER_MAGIC or crc != zlib.crc32(raw[:-4]):
-                continue
-            if best is not None and store_id != best.store_id:
-                raise CheckpointError(f"checkpoint marker {path} names two different stores")
-            if best is None or gen > best.generation:
-                best = cls(path, store_id, gen)
-        if best is None:
-            raise CheckpointError(
-                f"checkpoint marker {path} is damaged (no valid slot); it guards {path.name[:-11]} "
-                "against silent restarts: delete it only if that database is known to be intact"
-            )
-        return best
-
-    @staticmethod
-    def _slot(store_id: bytes, generation: int) -> bytes:
-        head = _MARKER.pack(_MARKER_MAGIC, store_id, generation, 0)[:-4]
-        return head + struct.pack("<I", zlib.crc32(head))
-
-    @classmethod
-    def create(cls, path: Path, store_id: bytes, generation: int) -> GenerationMarker:
-        """Write a new marker atomically (temporary file, fsync, rename, fsync of the directory)."""
-        data = bytearray(_MARKER_SLOTS[1] + _MARKER.size)
-        for at in _MARKER_SLOTS:
-            data[at : at + _MARKER.size] = cls._slot(store_id, generation)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, bytes(data))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return cls(path, store_id, generation)
-
-    def record(self, generation: int) -> None:
-        """Record a generation the database has made durable (slot ``generation % 2``)."""
-        fd = os.open(self.path, os.O_WRONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # containers of other jobs may share the store
-            os.pwrite(fd, self._slot(self.store_id, generation), _MARKER_SLOTS[generation % 2])
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        self.generation = max(self.generation, generation)
-
-
-# -- the per-file job lock --------------------------------------------------------
-# An OFD lock belongs to an open file description, so it conflicts between
-# processes and between descriptors, but is released only when that descriptor
-# closes. Closing *any* descriptor of a file also drops the process's POSIX
-# locks on it, which is how SQLite locks: so each process keeps one descriptor
-# per database inode, shared by every store of that process, and closes it only
-# when the last of them closes (after its own SQLite connection).
-_LOCK_BASE = 1 << 62  # far above SQLite's lock bytes (around 2**30)
-_FLOCK = struct.Struct("=hh4xqqi4x")  # struct flock on Linux (l_type, l_whence, l_start, l_len, l_pid)
-
-
-def _lock_byte(job_name: str) -> int:
-    return _LOCK_BASE + int.from_bytes(blake2b(job_name.encode(), digest_size=5).digest(), "big")
-
-
-class _InodeLock:
-    def __init__(self, fd: int, name: str) -> None:
-        self.fd = fd
-        self.name = name  # the real path this process uses for the file
-        self.jobs: set[str] = set()
-
-
-_inode_locks: dict[tuple[int, int], _InodeLock] = {}
-_inode_locks_guard = threading.Lock()
-
-
-def _ofd_range(fd: int, kind: int, start: int, length: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, start, length, 0))
-
-
-def _ofd(fd: int, kind: int, job_name: str) -> None:
-    _ofd_range(fd, kind, _lock_byte(job_name), 1)
-
-
-# -- one name per database at a time ----------------------------------------------
-# SQLite names its -wal and -shm files after the path it was given (symlinks
-# resolved): two processes using one database under two names (hard links, bind
-# mounts) would each keep a write-ahead log of their own and corrupt it. Every
-# process holding the file takes a read lock on the whole name range except the
-# byte of its own name; a newcomer first takes a write lock on the byte of its
-# name, which only a holder under another name can block, then its own read
-# ranges, then drops the write lock.
-_NAME_BASE = 1 << 61
-_NAME_SPAN = (1 << 40) - 1
-
-
-def _name_byte(name: str) -> int:
-    return int.from_bytes(blake2b(name.encode(), digest_size=8).digest(), "big") % _NAME_SPAN
-
-
-def _claim_name(fd: int, name: str) -> bool:
-    """Register ``name`` as this process's name of the file behind ``fd``; False when another
-    process uses the file under another name."""
-    n = _name_byte(name)
-    for _ in range(50):  # a holder under the same name blocks the byte only for a moment
-        try:
-            _ofd_range(fd, fcntl.F_WRLCK, _NAME_BASE + n, 1)
-            break
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            time.sleep(0.005)
-    else:
-        return False
-    try:
-        if n > 0:
-            _ofd_range(fd, fcntl.F_RDLCK, _NAME_BASE, n)
-        _ofd_range(fd, fcntl.F_RDLCK, _NAME_BASE + n + 1, _NAME_SPAN - n - 1)
-    except OSError as e:
-        if e.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
-        _ofd_range(fd, fcntl.F_UNLCK, _NAME_BASE, _NAME_SPAN)
-        return False
-    _ofd_range(fd, fcntl.F_UNLCK, _NAME_BASE + n, 1)
-    return True
-
-
 class SqliteCheckpointStore(CheckpointStore):
-    """Committed offsets and state in a SQLite file (see module doc).
+    """Committed offsets and state in a SQLite file (see ``tailrace.sqlite``).
 
     ``path``: the database file (also the job file's ``[checkpoints] path``); ``open``
     creates it, and its directory, when missing.
 
     Thread-safety: ``open``, ``load``, ``reset`` and ``close`` on the loop thread only
-    (one container per job and store: see the module doc), ``write`` on the job's commit
+    (one container per job and store: see ``tailrace.sqlite``), ``write`` on the job's commit
     writer thread (``background_writes``: one write at a time, while the loop goes on);
     ``state_get`` and ``state_scan`` from any thread (each reading thread has a
     read-only connection of its own).
@@ -491,7 +224,7 @@ class SqliteCheckpointStore(CheckpointStore):
 
     def _take_inode_lock(self, job_name: str, key: str) -> None:
         """Lock ``key`` (the job's name, or a container's key) on the database file itself
-        (any path to it: see module doc)."""
+        (any path to it: see ``tailrace.sqlite``)."""
         other_name = CheckpointError(
             f"checkpoint store {self.path} is open under another name (a hard link or bind mount of "
             "the same database file) by another container; SQLite keeps a write-ahead log per name, "
@@ -616,7 +349,7 @@ class SqliteCheckpointStore(CheckpointStore):
         self._record_generation(generation)
 
     def _record_generation(self, generation: int) -> None:
-        """After a write is durable: raise the marker's lower bound to it (see module doc)."""
+        """After a write is durable: raise the marker's lower bound to it (see ``tailrace.sqlite``)."""
         if self._marker is None:
             return
         try:
@@ -911,168 +644,3 @@ def _run_rows(
             size //= 2
         db.execute(_statement(template, size), [scope, *params[at * width : (at + size) * width]])
         at += size
-
-
-def _bump_generation(db: sqlite3.Connection) -> int:
-    """Count one more write in ``meta`` (inside the write's transaction); the new generation."""
-    row = db.execute(
-        "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'generation' RETURNING value"
-    ).fetchone()
-    return int(row[0])
-
-
-def _access_hint(path: Path) -> str:
-    """Why this user may not be able to use the store at ``path`` ('' when nothing is seen)."""
-    for f in (path.parent, path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        mode = os.W_OK | (os.X_OK if f.is_dir() else os.R_OK)
-        if f.exists() and not os.access(f, mode):
-            return f" ({f} is not writable by this user)"
-    return ""
-
-
-def _start_over(path: Path) -> str:
-    """How to start again from the beginning of every input: every file of the store at
-    ``path`` in one command (the database alone would leave its marker, which then refuses
-    the new database, and its ``-wal`` file, which SQLite could apply to the new one)."""
-    import shlex
-
-    files = [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"), marker_path(path)]
-    command = " ".join(shlex.quote(str(f)) for f in files)
-    return (
-        "to start again from the beginning of every input (the checkpoints and state of every job in "
-        f"{path.name}), delete the store's four files: rm -f -- {command}"
-    )
-
-
-def _restore_hint(path: Path) -> str:
-    return f"restore {path.name} together with its -wal file from a backup; or, {_start_over(path)}"
-
-
-def _corrupt_hint(path: Path) -> str:
-    return f"restore it from a backup; or, {_start_over(path)}"
-
-
-def connect(path: Path, *, create: bool) -> sqlite3.Connection:
-    """Open ``path``, check it is an intact tailrace store of a known schema that did not lose
-    writes its generation marker knows of (creating it if asked); CheckpointError otherwise."""
-    return _open_checked(path, create=create)[0]
-
-
-def _open_checked(path: Path, *, create: bool) -> tuple[sqlite3.Connection, GenerationMarker | None]:
-    marker = GenerationMarker.read(marker_path(path))
-    if not create and not path.exists():
-        if marker is not None and marker.generation > 0:
-            raise CheckpointError(
-                f"checkpoint store {path} is missing, but its marker {marker.path} says it held "
-                f"checkpoints (generation {marker.generation}); {_restore_hint(path)}"
-            )
-        raise CheckpointError(f"checkpoint store {path} does not exist")
-    try:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=10.0, check_same_thread=False)
-    except sqlite3.Error as e:
-        raise CheckpointError(f"cannot open checkpoint store {path}: {e}") from e
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
-        result = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
-        if result != ["ok"]:
-            raise CheckpointError(
-                f"checkpoint store {path} is corrupt ({'; '.join(map(str, result[:3]))}); "
-                f"{_corrupt_hint(path)}"
-            )
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not tables:
-            if marker is not None and marker.generation > 0:
-                raise CheckpointError(
-                    f"checkpoint store {path} is empty (no schema: truncated, replaced, or its -wal file "
-                    f"was lost before it was folded into the main file), but its marker {marker.path} says "
-                    f"it held checkpoints (generation {marker.generation}); {_restore_hint(path)}"
-                )
-            if not create:
-                return conn, marker  # created, then killed before the schema was written: no checkpoints
-            store_id = uuid.uuid4().bytes
-            with conn:
-                conn.execute("BEGIN IMMEDIATE")
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        conn.execute(stmt)
-                conn.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)",
-                    [
-                        ("schema_version", str(SCHEMA_VERSION)),
-                        ("store_id", store_id.hex()),
-                        ("generation", "0"),
-                    ],
-                )
-            # the main file alone must hold the schema and id before a marker names them
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            marker = GenerationMarker.create(marker_path(path), store_id, 0)
-        elif "meta" not in tables or "checkpoints" not in tables:
-            raise CheckpointError(f"{path} is a SQLite database but not a tailrace checkpoint store")
-        else:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is None or row[0] != str(SCHEMA_VERSION):
-                found = "none" if row is None else row[0]
-                raise CheckpointError(
-                    f"checkpoint store {path} has schema version {found}; this tailrace reads "
-                    f"version {SCHEMA_VERSION} (written by a different tailrace version?)"
-                )
-            marker = _check_generation(conn, path, marker, create=create)
-    except sqlite3.OperationalError as e:
-        # cannot use it (permissions, a read-only file system, locks, I/O): that says nothing
-        # about its contents, so no advice that would destroy them
-        conn.close()
-        raise CheckpointError(
-            f"cannot use checkpoint store {path}: {e}{_access_hint(path)}; nothing in it was "
-            "changed (its checkpoints are intact as far as tailrace can tell)"
-        ) from e
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        raise CheckpointError(
-            f"checkpoint store {path} is corrupt or not a SQLite database ({e}); {_corrupt_hint(path)}"
-        ) from e
-    except OSError as e:
-        conn.close()
-        raise CheckpointError(f"checkpoint store {path}: cannot write its marker: {e}") from e
-    except BaseException:
-        conn.close()
-        raise
-    return conn, marker
-
-
-def _check_generation(
-    conn: sqlite3.Connection, path: Path, marker: GenerationMarker | None, *, create: bool
-) -> GenerationMarker | None:
-    """Compare the store's id and generation with its marker's (see module doc)."""
-    meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('store_id', 'generation')"))
-    if "store_id" not in meta:  # written before stores had markers: adopt it now
-        if not create:
-            return marker
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', ?)", (uuid.uuid4().hex,)
-            )
-            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('generation', '0')")
-        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('store_id', 'generation')"))
-    store_id, generation = bytes.fromhex(meta["store_id"]), int(meta["generation"])
-    if marker is None:
-        if not create:
-            return None
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return GenerationMarker.create(marker_path(path), store_id, generation)
-    if marker.store_id != store_id:
-        raise CheckpointError(
-            f"checkpoint store {path} is not the store its marker {marker.path} belongs to (store id "
-            f"{store_id.hex()}, marker {marker.store_id.hex()}): the database was replaced by another "
-            f"store's; {_restore_hint(path)}"
-        )
-    if generation < marker.generation:
-        raise CheckpointError(
-            f"checkpoint store {path} is older than its marker {marker.path} (generation {generation} < "
-            f"{marker.generation}): its -wal file was lost or overwritten before being folded into the main "
-            f"file, or the main file was restored alone from a backup, so it lacks the latest checkpoints. "
-            f"Restore {path.name} together with its -wal file; to resume from these older checkpoints on "
-            f"purpose (replaying more input), delete {marker.path.name}; or, {_start_over(path)}"
-        )
-    return marker
