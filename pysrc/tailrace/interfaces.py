@@ -1,5 +1,9 @@
 """The interfaces every backend implements: systems (where input comes from and
-output goes) and checkpoint stores (where committed offsets are kept).
+output goes) and checkpoint stores (where committed offsets are kept). This module is
+their one home; each backend is a package of its own that implements them, a
+``system`` module for its system and a ``checkpoint`` module for its store
+(``tailrace.files``, ``tailrace.memory``, ``tailrace.sqlite``, ``tailrace.redis``,
+``tailrace.kafka``).
 
 A :class:`System` has a name and streams; each input stream has a fixed number of
 partitions. The engine owns a bounded buffer per partition (rule 6) and asks a

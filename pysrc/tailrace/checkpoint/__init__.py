@@ -1,6 +1,7 @@
-"""Every checkpoint store, in one namespace (each lives with its backend:
-``tailrace.memory``, ``tailrace.sqlite``, ``tailrace.redis``); the interface is
-``tailrace.interfaces``."""
+"""An import path kept for code written before each backend had its own folder: the
+checkpoint-store interface and the stores under one name. Nothing lives here: the
+interface is in ``tailrace.interfaces``, each store in its backend's folder
+(``tailrace.memory``, ``tailrace.sqlite``, ``tailrace.redis``, ``tailrace.kafka``)."""
 
 from __future__ import annotations
 

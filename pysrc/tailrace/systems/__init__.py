@@ -1,6 +1,7 @@
-"""Every input/output system, in one namespace (each lives with its backend:
-``tailrace.memory``, ``tailrace.files``, ``tailrace.redis``); the interface is
-``tailrace.interfaces``."""
+"""An import path kept for code written before each backend had its own folder: the
+system interfaces and the systems under one name. Nothing lives here: the interfaces
+are in ``tailrace.interfaces``, each system in its backend's folder (``tailrace.memory``,
+``tailrace.files``, ``tailrace.redis``, ``tailrace.kafka``)."""
 
 from __future__ import annotations
 
