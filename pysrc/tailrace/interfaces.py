@@ -61,6 +61,19 @@ class PartitionReader(ABC):
         """Release resources (threads, files, connections). Idempotent."""
 
 
+class PartitionCounts(dict[str, int]):
+    """Partition counts of output streams, each asked of ``lookup`` once (a producer's
+    ``partitions``: the count is fixed while a job runs)."""
+
+    def __init__(self, lookup: Callable[[str], int]) -> None:
+        super().__init__()
+        self._lookup = lookup
+
+    def __missing__(self, stream: str) -> int:
+        n = self[stream] = self._lookup(stream)
+        return n
+
+
 class Producer(ABC):
     """Writes output messages of one system."""
 

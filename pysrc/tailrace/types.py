@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import NamedTuple
 
 Offset = int | str
@@ -37,6 +38,10 @@ class SystemStreamPartition(NamedTuple):
     @property
     def system_stream(self) -> SystemStream:
         return SystemStream(self.system, self.stream)
+
+
+Offsets = Mapping[SystemStreamPartition, Offset]
+"""Committed offsets by partition (a checkpoint's, or a commit's)."""
 
 
 def parse_system_stream(name: str, default_system: str | None = None) -> SystemStream:

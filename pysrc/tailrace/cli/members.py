@@ -8,6 +8,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from typing import Any
 
 from ..container import Container
@@ -17,6 +18,7 @@ from ..types import SystemStreamPartition
 from .checkpoints import _print_committed
 from .processes import _ContainerProcesses, _log_metrics_ports, _metrics_argv
 from .signals import _SIGNALS
+from .watch import _run_watched
 
 log = logging.getLogger("tailrace.cli")
 
@@ -37,6 +39,18 @@ class _MemberView:
     def skipped(self) -> dict[SystemStreamPartition, int]:
         c = self._container()
         return {} if c is None else c.skipped()
+
+
+def _watch_member(
+    args: argparse.Namespace, spec: JobSpec, view: _MemberView, member: Any
+) -> tuple[Any, float]:
+    """Run a Redis or Kafka member under the live view (or progress lines) until it leaves:
+    its result and the seconds it ran."""
+    from .._stopping import arm_backstop
+
+    started = time.monotonic()
+    result = _run_watched(args, spec, view, member.run, member.stop, lambda done: arm_backstop(member, done))
+    return result, time.monotonic() - started
 
 
 def _member_argv(args: argparse.Namespace) -> list[str]:

@@ -7,17 +7,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 
 from ..errors import ConfigError
 from ..jobfile import JobSpec
 from .checkpoints import _print_committed
 from .job import _is_distributed, _store_text
-from .members import _MemberView, _run_local_containers
+from .members import _MemberView, _run_local_containers, _watch_member
 from .metrics_server import _serve_prometheus
 from .processes import _container_count
 from .text import _count, _rate_text
-from .watch import _run_watched
 
 log = logging.getLogger("tailrace.cli")
 
@@ -26,7 +24,6 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
     """Kafka inputs: run as a member of the job's consumer group (group id = the job's
     name; see tailrace.kafka.membership), or start ``--containers`` member processes.
     Several members of one job need one checkpoint store they all reach (Redis)."""
-    from .._stopping import arm_backstop
     from ..kafka.membership import KafkaMember, KafkaMemberSpec
 
     count = _container_count(args, spec)
@@ -66,9 +63,7 @@ def _run_kafka(args: argparse.Namespace, spec: JobSpec) -> int:
         member.system.group_id or spec.name,
         _store_text(spec),
     )
-    started = time.monotonic()
-    result = _run_watched(args, spec, view, member.run, member.stop, lambda done: arm_backstop(member, done))
-    seconds = time.monotonic() - started
+    result, seconds = _watch_member(args, spec, view, member)
     print(
         f"member of job {spec.name!r} left ({result.reason}) after {seconds:.2f} s: "
         f"{_rate_text(result.processed, seconds)} in {_count(result.runs, 'container run')}; partitions "

@@ -6,22 +6,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from ..jobfile import JobSpec
 from .checkpoints import _print_committed
 from .job import _load_spec
-from .members import _MemberView, _run_local_containers
+from .members import _MemberView, _run_local_containers, _watch_member
 from .metrics_server import _serve_prometheus
 from .processes import _container_count
 from .text import _count, _rate_text
-from .watch import _run_watched
 
 
 def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     """Checkpoints in Redis: run as a member of the job (see tailrace.redis.membership),
     or start ``--containers`` member processes whose lines are prefixed ``[container i]``."""
-    from .._stopping import arm_backstop
     from ..redis.membership import Member, member_spec_from_job
 
     member_spec = member_spec_from_job(spec, lambda: _load_spec(args))  # checks [checkpoints] is Redis
@@ -32,9 +29,7 @@ def _run_distributed(args: argparse.Namespace, spec: JobSpec) -> int:
     view = _MemberView(member)
     if args.metrics_port is not None:
         _serve_prometheus(view, args.metrics_port, args.metrics_host, spec.name)
-    started = time.monotonic()
-    result = _run_watched(args, spec, view, member.run, member.stop, lambda done: arm_backstop(member, done))
-    seconds = time.monotonic() - started
+    result, seconds = _watch_member(args, spec, view, member)
     print(
         f"member {result.member} of job {spec.name!r} left ({result.reason}) after {seconds:.2f} s: "
         f"{_rate_text(result.processed, seconds)} in {_count(result.runs, 'container run')}; partitions "

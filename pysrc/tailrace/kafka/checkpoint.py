@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from ..errors import CheckpointError, FencedError
 from ..interfaces import CheckpointStore, StateChanges
-from ..types import Offset, SystemStreamPartition
+from ..types import Offset, Offsets, SystemStreamPartition
 from .system import KafkaSystem, _kafka
 
 log = logging.getLogger("tailrace.kafka")
@@ -81,12 +81,7 @@ class KafkaCheckpointStore(CheckpointStore):
             return loaded
         return {s: (_offset_of_id(s, o) if s.system in self.systems else o) for s, o in loaded.items()}
 
-    def write(
-        self,
-        task_name: str,
-        offsets: Mapping[SystemStreamPartition, Offset],
-        state: StateChanges | None = None,
-    ) -> None:
+    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
         self._check_owned(task_name, offsets)
         for system in self.systems.values():
             mine = {s: o for s, o in offsets.items() if s.system == system.name}

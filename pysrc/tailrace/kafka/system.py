@@ -55,15 +55,15 @@ import logging
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .._core import Envelope, kafka_envelopes, kafka_split
 from .._stopping import StopDeadline
+from ..buffered import BufferedPartition
 from ..config import options_checked
 from ..errors import ConfigError, InputError, TailraceError
-from ..interfaces import PartitionReader, Producer, System
+from ..interfaces import PartitionCounts, PartitionReader, Producer, System
 from ..serdes import Serde, SerdeError, serde
 from ..types import Offset, SystemStreamPartition
 
@@ -612,25 +612,18 @@ class _Fetcher:
                 r.wake()
 
 
-class _KafkaReader(PartitionReader):
-    """One partition's bounded buffer, filled by its system's fetch thread."""
+class _KafkaReader(BufferedPartition):
+    """One partition's bounded buffer, filled by its system's fetch thread (chunks: lists of
+    envelopes, as delivered)."""
 
     def __init__(self, system: KafkaSystem, ssp: SystemStreamPartition, fetcher: _Fetcher) -> None:
-        super().__init__(ssp)
+        super().__init__(ssp, fetcher.cond, system.buffer, system.batch)
         self._system = system
         self._fetcher = fetcher
-        self._cond = fetcher.cond
-        self._chunks: deque[list[Envelope]] = deque()
-        self._head = 0
-        self._count = 0
-        self._capacity = system.buffer
-        self._batch = system.batch
-        self._starved = False
         self._ended_at: int | None = None  # with ``bounded``: the partition's end when positioned
         self._from_end = False  # positioned at the partition's end (start = "latest", no checkpoint)
         self._next = 0  # offset the next delivered message must have at least
         self._error: InputError | None = None
-        self._wakeup: Callable[[], None] = lambda: None
         self._decode_key: Callable[[bytes], Any] = system.key_serde.decode
         self._decode_value: Callable[[bytes], Any] = system.value_serde.decode
         self._key_kind = _DECODE_KINDS.get(system.key_serde.name, _CALL)
@@ -726,54 +719,38 @@ class _KafkaReader(PartitionReader):
             error.__cause__ = bad
         with self._cond:
             if out:
-                self._chunks.append(out)
-                self._count += len(out)
+                self._append(out, len(out))
             if error is not None:
                 self._error = error
             if ended_at is not None:
                 self._ended_at = ended_at
-            wake = self._starved and (bool(out) or error is not None or ended_at is not None)
-            if wake:
-                self._starved = False
+            wake = self._arrived(bool(out) or error is not None or ended_at is not None)
         if wake:
             self._wakeup()
 
-    # -- loop thread -------------------------------------------------------------------
-    def poll(self, max_messages: int) -> list[Any]:
-        with self._cond:
-            if self._count == 0:
-                if self._error is not None:
-                    raise self._error
-                if self._fetcher.error is not None:
-                    err = self._fetcher.error
-                    raise InputError(f"reading from Kafka failed: {err!r}", source=str(self.ssp)) from err
-                self._starved = True
-                return []
-            chunks = self._chunks
-            head = self._head
-            first = chunks[0]
-            if head == 0 and len(first) <= max_messages:
-                out = chunks.popleft()  # the common case: hand over a whole batch as it is
-            else:
-                out = []
-                while chunks and len(out) < max_messages:
-                    chunk = chunks[0]
-                    end = min(len(chunk), head + max_messages - len(out))
-                    out += chunk[head:end]
-                    if end == len(chunk):
-                        chunks.popleft()
-                        head = 0
-                    else:
-                        head = end
-                self._head = head
-            had_room = self._capacity - self._count >= self._batch
-            was_starving = self._count < self._batch
-            self._count -= len(out)
-            if (not had_room and self._capacity - self._count >= self._batch) or (
-                not was_starving and self._count < self._batch
-            ):
-                self._cond.notify_all()  # a fetch thread holding back may read on
+    # -- poll's steps (loop thread, BufferedPartition.poll) ---------------------------
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._fetcher.error is not None:
+            err = self._fetcher.error
+            raise InputError(f"reading from Kafka failed: {err!r}", source=str(self.ssp)) from err
+
+    def _take_out(self, max_messages: int) -> list[Envelope]:
+        chunks = self._chunks
+        if self._head == 0 and len(chunks[0]) <= max_messages:
+            out = chunks.popleft()  # the common case: hand over a whole batch as it is
+        else:
+            out = []
+            taken, _ = self._take(max_messages, len)
+            for chunk, first, end in taken:
+                out += chunk[first:end]
+        # a fetch thread holding back may read on (room again, or this reader starving)
+        self._took(len(out), notify_starving=True)
         return out
+
+    def _envelopes(self, taken: list[Envelope]) -> list[Any]:
+        return taken
 
     def at_end(self) -> bool:
         with self._cond:
@@ -795,7 +772,7 @@ class _KafkaProducer(Producer):
         )
         self._encode_key = system.key_serde.encode
         self._encode_value = system.value_serde.encode
-        self._partitions: dict[str, int] = {}
+        self._partitions = PartitionCounts(system.topic_partitions)
         self._failed: KafkaDeliveryError | None = None
         self._lock = threading.Lock()
         self._sends = 0
@@ -826,11 +803,7 @@ class _KafkaProducer(Producer):
                 log.error("%s", self._failed)
 
     def partitions(self, stream: str) -> int:
-        n = self._partitions.get(stream)
-        if n is None:
-            n = self._system.topic_partitions(stream)
-            self._partitions[stream] = n
-        return n
+        return self._partitions[stream]
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         if self._failed is not None:

@@ -45,7 +45,7 @@ from .._stopping import StopDeadline
 from ..config import options_checked
 from ..errors import CheckpointError, ConfigError, FencedError
 from ..interfaces import CheckpointStore, StateChanges
-from ..types import Offset, SystemStreamPartition
+from ..types import Offset, Offsets, SystemStreamPartition
 from ._io import (
     DEFAULT_URL,
     SCAN_LIMIT,
@@ -362,12 +362,7 @@ class RedisCheckpointStore(CheckpointStore):
             self._committed = self.read_committed()
         return dict(self._committed)
 
-    def write(
-        self,
-        task_name: str,
-        offsets: Mapping[SystemStreamPartition, Offset],
-        state: StateChanges | None = None,
-    ) -> None:
+    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
         job = self._require_job()
         layout = self._layout(task_name) if state or self.cluster else None
         if state and layout is None:

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
 from .._core import Envelope
 from .._stopping import StopDeadline
+from ..buffered import BufferedPartition
 from ..config import options_checked
 from ..errors import ConfigError, InputError
-from ..interfaces import PartitionReader, Producer, System
+from ..interfaces import PartitionCounts, PartitionReader, Producer, System
 from ..serdes import SerdeError, _json_encode, serde
 from ..types import Offset, SystemStreamPartition
 from . import _resp
@@ -246,30 +246,28 @@ class _Fetcher:
             conns.clear()
 
 
-class _RedisReader(PartitionReader):
-    """One partition's bounded buffer, filled by its system's fetcher thread."""
+def _entries(chunk: tuple[list[str], list[Any], list[Any]]) -> int:
+    """Entries in one buffered XREAD chunk (ids, keys, messages)."""
+    return len(chunk[0])
+
+
+class _RedisReader(BufferedPartition):
+    """One partition's bounded buffer, filled by its system's fetcher thread.
+
+    Buffered entries are chunks of parallel lists (ids, keys, messages): a few containers
+    per XREAD instead of one envelope per entry, so what waits here is not traversed by
+    every garbage collection; envelopes are made in poll()."""
 
     def __init__(self, system: RedisSystem, ssp: SystemStreamPartition, fetcher: _Fetcher) -> None:
-        super().__init__(ssp)
+        super().__init__(ssp, fetcher.cond, system.buffer, system.batch)
         self._system = system
         self._fetcher = fetcher
         self.key = system.keys.stream(ssp.stream, ssp.partition)
         self.wire_key = self.key.encode()
-        self._capacity = system.buffer
-        self._batch = system.batch
-        # Buffered entries as chunks of parallel lists (ids, keys, messages): a few
-        # containers per XREAD instead of one envelope per entry, so what waits here
-        # is not traversed by every garbage collection; envelopes are made in poll().
-        self._chunks: deque[tuple[list[str], list[Any], list[Any]]] = deque()
-        self._head = 0  # entries of chunks[0] already taken
-        self._count = 0
-        self._cond = fetcher.cond
         self.last = "0-0"
         self._eos = False
         self._closed = False
-        self._starved = False
         self._error: BaseException | None = None
-        self._wakeup: Callable[[], None] = lambda: None
 
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
         if after is not None:
@@ -322,47 +320,28 @@ class _RedisReader(PartitionReader):
             self.last = ids[-1]
         with self._cond:
             if ids:
-                self._chunks.append((ids, keys, messages))
-                self._count += len(ids)
+                self._append((ids, keys, messages), len(ids))
             self._eos = eos
             if err is not None:
                 self._error = err
-            wake = self._starved and (bool(ids) or eos or err is not None)
-            if wake:
-                self._starved = False
+            wake = self._arrived(bool(ids) or eos or err is not None)
         if wake:
             self._wakeup()
 
-    # -- loop thread side ---------------------------------------------------------
-    def poll(self, max_messages: int) -> list[Any]:
-        with self._cond:
-            if self._count == 0:
-                if self._error is not None:
-                    err = self._error
-                    if isinstance(err, InputError):
-                        raise err
-                    raise InputError(f"reading from Redis failed: {err!r}", source=str(self.ssp)) from err
-                self._starved = True
-                return []
-            chunks = self._chunks
-            taken = []  # (chunk, first, end): chunks are never changed once buffered
-            n = 0
-            head = self._head
-            while chunks and n < max_messages:
-                chunk = chunks[0]
-                end = min(len(chunk[0]), head + max_messages - n)
-                taken.append((chunk, head, end))
-                n += end - head
-                if end == len(chunk[0]):
-                    chunks.popleft()
-                    head = 0
-                else:
-                    head = end
-            self._head = head
-            had_room = self._capacity - self._count >= self._batch
-            self._count -= n
-            if not had_room and self._capacity - self._count >= self._batch:
-                self._cond.notify_all()
+    # -- poll's steps (loop thread, BufferedPartition.poll) ---------------------------
+    def _raise_failure(self) -> None:
+        err = self._error
+        if err is not None:
+            if isinstance(err, InputError):
+                raise err
+            raise InputError(f"reading from Redis failed: {err!r}", source=str(self.ssp)) from err
+
+    def _take_out(self, max_messages: int) -> list[tuple[Any, int, int]]:
+        taken, n = self._take(max_messages, _entries)
+        self._took(n, notify_starving=False)  # the fetcher waits for room only
+        return taken
+
+    def _envelopes(self, taken: list[tuple[Any, int, int]]) -> list[Any]:
         s = self.ssp
         out: list[Any] = []
         for (ids, keys, messages), first, end in taken:
@@ -402,7 +381,7 @@ class _RedisProducer(Producer):
         self._pending: dict[tuple[str, int], list[Any]] = {}
         self._keys: dict[tuple[str, int], str] = {}
         self._count = 0
-        self._partitions: dict[str, int] = {}
+        self._partitions = PartitionCounts(system.output_partitions)
         self._script = Scripts(system.client).xadd_batch
         self._raw = hasattr(system.client, "connection_pool")
         self._params = RespConnection.usable_for(system.client) if self._raw else None
@@ -423,11 +402,7 @@ class _RedisProducer(Producer):
         self.sent = 0  # entries acknowledged by Redis
 
     def partitions(self, stream: str) -> int:
-        n = self._partitions.get(stream)
-        if n is None:
-            n = self._system.output_partitions(stream)
-            self._partitions[stream] = n
-        return n
+        return self._partitions[stream]
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         m = self._encode(message)  # (a standalone server's producer sends with Batch.send)
