@@ -10,7 +10,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -516,29 +516,13 @@ class SqliteCheckpointStore(CheckpointStore):
     # -- tools (CLI) ----------------------------------------------------------
     def committed(self, job_name: str | None = None) -> dict[str, dict[SystemStreamPartition, Offset]]:
         """Every committed offset of a job per task (the open job by default)."""
-        job = job_name or self._job
-        db = self._db() if self._conn is not None else None
-        close = False
-        if db is None:
-            if not self.path.exists():
-                marker = GenerationMarker.read(marker_path(self.path))
-                if marker is None or marker.generation == 0:
-                    return {}  # never created, or never committed
-            db = connect(self.path, create=False)
-            close = True
-        try:
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'checkpoints'").fetchone() is None:
-                return {}
-            rows = db.execute(
-                "SELECT task, system, stream, partition, committed_offset FROM checkpoints"
-                " WHERE job = ? ORDER BY task, system, stream, partition",
-                (job,),
-            ).fetchall()
-        except sqlite3.DatabaseError as e:
-            raise CheckpointError(f"checkpoint store {self.path}: cannot read: {e}") from e
-        finally:
-            if close:
-                db.close()
+        rows = self._read_job(
+            "checkpoints",
+            "SELECT task, system, stream, partition, committed_offset FROM checkpoints"
+            " WHERE job = ? ORDER BY task, system, stream, partition",
+            job_name,
+            never_written=self._never_committed,
+        )
         out: dict[str, dict[SystemStreamPartition, Offset]] = {}
         for task, s, st, p, off in rows:
             out.setdefault(task, {})[SystemStreamPartition(s, st, p)] = _offset(self.path, off)
@@ -548,31 +532,47 @@ class SqliteCheckpointStore(CheckpointStore):
         """Entries per task and store of a job's state (the open job by default); a store
         that was used, then emptied or reset, counts 0. Reads without the lock, as
         ``committed`` does."""
+        rows = self._read_job(
+            "state_scopes",
+            "SELECT s.task, s.store, (SELECT count(*) FROM state WHERE scope = s.id)"
+            " FROM state_scopes s WHERE s.job = ? ORDER BY s.task, s.store",
+            job_name,
+            never_written=lambda: True,
+        )
+        out: dict[str, dict[str, int]] = {}
+        for task, store, n in rows:
+            out.setdefault(task, {})[store] = int(n)
+        return out
+
+    def _never_committed(self) -> bool:
+        """The database file is missing and its marker says it never held a checkpoint (a
+        missing file the marker vouches for is a damaged store: ``connect`` says so)."""
+        marker = GenerationMarker.read(marker_path(self.path))
+        return marker is None or marker.generation == 0
+
+    def _read_job(
+        self, table: str, sql: str, job_name: str | None, *, never_written: Callable[[], bool]
+    ) -> list[Any]:
+        """The rows of ``sql`` for a job (the open job by default), read without the lock: on
+        the store's connection when open, else on one of their own; when the database
+        is missing and ``never_written`` says that is fine, or ``table`` does not exist: none."""
         job = job_name or self._job
         db = self._db() if self._conn is not None else None
         close = False
         if db is None:
-            if not self.path.exists():
-                return {}
+            if not self.path.exists() and never_written():
+                return []
             db = connect(self.path, create=False)
             close = True
         try:
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'state_scopes'").fetchone() is None:
-                return {}
-            rows = db.execute(
-                "SELECT s.task, s.store, (SELECT count(*) FROM state WHERE scope = s.id)"
-                " FROM state_scopes s WHERE s.job = ? ORDER BY s.task, s.store",
-                (job,),
-            ).fetchall()
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone() is None:
+                return []
+            return db.execute(sql, (job,)).fetchall()
         except sqlite3.DatabaseError as e:
             raise CheckpointError(f"checkpoint store {self.path}: cannot read: {e}") from e
         finally:
             if close:
                 db.close()
-        out: dict[str, dict[str, int]] = {}
-        for task, store, n in rows:
-            out.setdefault(task, {})[store] = int(n)
-        return out
 
     def reset(self) -> int:
         """Delete every checkpoint of the open job with the state of its stores; returns how
