@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ._core import Envelope
-from .types import Offset, SystemStreamPartition
+from .types import Offset, Offsets, SystemStreamPartition
 
 
 class PartitionReader(ABC):
@@ -164,12 +164,7 @@ class CheckpointStore(ABC):
         """The last committed offsets of a task ({} if it never committed)."""
 
     @abstractmethod
-    def write(
-        self,
-        task_name: str,
-        offsets: Mapping[SystemStreamPartition, Offset],
-        state: StateChanges | None = None,
-    ) -> None:
+    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
         """Atomically record committed offsets of a task (partitions not named keep
         theirs) and apply its state changes (keys not named keep their values).
         Raises (CheckpointError, FencedError, ...) with nothing applied on failure."""

@@ -65,10 +65,10 @@ class Paced(tailrace.StreamTask):
         time.sleep(0.001)
 
 
-def _run(engine: str, store: SqliteCheckpointStore, messages: int) -> tailrace.RunResult:
+def _run(engine: str, store: SqliteCheckpointStore, messages: int, task: type = Paced) -> tailrace.RunResult:
     mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(messages))])
     c = tailrace.Container(
-        Paced,
+        task,
         inputs=["mem.in"],
         systems=[mem],
         checkpoints=store,
@@ -206,7 +206,6 @@ def test_a_restarted_task_whose_state_fits_its_cache_reads_nothing_on_a_miss(
     # key it does not hold cannot exist, so a miss reads nothing
     _run(engine, SqliteCheckpointStore(tmp_path / "c.db"), 50)
     store = _CountingReads(tmp_path / "c.db")
-    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(80))])
 
     class More(Paced):
         def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
@@ -214,15 +213,7 @@ def test_a_restarted_task_whose_state_fits_its_cache_reads_nothing_on_a_miss(
             key = f"k{n % 7}" if n < 65 else f"new{n}"  # new keys from 65 on
             self.counts[key] = self.counts.get(key, 0) + 1
 
-    c = tailrace.Container(
-        More,
-        inputs=["mem.in"],
-        systems=[mem],
-        checkpoints=store,
-        engine=engine,
-        stores={"counts": {"key.serde": "str", "value.serde": "int"}},
-    )
-    c.run()
+    _run(engine, store, 80, More)
     assert store.gets == 0
     check = SqliteCheckpointStore(tmp_path / "c.db")
     check.open("tailrace-job")

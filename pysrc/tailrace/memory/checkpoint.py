@@ -10,7 +10,7 @@ from typing import Any
 from ..config import options_checked
 from ..errors import ConfigError
 from ..interfaces import CheckpointStore, StateChanges
-from ..types import Offset, SystemStreamPartition
+from ..types import Offset, Offsets, SystemStreamPartition
 
 
 def decode_state(entries: Mapping[bytes, bytes], key_serde: str, value_serde: str) -> dict[Any, Any]:
@@ -72,12 +72,7 @@ class MemoryCheckpointStore(CheckpointStore):
     def load(self, task_name: str) -> dict[SystemStreamPartition, Offset]:
         return dict(self._data[self._require_job()].get(task_name, {}))
 
-    def write(
-        self,
-        task_name: str,
-        offsets: Mapping[SystemStreamPartition, Offset],
-        state: StateChanges | None = None,
-    ) -> None:
+    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
         job = self._require_job()
         with self._lock:
             self._data[job].setdefault(task_name, {}).update(offsets)

@@ -10,7 +10,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from ..config import options_checked
 from ..errors import CheckpointError
 from ..interfaces import CheckpointStore, StateChanges
 from ..stores import split_changes
-from ..types import Offset, SystemStreamPartition
+from ..types import Offset, Offsets, SystemStreamPartition
 from .database import _STATE_SCHEMA, _access_hint, _bump_generation, _open_checked, connect
 from .locks import (
     _claim_name,
@@ -310,12 +310,7 @@ class SqliteCheckpointStore(CheckpointStore):
             raise CheckpointError(f"checkpoint store {self.path}: cannot read task {task_name!r}: {e}") from e
         return {SystemStreamPartition(s, st, p): _offset(self.path, off) for s, st, p, off in rows}
 
-    def write(
-        self,
-        task_name: str,
-        offsets: Mapping[SystemStreamPartition, Offset],
-        state: StateChanges | None = None,
-    ) -> None:
+    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
         db = self._db()
         now = time.time()
         rows = []
