@@ -14,7 +14,8 @@ hurts every side alike:
 ``c``        ``tailrace run`` with the C engine, files, SQLite checkpoints
 ``python``   ``tailrace run`` with the reference engine (``--engines c,python``)
 ``c2``       ``tailrace run --containers 2`` with the C engine: two container processes
-             (tasks 0, 2 and 1, 3), one SQLite store, shared output files (``--engines c,c2``)
+             (tasks 0, 2 and 1, 3), one SQLite store, shared output files (``--engines c,c2``);
+             ``cN`` likewise with N containers (``--engines c,c4,c16 --partitions 16``)
 ``bytewax``  bytewax's FileSource/FileSink doing the same work, where bytewax is installed
 
 for each JSON library asked for (``--libs std,orjson``): ``std`` blocks the orjson import in
@@ -51,6 +52,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -412,12 +414,12 @@ class Runner:
         store = lane.state == "store"
         self.jobs: dict[str, Path] = {}
         for engine in engines:
-            if engine in ("c", "python", "c-base", "python-base", "c2"):
+            if engine in ("c", "python", "c-base", "python-base") or _containers(engine):
                 d = root / f"job-{lane.slug}-{engine}"
                 d.mkdir()
                 (d / "data").symlink_to(self.data)
                 (d / "task.py").write_text(TASK_STORE if store else TASK)
-                kind = "c" if engine == "c2" else engine.removesuffix("-base")
+                kind = "c" if _containers(engine) else engine.removesuffix("-base")
                 (d / "job.toml").write_text(
                     JOB.format(engine=kind, out_partitions=OUT_PARTITIONS, stores=STORES if store else "")
                 )
@@ -452,8 +454,8 @@ class Runner:
             shutil.rmtree(d / "state", ignore_errors=True)
             python = self.base_python if contender.endswith("-base") and self.base_python else sys.executable
             argv = [python, "-m", "tailrace", "run", str(d)]
-            if contender == "c2":
-                argv += ["--containers", "2"]  # CPU: wait4 counts the containers (reaped by the parent)
+            if _containers(contender):  # CPU: wait4 counts the containers (reaped by the parent)
+                argv += ["--containers", str(_containers(contender))]
             wall, cpu, rss, _ = _spawn(argv, d, self.env)
             out = d / "output" / "out"
         self.check(contender, out)
@@ -471,6 +473,12 @@ class Runner:
             same = lines == ref_lines
         if not same or order != ref_order:
             raise SystemExit(f"{contender} ({self.lane.name}): output differs from the hand-written loop's")
+
+
+def _containers(engine: str) -> int:
+    """N for a ``cN`` contender (``tailrace run --containers N``, N >= 2), else 0."""
+    m = re.fullmatch(r"c([2-9]|[1-9][0-9]+)", engine)
+    return int(m.group(1)) if m else 0
 
 
 def _list(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
@@ -498,7 +506,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5, help="alternating rounds (>= 5 for quoted figures)")
     ap.add_argument("--libs", default="std,orjson", help="std, orjson or both")
     ap.add_argument(
-        "--engines", default="c,python", help="tailrace contenders: c, python, c2 (--containers 2)"
+        "--engines", default="c,python", help="tailrace contenders: c, python, cN (--containers N: c2, c16)"
     )
     ap.add_argument(
         "--partitions",
