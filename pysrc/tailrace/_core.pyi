@@ -205,6 +205,8 @@ class _TaskSlot:
     ignored: int
     commits: int
     timers: int
+    policy: Any
+    journal: list[Any] | None
     def __init__(
         self, name: str, plan: Any, process: Any, collector: Any, is_async: bool, parts: list[_PartState]
     ) -> None: ...

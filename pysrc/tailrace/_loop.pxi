@@ -30,6 +30,19 @@ import time as _time
 from tailrace.errors import CallbackError as _CallbackError
 from tailrace.errors import CallbackTimeoutError as _CallbackTimeoutError
 from tailrace.errors import TaskError as _TaskError
+from tailrace.types import BadInput as _BadInputType
+
+import functools as _functools
+
+# an envelope whose input could not be read (rule 39): never handed to process
+cdef object _BAD_INPUT = _BadInputType
+
+
+def _retry_sync(process, Envelope env, collector, Coordinator coord):
+    """One more attempt of a sync process call (task.error.retries)."""
+    coord._requests = 0
+    process(env, collector, coord)
+
 
 cdef extern from "Python.h":
     unsigned long PyThread_get_thread_ident()
@@ -46,6 +59,10 @@ cdef extern from "Python.h":
 DEF RUN_PENDING = 1
 DEF RUN_DONE = 2
 DEF RUN_FAILED = 3
+DEF RUN_ABANDONED = 4  # failed, then skipped or dead-lettered: a later resolution is dropped
+
+DEF V_FAIL = 0  # tailrace.engine.policy's verdicts
+DEF V_IGNORED = 1
 
 OP_PROCESS = capi.TR_OP_PROCESS
 OP_WINDOW = capi.TR_OP_WINDOW
@@ -157,6 +174,10 @@ cdef class _TaskSlot:
     cdef public long long ignored
     cdef public long long commits
     cdef public long long timers  # user timers fired (one TIMER op runs every timer due)
+    # task.error.policy (tailrace.engine.policy.ErrorPolicy) when it decides anything
+    # besides failing, else None; journal: a sync task's undo journal (stores), or None
+    cdef public object policy
+    cdef public list journal
 
     def __init__(self, str name, plan, process, collector, bint is_async, list parts):
         self.name = name
@@ -385,6 +406,8 @@ cdef class LoopRunner:
     cdef capi.tr_manual_clock _manual_clock  # the loop's clock when ``clock`` is manual
     cdef object _clock  # a manual tailrace.clock.Clock, or None (real time)
     cdef Callback _calling  # the callback whose process_async call runs on the loop thread
+    cdef object _jbind  # tailrace.stores.journal_bind / journal_undo (imported at __init__)
+    cdef object _jundo
 
     def __cinit__(self):
         self._loop = NULL
@@ -402,6 +425,9 @@ cdef class LoopRunner:
         self._handler = handler
         self._ignores = config.ignores
         self._has_ignores = bool(config.ignored_exceptions)
+        from tailrace.stores import journal_bind, journal_undo  # not at import: stores imports serdes
+        self._jbind = journal_bind
+        self._jundo = journal_undo
         cfg.ntasks = self._ntasks
         cfg.max_concurrency = config.max_concurrency
         cfg.input_buffer = config.input_buffer_size
@@ -514,12 +540,20 @@ cdef class LoopRunner:
                     if not slot.is_async:
                         coord = slot.coordinator
                         t0 = self._call_begins(slot, env)
+                        if slot.journal is not None:
+                            self._jbind(slot.journal)
                         try:
+                            if type(env.message) is _BAD_INPUT:
+                                raise (<object>env.message).error
                             slot.process(env, slot.collector, coord)
                         except Exception as e:
                             self._call_ends()
                             if not self._sync_error(slot, op.task, op.seq, env, e, coord, True):
                                 continue
+                        finally:
+                            if slot.journal is not None:
+                                self._jbind(None)
+                                del slot.journal[:]
                         self._call_ends()
                         if t0 and self._returned_late(slot, env, coord, t0):
                             check(capi.tr_loop_fail(loop, op.task, op.seq), "callback failure")
@@ -539,12 +573,24 @@ cdef class LoopRunner:
                                 cb._late_after = _time.monotonic() + self._cb_timeout_s
                             self._calling = cb
                             try:
+                                if type(env.message) is _BAD_INPUT:
+                                    raise (<object>env.message).error
                                 slot.process(env, slot.collector, cb._coordinator, cb)
                             except Exception as e:
                                 cb._held = False  # it failed after all (rules 16, 18)
-                                slot.failed += 1
-                                self._post(_TaskError(slot.name, env.ssp, env.offset, e))
-                                break
+                                verdict, e = self._bad(slot, env, e, None, None, 0, False)
+                                if verdict == V_FAIL:
+                                    slot.failed += 1
+                                    self._post(self._failure(slot, env, e))
+                                    break
+                                # skipped or dead-lettered: it completes; a later resolution
+                                # of its callback is dropped
+                                cb._rstate = RUN_ABANDONED
+                                cb._coordinator._requests = 0
+                                st = capi.tr_loop_complete_local(loop, op.task, cb._seq, 0)
+                                cb._inline = st == capi.TR_OK
+                                if st != capi.TR_OK:
+                                    check(st, f"completion of {slot.name} at {env.ssp} offset {env.offset!r}")
                             finally:
                                 self._calling = None
                                 cb._late_after = 0
@@ -593,8 +639,13 @@ cdef class LoopRunner:
         cdef bint timed = self._cb_timeout_s > 0
         cdef bint calling = False  # inside process: an exception now is the message's
         cdef bint more = True
+        cdef list journal = slot.journal
+        cdef Py_ssize_t mark = 0
+        cdef int verdict
         process = slot.process
         collector = slot.collector
+        if journal is not None:
+            self._jbind(journal)
         try:
             while more:
                 # the try around process is set up once per run, not once per message (each
@@ -610,6 +661,10 @@ cdef class LoopRunner:
                         if timed:
                             t0 = self._call_begins(slot, env)
                         calling = True
+                        if journal is not None:
+                            mark = len(journal)
+                        if type(env.message) is _BAD_INPUT:
+                            raise (<object>env.message).error
                         process(env, collector, coord)
                         calling = False
                         if self._after_call(slot, env, coord, t0, timed):
@@ -624,12 +679,22 @@ cdef class LoopRunner:
                     calling = False
                     if timed:
                         self._call_ends()
-                    if not (self._has_ignores and self._ignores(e)):
+                    verdict, e = self._bad(slot, env, e, coord, journal, mark, True)
+                    if verdict == V_FAIL:
                         coord._requests = 0
                         slot.failed += 1
-                        self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                        self._post(self._failure(slot, env, e))
+                        if journal is not None or not slot.plan.stores:
+                            # its store writes undone (or it has none): handed back untaken,
+                            # so the final commit passes everything before it (rule 40)
+                            if journal is not None:
+                                self._jundo(journal, mark)
+                            if not items[consumed - 1] & 1:
+                                Py_INCREF(env)  # the ring's pin again (_take_item stole it)
+                            consumed -= 1
                         break
-                    slot.ignored += 1
+                    if verdict == V_IGNORED:
+                        slot.ignored += 1
                     if self._after_call(slot, env, coord, t0, timed):
                         break
                     completed = consumed
@@ -638,6 +703,9 @@ cdef class LoopRunner:
                 req = coord._requests
                 coord._requests = 0
         finally:
+            if journal is not None:
+                self._jbind(None)
+                del journal[:]
             # also on a BaseException: the items taken are ours, the failed one
             # (taken, not completed) halts the task in C
             st = capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
@@ -678,15 +746,25 @@ cdef class LoopRunner:
                     cb._late_after = _time.monotonic() + self._cb_timeout_s
                     invoked_ns = self._loop_now()
                 try:
+                    if type(env.message) is _BAD_INPUT:
+                        raise (<object>env.message).error
                     process(env, collector, cb._coordinator, cb)
                 except Exception as e:
-                    if cb._rstate == RUN_PENDING:
-                        cb._rstate = RUN_FAILED  # a later complete() is a second resolution
-                    slot.failed += 1
-                    self._post(_TaskError(slot.name, env.ssp, env.offset, e))
-                    break
+                    verdict, e = self._bad(slot, env, e, None, None, 0, False)
+                    if verdict == V_FAIL:
+                        if cb._rstate == RUN_PENDING:
+                            cb._rstate = RUN_FAILED  # a later complete() is a second resolution
+                        slot.failed += 1
+                        self._post(self._failure(slot, env, e))
+                        break
+                    # skipped or dead-lettered: completed; a later resolution is dropped
+                    cb._rstate = RUN_ABANDONED
+                    cb._coordinator._requests = 0
                 finally:
                     cb._late_after = 0
+                if cb._rstate == RUN_ABANDONED:
+                    completed = consumed
+                    continue
                 if cb._rstate == RUN_DONE:
                     completed = consumed
                     # with a request made after complete() in the same call (rule 14)
@@ -712,6 +790,30 @@ cdef class LoopRunner:
                 if st != capi.TR_OK:
                     check(st, f"run of {slot.name}")
         return 0
+
+    cdef tuple _bad(self, _TaskSlot slot, Envelope env, object e, Coordinator coord, list journal,
+                    Py_ssize_t mark, bint sync):
+        """A message failed with ``e``: what task.error.policy makes of it, ``(verdict, error)``
+        (tailrace.engine.policy; V_FAIL without a policy). A sync call can be retried
+        (``coord``) and its store writes since ``mark`` of ``journal`` undone."""
+        if slot.policy is None:
+            return (V_FAIL, e)
+        retry = undo = None
+        if sync and coord is not None:
+            retry = _functools.partial(_retry_sync, slot.process, env, slot.collector, coord)
+        if journal is not None:
+            undo = _functools.partial(self._jundo, journal, mark)
+        try:
+            return slot.policy.handle(env, e, retry, undo, sync)
+        except Exception as e2:  # noqa: B036 - a dead letter not sent: the message fails with it
+            return (V_FAIL, e2)
+
+    cdef object _failure(self, _TaskSlot slot, Envelope env, object e):
+        """The error a failed message stops the loop with: a bad input's own error (it names
+        the source, partition and offset), else a TaskError naming task, partition, offset."""
+        if type(env.message) is _BAD_INPUT and e is (<object>env.message).error:
+            return e
+        return _TaskError(slot.name, env.ssp, env.offset, e)
 
     cdef double _call_begins(self, _TaskSlot slot, Envelope env):
         """A sync call on the loop thread starts: its start time, or 0 with timeouts off."""
@@ -757,13 +859,15 @@ cdef class LoopRunner:
                           Coordinator coord, bint local) except -1:
         """A sync process raised: True when ignored (complete normally), else fail and post."""
         cdef capi.tr_status st
-        if self._has_ignores and self._ignores(e):
-            slot.ignored += 1
+        verdict, e = self._bad(slot, env, e, coord, slot.journal, 0, True)
+        if verdict != V_FAIL:
+            if verdict == V_IGNORED:
+                slot.ignored += 1
             return True
         coord._requests = 0
         slot.failed += 1
         st = capi.tr_loop_fail(self._loop, t, seq)
-        self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+        self._post(self._failure(slot, env, e))
         if st != capi.TR_OK:  # the task's error is posted first: it is the one reported
             check(st, f"failure of {slot.name} at {env.ssp} offset {env.offset!r}")
         return False
@@ -771,6 +875,8 @@ cdef class LoopRunner:
     cdef int _run_pool_batch(self, uint32_t worker) except -1:
         """Pool worker `worker` (GIL held once): run ops until the C side ends the batch."""
         cdef capi.tr_status st
+        cdef list journal
+        cdef int verdict
         cdef capi.tr_op op
         cdef capi.tr_loop *loop = self._loop
         cdef _TaskSlot slot
@@ -785,18 +891,29 @@ cdef class LoopRunner:
                 continue
             env = _take_item(op.item, slot)
             coord = Coordinator.__new__(Coordinator) if slot.pooled_concurrent else slot.coordinator
+            journal = None
+            if slot.journal is not None:  # each pool thread records its own invocation
+                journal = []
+                self._jbind(journal)
             try:
+                if type(env.message) is _BAD_INPUT:
+                    raise (<object>env.message).error
                 slot.process(env, slot.collector, coord)
             except Exception as e:
-                if not (self._has_ignores and self._ignores(e)):
+                verdict, e = self._bad(slot, env, e, coord, journal, 0, True)
+                if verdict == V_FAIL:
                     coord._requests = 0
                     slot.failed += 1
                     st = capi.tr_loop_pool_failed(loop, worker, &op)
-                    self._post(_TaskError(slot.name, env.ssp, env.offset, e))
+                    self._post(self._failure(slot, env, e))
                     if st != capi.TR_OK:
                         check(st, f"failure of {slot.name} at {env.ssp} offset {env.offset!r}")
                     continue
-                slot.ignored += 1
+                if verdict == V_IGNORED:
+                    slot.ignored += 1
+            finally:
+                if journal is not None:
+                    self._jbind(None)
             req = coord._requests
             coord._requests = 0
             # a rejected completion would freeze the task: it stops the container instead
@@ -982,6 +1099,14 @@ cdef class LoopRunner:
         cdef double late
         cdef object error = None
         cb._coordinator._requests = 0
+        if cb._rstate == RUN_ABANDONED:
+            return  # its message was skipped or dead-lettered when process_async raised
+        if exc is not None and slot.policy is not None:
+            # rule 39: a failed callback is a bad message; the policy may complete it
+            verdict, exc = self._bad(slot, cb._env, exc, None, None, 0, False)
+            if verdict != V_FAIL:
+                exc = None
+                req = 0
         if exc is None and cb._late_after:
             late = _time.monotonic() - cb._late_after
             if late > 0:

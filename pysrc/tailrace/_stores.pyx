@@ -14,12 +14,47 @@ cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.unicode cimport PyUnicode_AsUTF8String
 
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+
+
+# The undo journal of the current invocation on this thread (rule 39: a skipped or
+# dead-lettered message of a sync task leaves no partial store write behind). The engine
+# binds a list here around a sync task's process calls when task.error.policy can skip;
+# each first write of a key then appends (store, key, entry before, dirty before), and
+# tailrace.stores.journal_undo puts them back. A strong reference, or NULL (no journal:
+# nothing is recorded, the common case costs one thread-local read per put).
+cdef extern from *:
+    """
+    static __thread PyObject *tr_store_journal = NULL;
+    static inline PyObject *tr_journal_get(void) { return tr_store_journal; }
+    static inline void tr_journal_set(PyObject *j) { tr_store_journal = j; }
+    """
+    PyObject *tr_journal_get() nogil
+    void tr_journal_set(PyObject *j) nogil
+
+
+def journal_bind(list journal):
+    """Record this thread's store writes into ``journal`` from now on (None: stop)."""
+    cdef PyObject *old = tr_journal_get()
+    if journal is not None:
+        Py_INCREF(journal)
+    tr_journal_set(<PyObject *>journal if journal is not None else NULL)
+    if old is not NULL:
+        Py_DECREF(<object>old)
+
+
+def journal_current():
+    """The journal bound on this thread, or None."""
+    cdef PyObject *j = tr_journal_get()
+    if j is NULL:
+        return None
+    return <object>j
 
 
 cdef extern from "<unistd.h>" nogil:
@@ -263,13 +298,36 @@ cdef class StoreCore:
                 return value
         return self._cacheable(key, value)
 
+    cdef void _note(self, list journal, object key) except *:
+        """Record ``key``'s entry and dirty mark before a write (lock held)."""
+        cdef object old = self._dirty.get(key, _MISSING)
+        cdef object entry = old
+        if old is _MISSING:
+            entry = self._entries.get(key, _MISSING)
+        journal.append((self, key, entry, old))
+
+    def _journal_note(self, key):
+        """``_note`` into this thread's journal, if one is bound (the Python write paths)."""
+        cdef PyObject *jp = tr_journal_get()
+        if jp is not NULL:
+            try:
+                self._note(<list>jp, key)
+            except TypeError:
+                pass  # an unhashable key: the write itself refuses it
+
     cdef inline void _put(self, object key, object value) except *:
         value = self._checked(key, value)
         cdef StoreLock lock = self._lock
         cdef dict entries = self._entries
         cdef Py_ssize_t size
+        cdef PyObject *jp = tr_journal_get()
         lock.acquire_()
         try:
+            if jp is not NULL:
+                try:
+                    self._note(<list>jp, key)
+                except TypeError:
+                    pass  # an unhashable key: refused below, naming the store
             # an overwrite keeps the key's place in the recency order (reads move it);
             # one dict operation on a hit: a new key shows as a grown dict, and is taken
             # out again until _new_key accepted it (checked, room made)

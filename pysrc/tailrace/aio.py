@@ -595,6 +595,11 @@ class AsyncioTask(AsyncStreamTask):
         self.task = task
         self.runner = runner
         self._process: Callable[[Envelope, Collector, Coordinator], Coroutine[Any, Any, Any]] = task.process
+        self.policy: Any = None  # its ErrorPolicy (the container sets it): counts the retries
+        if config.error_retries > 0:
+            self._process = self._retrying(
+                task.process, config.error_retries, config.error_retry_backoff_ms / 1000
+            )
         self._timeout_s = config.callback_timeout_ms / 1000.0 if config.callback_timeout_ms > 0 else 0.0
         self._closing = False
         self._closed = False
@@ -608,6 +613,29 @@ class AsyncioTask(AsyncStreamTask):
             if callable(user):
                 setattr(self, name, self._hook(user))
         runner._adapters.append(self)
+
+    def _retrying(
+        self, process: Callable[..., Coroutine[Any, Any, Any]], retries: int, backoff_s: float
+    ) -> Callable[..., Coroutine[Any, Any, Any]]:
+        """``process`` attempted up to ``retries`` more times, ``backoff_s`` doubled between
+        attempts (task.error.retries; rule 39): the last failure goes to task.error.policy.
+        The store writes of a failed attempt stay (docs/bad-messages.md)."""
+
+        async def process_with_retries(
+            envelope: Envelope, collector: Collector, coordinator: Coordinator
+        ) -> Any:
+            for attempt in range(retries + 1):
+                try:
+                    return await process(envelope, collector, coordinator)
+                except Exception:
+                    if attempt == retries:
+                        raise
+                if self.policy is not None:
+                    self.policy.note_retry()
+                await asyncio.sleep(min(backoff_s * (2**attempt), 60.0))
+            return None
+
+        return process_with_retries
 
     def _hook(self, user: Callable[..., Any]) -> Callable[..., Any]:
         runner = self.runner

@@ -73,6 +73,7 @@ _MINI = -(2**31)
 _MAXI = 2**31 - 1
 
 ORDERINGS = ("partition", "key")
+ERROR_POLICIES = ("fail", "skip", "dead-letter")
 
 
 def _ordering(key: str, value: Any) -> str:
@@ -80,6 +81,28 @@ def _ordering(key: str, value: Any) -> str:
     if isinstance(value, str) and value.strip().lower() in ORDERINGS:
         return value.strip().lower()
     raise ConfigError(f"expected one of {allowed}, got {value!r}", key=key, allowed=allowed)
+
+
+def _error_policy(key: str, value: Any) -> str:
+    allowed = ", ".join(ERROR_POLICIES)
+    if isinstance(value, str):
+        v = value.strip().lower().replace("_", "-")
+        if v in ERROR_POLICIES:
+            return v
+        if v == "deadletter":
+            return "dead-letter"
+    raise ConfigError(f"expected one of {allowed}, got {value!r}", key=key, allowed=allowed)
+
+
+def _error_stream(key: str, value: Any) -> str:
+    allowed = '"system.stream" (a system of the job and a stream in it), or "" for none'
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        system, dot, stream = value.strip().partition(".")
+        if dot and system and stream:
+            return f"{system}.{stream}"
+    raise ConfigError(f"expected system.stream, got {value!r}", key=key, allowed=allowed)
 
 
 class _Key:
@@ -170,6 +193,34 @@ KEYS: tuple[_Key, ...] = (
         (),
         _names,
         "exception class names (or *) counted and skipped in sync process/window",
+    ),
+    _Key(
+        "task.error.policy",
+        "error_policy",
+        "fail",
+        _error_policy,
+        "what a bad message does: fail (stop), skip (count), dead-letter (send to task.error.stream)",
+    ),
+    _Key(
+        "task.error.stream",
+        "error_stream",
+        "",
+        _error_stream,
+        "system.stream receiving dead letters (task.error.policy = dead-letter)",
+    ),
+    _Key(
+        "task.error.retries",
+        "error_retries",
+        0,
+        _ranged(0, 100),
+        "attempts of a failing process before task.error.policy applies",
+    ),
+    _Key(
+        "task.error.retry.backoff.ms",
+        "error_retry_backoff_ms",
+        100,
+        _ranged(0, 600_000),
+        "wait before the first retry; doubled for each further one",
     ),
     _Key(
         "task.input.buffer.size",
@@ -318,6 +369,10 @@ class Config:
     max_idle_ms: int = 10
     shutdown_ms: int = 30000
     ignored_exceptions: tuple[str, ...] = ()
+    error_policy: str = "fail"
+    error_stream: str = ""
+    error_retries: int = 0
+    error_retry_backoff_ms: int = 100
     input_buffer_size: int = 1024
     stores: Mapping[str, StoreSpec] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -438,6 +493,21 @@ def parse_config(
             "a store commit must not include the effect of a message above the low watermark",
             key="task.async.commit",
             allowed="false while stores.* are declared (or declare no stores.NAME.*)",
+            source=source,
+        )
+    policy = values.get("error_policy", "fail")
+    if policy == "dead-letter" and not values.get("error_stream"):
+        raise ConfigError(
+            "task.error.policy = dead-letter needs the stream that receives the dead letters",
+            key="task.error.stream",
+            allowed='"system.stream", e.g. "files.dead-letters"',
+            source=source,
+        )
+    if values.get("error_stream") and policy != "dead-letter":
+        raise ConfigError(
+            f"task.error.stream is set but task.error.policy is {policy!r}: nothing would be sent there",
+            key="task.error.policy",
+            allowed="dead-letter (with task.error.stream), or leave task.error.stream unset",
             source=source,
         )
     return dataclasses.replace(Config(), extra=extra, stores=stores, **values)

@@ -20,6 +20,7 @@ from .api import TaskContext, TimerService, check_task_class, task_kind
 from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
 from .config import Config, parse_config
+from .engine.policy import ErrorPolicy, RunLog
 from .errors import ConfigError, InputError, TailraceError, TaskError
 from .interfaces import CheckpointStore, PartitionReader, Producer, System
 from .memory import MemoryCheckpointStore
@@ -28,7 +29,7 @@ from .stores import TaskStores
 from .types import Offset, SystemStreamPartition, parse_system_stream
 
 if TYPE_CHECKING:
-    from .aio import AsyncioRunner
+    from .aio import AsyncioRunner, AsyncioTask
 
 log = logging.getLogger("tailrace")
 
@@ -55,6 +56,7 @@ class TaskPlan:
         "kind",
         "name",
         "partitions",
+        "policy",
         "readers",
         "start_offsets",
         "stores",
@@ -72,6 +74,7 @@ class TaskPlan:
         start_offsets: dict[SystemStreamPartition, Offset],
         collector: Collector,
         stores: TaskStores | None = None,  # the task's key-value stores (rules 25-29)
+        policy: ErrorPolicy | None = None,  # what a bad message does (rules 39, 40)
     ) -> None:
         self.name = name
         self.index = index
@@ -82,6 +85,7 @@ class TaskPlan:
         self.start_offsets = start_offsets
         self.collector = collector
         self.stores = stores
+        self.policy = policy
 
     def __repr__(self) -> str:
         return f"TaskPlan({self.name!r}, {len(self.partitions)} partitions, {self.kind})"
@@ -519,14 +523,24 @@ class Container:
                 key="checkpoints",
                 allowed="sqlite, memory, redis",
             )
+        if self.config.error_policy == "dead-letter":
+            system = self.config.error_stream.partition(".")[0]
+            if system not in self.systems:
+                raise ConfigError(
+                    f"no system {system!r} for the dead letters of {self.config.error_stream!r}",
+                    key="task.error.stream",
+                    allowed=", ".join(f"{name}.STREAM" for name in sorted(self.systems)) or "(no systems)",
+                )
         producers = {name: s.producer() for name, s in self.systems.items()}
         self._store.open(self.config.job_name)
         tasks: list[TaskPlan] = []
         runner: AsyncioRunner | None = None
+        run_log = RunLog()
         try:
             for index, pnum in enumerate(sorted(by_partition)):
                 name = f"Partition {pnum}"
                 instance = self._factory()
+                adapter: AsyncioTask | None = None
                 if index == 0:
                     self._check_task(instance)
                 try:
@@ -539,7 +553,7 @@ class Container:
                     from .aio import AsyncioRunner, AsyncioTask  # asyncio: only when a task needs it
 
                     runner = runner or AsyncioRunner()
-                    instance = AsyncioTask(instance, runner, self.config)
+                    instance = adapter = AsyncioTask(instance, runner, self.config)
                     kind = "async"
                 parts = sorted(by_partition[pnum])
                 committed = self._store.load(name)
@@ -547,7 +561,12 @@ class Container:
                 start = {s: committed[s] for s in parts if s in committed}
                 collector = Collector(producers, self._default_output_system)
                 stores = TaskStores(name, specs, self._store) if specs else None
-                tasks.append(TaskPlan(name, index, instance, kind, parts, readers, start, collector, stores))
+                policy = ErrorPolicy(self.config, name, collector, dict(zip(parts, readers)), run_log)
+                if adapter is not None:
+                    adapter.policy = policy  # an async def task counts its own retries
+                tasks.append(
+                    TaskPlan(name, index, instance, kind, parts, readers, start, collector, stores, policy)
+                )
         except Exception:
             self._store.close()
             if runner is not None:

@@ -41,7 +41,11 @@ class PartitionReader(ABC):
 
     @abstractmethod
     def poll(self, max_messages: int) -> list[Envelope]:
-        """Up to ``max_messages`` envelopes, in order; ``[]`` when none is ready now. Never blocks."""
+        """Up to ``max_messages`` envelopes, in order; ``[]`` when none is ready now. Never blocks.
+
+        A message that cannot be read (its bytes do not decode, its key cannot be read) is
+        an envelope in its place whose ``message`` is a :class:`tailrace.types.BadInput`
+        (rule 39), not an exception: the messages around it go on as usual (rule 40)."""
 
     @abstractmethod
     def at_end(self) -> bool:
@@ -50,6 +54,12 @@ class PartitionReader(ABC):
     def skipped(self) -> int:
         """Messages skipped as bad input (when the config asks for skipping), for metrics."""
         return 0
+
+    def raw(self, offset: Offset) -> bytes | None:
+        """The original bytes of the message at ``offset``, or None where the reader keeps
+        none (a dead letter then holds the decoded value: rule 39). Error path only: it may
+        read the source again (the file system reads the line back)."""
+        return None
 
     def committed(self, offset: Offset) -> None:
         """A checkpoint with committed offset ``offset`` of this partition was just written

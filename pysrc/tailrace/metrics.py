@@ -29,6 +29,11 @@ class TaskMetrics:
     completed: int = 0  # callbacks released in order (rule 12)
     failed: int = 0
     ignored: int = 0  # exceptions skipped via task.ignored.exceptions
+    # bad messages (rule 39) by task.error.policy: skipped, sent to task.error.stream, and
+    # the process attempts made again (task.error.retries)
+    skipped: int = 0
+    dead_lettered: int = 0
+    retried: int = 0
     outstanding: int = 0  # gauge: invoked, not yet completed
     windows: int = 0
     commits: int = 0

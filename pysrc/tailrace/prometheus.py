@@ -10,7 +10,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 _ENTRY_ID = re.compile(r"[0-9]+-[0-9]+\Z")  # a Redis Streams entry id
-_TASK_COUNTERS = ("processed", "completed", "failed", "ignored", "windows", "commits", "timers")
+_TASK_COUNTERS = (
+    "processed",
+    "completed",
+    "failed",
+    "ignored",
+    "skipped",
+    "dead_lettered",
+    "retried",
+    "windows",
+    "commits",
+    "timers",
+)
 
 
 class ContainerCollector(Collector):

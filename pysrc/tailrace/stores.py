@@ -88,6 +88,9 @@ class _PyStoreCore:
     _lock: Any
     _lru_at: int
 
+    def _journal_note(self, key: Any) -> None:
+        _journal_note(self, key)
+
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when absent. Any thread."""
         with self._lock:
@@ -128,6 +131,7 @@ class _PyStoreCore:
             value = self._cacheable(key, value)  # type: ignore[attr-defined]
         with self._lock:
             entries = self._entries
+            self._journal_note(key)
             # an overwrite keeps the key's place in the recency order (reads move it)
             try:
                 known = key in entries
@@ -173,6 +177,7 @@ try:
     from ._stores import StoreLock as _StoreLock
     from ._stores import encode_changes as _encode_changes_c
     from ._stores import evict_clean as _evict_clean
+    from ._stores import journal_bind, journal_current
     from ._stores import scan_overlay as _scan_overlay_c
     from ._stores import split_changes as _split_changes_c
 except ImportError:  # pragma: no cover - a build without the compiled store path
@@ -185,7 +190,53 @@ except ImportError:  # pragma: no cover - a build without the compiled store pat
     _scan_overlay_c = None  # type: ignore[assignment]
     _split_changes_c = None  # type: ignore[assignment]
     _evict_clean = _py_evict_clean
+    _journals = threading.local()
+
+    def journal_bind(journal: list[Any] | None) -> None:
+        """Record this thread's store writes into ``journal`` from now on (None: stop)."""
+        _journals.current = journal
+
+    def journal_current() -> list[Any] | None:
+        """The journal bound on this thread, or None."""
+        return getattr(_journals, "current", None)
+
+
 COMPILED: Final = _StoreCore is not _PyStoreCore
+
+
+def journal_undo(journal: list[Any], mark: int = 0) -> int:
+    """Undo the store writes recorded in ``journal`` after ``mark`` (newest first), and drop
+    them from it: each key's cache entry and dirty mark are what they were before the first
+    of those writes (rule 39: a skipped message of a sync task leaves no partial write).
+    The number of writes undone. The writes are the invocation's own (the engine binds a
+    journal per sync invocation's thread), so nothing else moved those keys meanwhile."""
+    n = len(journal) - mark
+    for i in range(len(journal) - 1, mark - 1, -1):
+        store, key, entry, dirty = journal[i]
+        with store._lock:
+            if entry is _MISSING:
+                store._entries.pop(key, None)
+            else:
+                store._entries[key] = entry
+            if dirty is _MISSING:
+                store._dirty.pop(key, None)
+            else:
+                store._dirty[key] = dirty
+    del journal[mark:]
+    return max(0, n)
+
+
+def _journal_note(store: Any, key: Any) -> None:
+    """The twin's record of a write (see ``tailrace._stores``), lock held."""
+    journal = journal_current()
+    if journal is None:
+        return
+    try:
+        dirty = store._dirty.get(key, _MISSING)
+        entry = dirty if dirty is not _MISSING else store._entries.get(key, _MISSING)
+    except TypeError:
+        return  # an unhashable key: the write itself refuses it
+    journal.append((store, key, entry, dirty))
 
 
 def split_changes(
@@ -403,6 +454,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         """Remove ``key``; True if it existed. Durable at the task's next commit. Any thread."""
         with self._lock:
             entries = self._entries
+            self._journal_note(key)
             try:
                 value = entries.pop(key, _MISSING)
             except TypeError as e:
@@ -421,6 +473,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         with self._lock:
             entries = self._entries
             for key, value in cached:
+                self._journal_note(key)
                 try:
                     known = entries.pop(key, _MISSING)
                 except TypeError as e:
@@ -435,6 +488,7 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         with self._lock:
             entries = self._entries
             for key in keys:
+                self._journal_note(key)
                 try:
                     known = entries.pop(key, _MISSING)
                 except TypeError as e:

@@ -54,3 +54,24 @@ def parse_system_stream(name: str, default_system: str | None = None) -> SystemS
     if not system or not stream:
         raise ValueError(f"stream {name!r} must be written as 'system.stream'")
     return SystemStream(system, stream)
+
+
+class BadInput:
+    """The ``message`` of an envelope whose input could not be read as a message (rule 39):
+    bytes that do not decode, a key that cannot be read. A reader puts such an envelope in
+    its place in the partition, so that everything before it is processed and committed
+    as usual (rule 40); the engine never hands it to ``process``: ``task.error.policy``
+    decides (``fail`` raises ``error``, ``skip`` counts it, ``dead-letter`` sends ``raw``).
+
+    ``error``: the exception that says what is wrong (an InputError naming the source,
+    partition and offset); ``raw``: the message's original bytes, or None.
+    """
+
+    __slots__ = ("error", "raw")
+
+    def __init__(self, error: BaseException, raw: bytes | None = None) -> None:
+        self.error = error
+        self.raw = raw
+
+    def __repr__(self) -> str:
+        return f"BadInput({self.error!r})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -14,9 +15,19 @@ import pytest
 
 from tailrace.errors import ConfigError, InputError
 from tailrace.files import FileReader, FileSystem, read_stream, write_stream
-from tailrace.types import SystemStreamPartition
+from tailrace.types import BadInput, SystemStreamPartition
 
 SSP0 = SystemStreamPartition("files", "s", 0)
+
+
+def bad_line(got: list[Any]) -> InputError:
+    """The error of the one unreadable line among ``got`` (rule 39: the reader yields it in
+    its place, as an envelope whose message is a BadInput, and reads on)."""
+    bad = [e for e in got if isinstance(e.message, BadInput)]
+    assert len(bad) == 1, got
+    error = bad[0].message.error
+    assert isinstance(error, InputError)
+    return error
 
 
 def drain(reader: FileReader, after: Any = None, batch: int = 7) -> list[Any]:
@@ -84,12 +95,14 @@ def test_bad_json_line_names_file_and_line(tmp_path: Path) -> None:
     d.mkdir(parents=True)
     (d / "partition-0.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": oops}\n{"a": 4}\n')
     fs = FileSystem("files", tmp_path / "in")
-    with pytest.raises(InputError, match=r"partition-0.jsonl:3: line is not valid JSON") as info:
-        drain(fs.reader(SSP0))
-    assert info.value.line == 3
+    got = drain(fs.reader(SSP0))
+    error = bad_line(got)
+    assert re.search(r"partition-0.jsonl:3: line is not valid JSON", str(error)), error
+    assert error.line == 3
+    assert [e.offset for e in got] == [0, 9, 18, 30]  # in its place; the line after it is read
+    assert got[2].message.raw == b'{"a": oops}'
     # resumed after line 2 (line numbers still exact, counted on the error path)
-    with pytest.raises(InputError, match=r"partition-0.jsonl:3:"):
-        drain(fs.reader(SSP0), after=len('{"a": 1}\n'))
+    assert "partition-0.jsonl:3:" in str(bad_line(drain(fs.reader(SSP0), after=len('{"a": 1}\n'))))
 
 
 def test_skip_bad_lines_counts_and_continues(tmp_path: Path) -> None:
@@ -108,8 +121,7 @@ def test_text_lines_with_bad_utf8_fail_clearly(tmp_path: Path) -> None:
     d.mkdir(parents=True)
     (d / "partition-0.txt").write_bytes(b"ok\r\nbad \xff\n")
     fs = FileSystem("files", tmp_path / "in")
-    with pytest.raises(InputError, match=r"partition-0.txt:2: line is not valid UTF-8"):
-        drain(fs.reader(SSP0))
+    assert "partition-0.txt:2: line is not valid UTF-8" in str(bad_line(drain(fs.reader(SSP0))))
 
 
 @pytest.mark.parametrize(
@@ -200,12 +212,11 @@ def test_bad_line_number_is_exact_across_chunks_and_after_a_resume(tmp_path: Pat
     lines[7000] = "{broken"  # line 7001, far past the first 64 KiB chunk
     (d / "partition-0.jsonl").write_text("\n".join(lines) + "\n")
     fs = FileSystem("files", tmp_path / "in")
-    with pytest.raises(InputError, match=r"partition-0.jsonl:7001: line is not valid JSON") as info:
-        drain(fs.reader(SSP0), batch=333)
-    assert info.value.line == 7001
+    error = bad_line(drain(fs.reader(SSP0), batch=333))
+    assert "partition-0.jsonl:7001: line is not valid JSON" in str(error)
+    assert error.line == 7001
     after = sum(len(x) + 1 for x in lines[:4000])  # resumed after line 4001
-    with pytest.raises(InputError, match=r"partition-0.jsonl:7001:"):
-        drain(fs.reader(SSP0), after=after, batch=333)
+    assert "partition-0.jsonl:7001:" in str(bad_line(drain(fs.reader(SSP0), after=after, batch=333)))
 
 
 def test_producer_writes_json_lines_and_flush_makes_them_visible(tmp_path: Path) -> None:
@@ -387,7 +398,7 @@ def test_msgpack_bad_or_truncated_data_names_file_and_byte_offset(tmp_path: Path
         drain(fs.reader(SSP0))
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", pytest.param("msgpack", marks=needs_msgpack)])
+@pytest.mark.parametrize("fmt", [pytest.param("msgpack", marks=needs_msgpack)])
 def test_the_values_before_bad_data_are_polled_before_its_error(tmp_path: Path, fmt: str) -> None:
     # a poll that meets bad data after good values returns the good ones; the next poll
     # raises (naming partition and offset), and the partition is not at its end meanwhile:
@@ -415,6 +426,41 @@ def test_the_values_before_bad_data_are_polled_before_its_error(tmp_path: Path, 
 
 
 @needs_msgpack
+def test_a_bad_json_line_is_polled_in_its_place_between_the_good_ones(tmp_path: Path) -> None:
+    # rules 39, 40: a line that does not decode is an envelope in its place (a BadInput naming
+    # partition and offset), and the reader reads on: the engine decides what it does, after
+    # everything before it (the partition is not at its end meanwhile)
+    d = tmp_path / "in" / "s"
+    d.mkdir(parents=True)
+    good = b'{"a": 1}\n"two"\n'
+    (d / "partition-0.jsonl").write_bytes(good + b"{oops\n[3]\n")
+    reader = FileSystem("files", tmp_path / "in").reader(SSP0)
+    reader.start(None, lambda: None)
+    try:
+        got = reader.poll(10)
+        assert [e.offset for e in got] == [0, 9, len(good), len(good) + 6]
+        assert [e.message for e in got[:2]] == [{"a": 1}, "two"] and got[3].message == [3]
+        assert f"partition files.s[0], offset {len(good)}" in str(bad_line(got))
+        assert reader.raw(9) == b'"two"' and reader.raw(len(good)) == b"{oops"
+    finally:
+        reader.close()
+
+
+def test_a_key_field_the_first_message_lacks_stops_the_job_naming_its_fields(tmp_path: Path) -> None:
+    # issue 36 item 5: key_field = "user_id" when the messages have "user" made every key None
+    write_stream(tmp_path / "in" / "s", [[{"user": "u1", "amount": 3}]])
+    reader = FileSystem("files", tmp_path / "in", key_field="user_id").reader(SSP0)
+    reader.start(None, lambda: None)
+    try:
+        with pytest.raises(InputError, match=r"key_field 'user_id' is not a field of the first") as info:
+            reader.poll(10)
+        assert "its fields: user, amount" in str(info.value) and "offset 0" in str(info.value)
+    finally:
+        reader.close()
+    ok = FileSystem("files", tmp_path / "in", key_field="user").reader(SSP0)
+    assert [e.key for e in drain(ok)] == ["u1"]
+
+
 def test_msgpack_output_format_writes_values_and_cuts_a_partial_one(tmp_path: Path) -> None:
     import msgpack
 

@@ -18,7 +18,7 @@ from ..jobfile import JobSpec
 from ..metrics import RunResult, TaskMetrics
 from ..types import SystemStreamPartition
 from .signals import _SIGNALS
-from .text import _count, _rate_text
+from .text import _count, _rate_text, bad_message_text
 
 log = logging.getLogger("tailrace.cli")
 
@@ -347,6 +347,13 @@ def _print_summary(
     ignored = sum(t.ignored for t in result.tasks.values())
     more = f", failed {failed}, ignored exceptions {ignored}" if failed or ignored else ""
     out.write(f"  {_count(sum(skipped.values()), 'bad line')} skipped{more}\n")
+    bad = bad_message_text(
+        sum(t.skipped for t in result.tasks.values()),
+        sum(t.dead_lettered for t in result.tasks.values()),
+        sum(t.retried for t in result.tasks.values()),
+    )
+    if bad:
+        out.write(f"  {bad}\n")
     out.write("  committed offsets:\n")
     for ssp, off in sorted(result.committed.items()):
         extra = f"  ({skipped[ssp]} skipped)" if skipped.get(ssp) else ""

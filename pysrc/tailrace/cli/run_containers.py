@@ -36,7 +36,7 @@ from .job import _store_text
 from .metrics_server import _serve_prometheus
 from .processes import _container_port, _ContainerProcesses, _count_key, _log_metrics_ports
 from .signals import _SIGNALS, _die_with_parent, _libc
-from .text import _count, _rate_text
+from .text import _count, _rate_text, bad_message_text
 from .watch import _run_watched
 
 log = logging.getLogger("tailrace.cli")
@@ -120,6 +120,9 @@ def _run_file_container(
         "skipped": {str(ssp): n for ssp, n in container.skipped().items() if n},
         "failed": sum(t.failed for t in result.tasks.values()),
         "ignored": sum(t.ignored for t in result.tasks.values()),
+        "bad_skipped": sum(t.skipped for t in result.tasks.values()),
+        "dead_lettered": sum(t.dead_lettered for t in result.tasks.values()),
+        "retried": sum(t.retried for t in result.tasks.values()),
         "cpu_s": sum(os.times()[:2]),
     }
     with os.fdopen(result_fd, "w") as f:
@@ -330,6 +333,14 @@ def _print_containers_summary(
     ignored = sum(int(r.get("ignored", 0)) for r in reports.values())
     more = f", failed {failed}, ignored exceptions {ignored}" if failed or ignored else ""
     out.write(f"  {_count(sum(skipped.values()), 'bad line')} skipped{more}\n")
+    bad = bad_message_text(
+        *(
+            sum(int(r.get(k, 0)) for r in reports.values())
+            for k in ("bad_skipped", "dead_lettered", "retried")
+        )
+    )
+    if bad:
+        out.write(f"  {bad}\n")
     committed = getattr(store, "committed", None)
     offsets = (
         sorted((ssp, off) for per_task in committed().values() for ssp, off in per_task.items())

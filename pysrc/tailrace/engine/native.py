@@ -102,7 +102,14 @@ class NativeEngine:
         for tp in plan.tasks:
             parts = [_PartState(s, r, tp.start_offsets.get(s)) for s, r in zip(tp.partitions, tp.readers)]
             process = tp.task.process if tp.kind == "sync" else tp.task.process_async
-            self._slots.append(_TaskSlot(tp.name, tp, process, tp.collector, tp.kind == "async", parts))
+            slot = _TaskSlot(tp.name, tp, process, tp.collector, tp.kind == "async", parts)
+            if tp.policy is not None and tp.policy.active:
+                slot.policy = tp.policy
+            if tp.stores and tp.kind == "sync":
+                # its store writes are recorded per invocation: a failed message's are undone,
+                # so a skipped one leaves none and a failed one costs no commit (rules 39, 40)
+                slot.journal = []
+            self._slots.append(slot)
             self._windows.append(hook(tp.task, "window") if cfg.window_ms > 0 else None)
             self._timers.append(_Timers(None, tp.index, plan.clock))
         self._clock = plan.clock
@@ -369,6 +376,9 @@ class NativeEngine:
             keys_in_flight=keys_in_flight,
             head_of_line_ms=head_of_line_ms,
         )
+        policy = s.plan.policy
+        if policy is not None:
+            m.skipped, m.dead_lettered, m.retried = policy.skipped, policy.dead_lettered, policy.retried
         for j, p in enumerate(list(s.parts)):
             mark = self._runner.watermark(i, j)
             low = p.low_watermark if mark is None or mark[1] is None else mark[1]

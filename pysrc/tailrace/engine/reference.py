@@ -90,8 +90,10 @@ from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..ordering import key_error, key_identity
-from ..types import Offset, SystemStreamPartition
+from ..stores import journal_bind, journal_undo
+from ..types import BadInput, Offset, SystemStreamPartition
 from .failures import FurtherErrors
+from .policy import FAIL, IGNORED
 from .timers import TimerHeap, before_window
 from .watchdog import StuckCallWatch
 
@@ -151,9 +153,13 @@ class _Callback:
     __slots__ = (
         "_done",
         "_engine",
+        "abandoned",
+        "bad",
         "coordinator",
         "deadline",
         "entry",
+        "env",
+        "handed_back",
         "ignored",
         "key",
         "late_after",
@@ -178,6 +184,11 @@ class _Callback:
         self.coordinator: Coordinator | None = None  # async: requests read on completion
         self.requests = 0  # sync: requests harvested after process returned
         self.ignored = False
+        self.env: Envelope | None = None  # async with task.error.policy: for its failure
+        self.bad = False  # its input could not be read (BadInput): its failure is the input's error
+        # process_async raised and task.error.policy completed it: a later resolution is dropped
+        self.abandoned = False
+        self.handed_back = False  # failed, its writes undone: not taken after all (rule 40)
         # process_async raised: the message failed, whatever resolved its callback during
         # the call (rules 16, 18); read and written on the loop thread only
         self.raised = False
@@ -201,6 +212,12 @@ class _Callback:
 
     def __repr__(self) -> str:
         return f"<callback {self.task.name} {self.part.ssp} offset={self.offset!r} seq={self.seq}>"
+
+
+def _retry_sync(process: Callable[..., Any], env: Envelope, collector: Any, coordinator: Coordinator) -> None:
+    """One more attempt of a sync process call (task.error.retries)."""
+    coordinator.take()
+    process(env, collector, coordinator)
 
 
 class _Partition:
@@ -298,6 +315,13 @@ class _Task:
         self.window = hook(plan.task, "window") if cfg.window_ms > 0 else None
         self.eos_hook = hook(plan.task, "end_of_stream")
         self.coordinator = Coordinator()  # reused by sync process on one thread
+        # task.error.policy when it decides anything besides failing (rule 39); a sync task's
+        # undo journal of its store writes (one thread runs its messages at a time)
+        self.policy = plan.policy if plan.policy is not None and plan.policy.active else None
+        # a sync task with stores records its store writes per invocation: a failed
+        # message's are undone, so a skipped one leaves none and a failed one costs no
+        # commit (rules 39, 40)
+        self.journal: list[Any] | None = [] if plan.stores and plan.kind == "sync" else None
         self.timers = _Timers(engine._timer_set, engine._clock)
         # a sync task without key ordering: runs of messages on the loop thread when the
         # engine has no pool and no stuck-call watch (ReferenceEngine._run)
@@ -468,6 +492,12 @@ class ReferenceEngine:
 
     def _resolve(self, cb: _Callback, exc: BaseException | None) -> None:
         """complete()/fail() from any thread: exactly one resolution wins (rule 17)."""
+        if cb.abandoned:
+            return  # process_async raised and its message was skipped or dead-lettered
+        if exc is not None and cb.task.policy is not None and cb.env is not None:
+            verdict, exc = self._decide(cb.task, cb.env, exc, None)  # rule 39
+            if verdict != FAIL:
+                exc = None
         late_by = time.monotonic() - cb.late_after if cb.late_after and exc is None else 0.0
         with self._cv:
             if cb._done:
@@ -490,14 +520,29 @@ class ReferenceEngine:
         if watch is not None:
             started = time.monotonic()  # real time, as the C engine: the call takes real time
             watch.begin(t.name, cb.part.ssp, cb.offset, started)
+        journal = t.journal
+        if journal is not None:
+            journal_bind(journal)
         try:
+            if type(env.message) is BadInput:
+                cb.bad = True
+                raise env.message.error
             t.process(env, t.collector, coordinator)
-        except Exception as e:  # noqa: BLE001 - user code; reported through the callback
-            if self.config.ignores(e):
+        except Exception as exc:  # noqa: BLE001 - user code; reported through the callback
+            verdict, e = self._decide(t, env, exc, coordinator)
+            if verdict == IGNORED:
                 cb.ignored = True
                 log.debug("task %r ignored %r at %s offset %r", t.name, e, cb.part.ssp, cb.offset)
-            else:
+            elif verdict == FAIL:
                 error = e
+                if journal is not None or not t.plan.stores:
+                    if journal is not None:
+                        journal_undo(journal)
+                    cb.handed_back = True
+        finally:
+            if journal is not None:
+                journal_bind(None)
+                journal.clear()
         if watch is not None:
             watch.end()
             took = time.monotonic() - started
@@ -648,7 +693,12 @@ class ReferenceEngine:
                 continue
             if exc is not None:
                 t.failed += 1
-                self._fail(TaskError(t.name, cb.part.ssp, cb.offset, exc))
+                if cb.handed_back:  # as "unrun": not processed, nor taken ahead (rule 40)
+                    t.processed -= 1
+                    t.unrun += 1
+                    if cb.entry is not None:
+                        cb.entry[1] = 0
+                self._fail(exc if cb.bad else TaskError(t.name, cb.part.ssp, cb.offset, exc))
                 continue
             if cb.raised:
                 continue  # completed, then its process_async raised: it failed (_raised)
@@ -1182,6 +1232,10 @@ class ReferenceEngine:
         n = min(limit, len(part.buffer))
         invoked = completed = requests = 0
         last: Envelope | None = None  # the last message completed
+        journal = t.journal
+        mark = 0
+        if journal is not None:
+            journal_bind(journal)
         try:
             while invoked < n:
                 if self._poke or monotonic() >= due:
@@ -1189,9 +1243,17 @@ class ReferenceEngine:
                 env = popleft()
                 invoked += 1
                 try:
+                    if journal is not None:
+                        mark = len(journal)
+                    if type(env.message) is BadInput:
+                        raise env.message.error
                     process(env, collector, coordinator)
                 except Exception as e:  # noqa: BLE001 - user code
-                    if not self._run_error(t, part, env, e):
+                    done = self._run_error(t, part, env, e, mark)
+                    if done <= 0:
+                        if done < 0:  # handed back untaken (rule 40)
+                            invoked -= 1
+                            part.buffer.appendleft(env)
                         break
                 completed += 1
                 last = env
@@ -1199,6 +1261,9 @@ class ReferenceEngine:
                     requests = coordinator.take()
                     break
         finally:
+            if journal is not None:
+                journal_bind(None)
+                journal.clear()
             if last is not None:
                 part.low_watermark = last.offset  # released (rules 12, 13)
                 part.released_n += completed
@@ -1214,6 +1279,10 @@ class ReferenceEngine:
         k = len(parts)
         rr = t.part_rr
         invoked = completed = requests = 0
+        journal = t.journal
+        mark = 0
+        if journal is not None:
+            journal_bind(journal)
         try:
             while invoked < limit:
                 if self._poke or monotonic() >= due:
@@ -1228,9 +1297,17 @@ class ReferenceEngine:
                 env = part.buffer.popleft()
                 invoked += 1
                 try:
+                    if journal is not None:
+                        mark = len(journal)
+                    if type(env.message) is BadInput:
+                        raise env.message.error
                     process(env, collector, coordinator)
                 except Exception as e:  # noqa: BLE001 - user code
-                    if not self._run_error(t, part, env, e):
+                    done = self._run_error(t, part, env, e, mark)
+                    if done <= 0:
+                        if done < 0:  # handed back untaken (rule 40)
+                            invoked -= 1
+                            part.buffer.appendleft(env)
                         break
                 completed += 1
                 part.low_watermark = env.offset  # released (rules 12, 13)
@@ -1239,21 +1316,51 @@ class ReferenceEngine:
                     requests = coordinator.take()
                     break
         finally:
+            if journal is not None:
+                journal_bind(None)
+                journal.clear()
             t.part_rr = rr
         return invoked, completed, requests
 
-    def _run_error(self, t: _Task, part: _Partition, env: Envelope, e: Exception) -> bool:
+    def _run_error(self, t: _Task, part: _Partition, env: Envelope, e: BaseException, mark: int = 0) -> int:
         """An exception from process in a run, as ``_run_sync`` + ``_apply_events`` see it:
-        True when ignored (the message counts as completed, its requests too), else the
-        container stops with it (rule 16) and the message's requests are void."""
-        if self.config.ignores(e):
-            t.ignored += 1
-            log.debug("task %r ignored %r at %s offset %r", t.name, e, part.ssp, env.offset)
-            return True
+        1 when ignored, skipped, dead-lettered or retried past (the message counts as
+        completed, its requests too), else the container stops with it (rule 16) and the
+        message's requests are void: -1 when its store writes were undone (or it has no
+        stores), so it is handed back untaken and the final commit passes everything before
+        it (rule 40), 0 otherwise."""
+        verdict, e = self._decide(t, env, e, t.coordinator, mark)
+        if verdict != FAIL:
+            if verdict == IGNORED:
+                t.ignored += 1
+                log.debug("task %r ignored %r at %s offset %r", t.name, e, part.ssp, env.offset)
+            return 1
         t.coordinator.take()
         t.failed += 1
-        self._fail(TaskError(t.name, part.ssp, env.offset, e))
-        return False
+        bad = type(env.message) is BadInput and e is env.message.error
+        self._fail(e if bad else TaskError(t.name, part.ssp, env.offset, e))
+        if t.journal is not None:
+            journal_undo(t.journal, mark)
+            return -1
+        return -1 if not t.plan.stores else 0
+
+    def _decide(
+        self, t: _Task, env: Envelope, e: BaseException, coordinator: Coordinator | None, mark: int = 0
+    ) -> tuple[int, BaseException]:
+        """What task.error.policy makes of a failed message (tailrace.engine.policy, rule 39):
+        ``(verdict, error)``. A sync call (``coordinator`` given) can be retried, and its store
+        writes since ``mark`` of the task's journal undone."""
+        if t.policy is None:
+            return FAIL, e
+        retry = undo = None
+        if coordinator is not None:
+            retry = functools.partial(_retry_sync, t.process, env, t.collector, coordinator)
+        if t.journal is not None and coordinator is not None:
+            undo = functools.partial(journal_undo, t.journal, mark)
+        try:
+            return t.policy.handle(env, e, retry, undo, coordinator is not None)
+        except Exception as e2:  # noqa: BLE001 - a dead letter not sent: the message fails with it
+            return FAIL, e2
 
     def _choose(self, t: _Task) -> tuple[_Partition, Envelope]:
         parts = t.parts
@@ -1314,22 +1421,38 @@ class ReferenceEngine:
             self._workers[t.worker].put((t, cb, env, t.coordinator))
             return cb
         cb.coordinator = Coordinator()
+        if t.policy is not None:
+            cb.env = env  # a failure's policy needs the envelope (rule 39)
         if self._timeout is not None:
             cb.late_after = time.monotonic() + self.config.callback_timeout_ms / 1000  # real time, as sync
         try:
+            if type(env.message) is BadInput:
+                cb.bad = True
+                raise env.message.error
             t.process(env, t.collector, cb.coordinator, cb)
         except Exception as e:  # noqa: BLE001 - user code
-            self._raised(t, cb, e)
+            self._raised(t, cb, e, env)
         finally:
             cb.late_after = 0.0
         return cb
 
-    def _raised(self, t: _Task, cb: _Callback, e: Exception) -> None:
+    def _raised(self, t: _Task, cb: _Callback, e: BaseException, env: Envelope) -> None:
         """process_async raised: its message failed (rule 16), even when the call completed
         its callback first, so the message is never released and the watermark stays below
         it (rules 13, 18). A ``fail()`` made during the call resolved it first: its error is
         the one reported (rule 17, the first resolution wins; as the C engine). A later
-        ``complete()`` / ``fail()`` is a second resolution."""
+        ``complete()`` / ``fail()`` is a second resolution. With task.error.policy skip or
+        dead-letter the message completes instead, and a later resolution is dropped."""
+        verdict, e = self._decide(t, env, e, None)
+        if verdict != FAIL:
+            with self._cv:
+                resolved = cb._done
+                cb._done = True
+                cb.abandoned = True
+                if not resolved:  # completed now (a completion during the call stands)
+                    self._events.append(("done", cb, None))
+                    self._cv.notify()
+            return
         with self._cv:
             resolved = cb._done  # complete() / fail() during the call: its event is queued
             cb._done = True
@@ -1337,7 +1460,7 @@ class ReferenceEngine:
         if resolved:
             self._apply_events()  # a fail() first is recorded first
         t.failed += 1
-        self._fail(TaskError(t.name, cb.part.ssp, cb.offset, e))
+        self._fail(e if cb.bad else TaskError(t.name, cb.part.ssp, cb.offset, e))
 
     # -- 8. waiting -----------------------------------------------------------
     def _wait(self) -> None:
@@ -1466,6 +1589,9 @@ class ReferenceEngine:
             commits=t.commits,
             timers=t.timer_runs,
         )
+        policy = t.plan.policy
+        if policy is not None:
+            m.skipped, m.dead_lettered, m.retried = policy.skipped, policy.dead_lettered, policy.retried
         for p in list(t.parts):
             if p.committed is not None:
                 m.committed[p.ssp] = p.committed

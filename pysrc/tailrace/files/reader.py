@@ -14,7 +14,7 @@ from .._core import Envelope, file_decode_lines
 from ..errors import InputError
 from ..interfaces import PartitionReader
 from ..serdes import _json_codec, _json_decode  # the raw functions: errors stay the codec's own
-from ..types import Offset, SystemStreamPartition
+from ..types import BadInput, Offset, SystemStreamPartition
 from .fingerprints import FINGERPRINT_INTERVAL_S, record_fingerprint, verify_fingerprint
 from .streams import _CHUNK, _msgpack
 
@@ -59,6 +59,7 @@ class FileReader(PartitionReader):
         self._skip_bad = skip_bad_lines
         self._deferred: InputError | None = None  # a bad line found after good ones: raised by the next poll
         self._key_field = key_field
+        self._key_checked = key_field is None  # the first message's fields were checked
         # the compiled JSON codec itself when there is one: file_decode_lines calls it directly
         self._decode_line: Any = _decode_text if fmt == "text" else _json_codec or _json_decode
         self._skipped = 0
@@ -175,18 +176,52 @@ class FileReader(PartitionReader):
                 self._key_field,
                 out,
             )
-            self._at = at
             if self._line_no:
                 self._line_no += lines
             if error is not None:
-                try:
-                    self._bad_line(start, self._line_no - 1 if self._line_no else 0, error)
-                except InputError as e:
-                    if not out:
-                        raise
-                    self._deferred = e  # the lines before it are processed (and committed) first
-                    break
+                line_no = self._line_no - 1 if self._line_no else 0
+                if self._skip_bad:
+                    self._skip_line(start, line_no, error)
+                else:
+                    # the bad line takes its place in the partition: the policy decides at
+                    # dispatch, after everything before it (rules 39, 40)
+                    raw = self._data[start - self._data_off : at - 1].removesuffix(b"\r")
+                    out.append(
+                        Envelope(
+                            s.system,
+                            s.stream,
+                            s.partition,
+                            start,
+                            None,
+                            BadInput(self._bad_line_error(start, line_no, error), raw),
+                        )
+                    )
+            self._at = at
+        if not self._key_checked and out:
+            self._check_key_field(out)
         return out
+
+    def _check_key_field(self, out: list[Envelope]) -> None:
+        """``key_field`` names a field of the first message (rule 39, issue 36 item 5): a
+        field no message has would make every key None in silence."""
+        for env in out:
+            message = env.message
+            if type(message) is BadInput:
+                continue
+            self._key_checked = True
+            field = self._key_field
+            if isinstance(message, dict) and field in message:
+                return
+            has = (
+                f"its fields: {', '.join(map(str, message)) or '(none)'}"
+                if isinstance(message, dict)
+                else f"it is a {type(message).__name__}, not an object"
+            )
+            raise InputError(
+                f"key_field {field!r} is not a field of the first message (partition {self.ssp}, "
+                f"offset {env.offset}); {has}",
+                source=str(self.path),
+            )
 
     def at_end(self) -> bool:
         """True once every line was polled; reads ahead one chunk to know (never a guess)."""
@@ -226,17 +261,36 @@ class FileReader(PartitionReader):
         self._data, self._at, self._end = b"", 0, 0
         self._tail = b""
 
-    def _bad_line(self, start: int, line_no: int, exc: ValueError | RecursionError) -> None:
+    def raw(self, offset: Offset) -> bytes | None:
+        """The line at byte ``offset`` (without its newline), read back from the file."""
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            return None
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            line = f.readline()
+        return line.removesuffix(b"\n").removesuffix(b"\r")
+
+    @staticmethod
+    def _what(exc: BaseException) -> str:
+        return "not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else f"not valid JSON ({exc})"
+
+    def _bad_line_error(self, start: int, line_no: int, exc: ValueError | RecursionError) -> InputError:
         if not line_no:
             line_no = self._line_number(start)
-        what = "not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else f"not valid JSON ({exc})"
-        if not self._skip_bad:
-            raise InputError(
-                f"line is {what}; partition {self.ssp}, offset {start}; set skip_bad_lines = true on "
-                "the system to skip and count bad lines",
-                source=str(self.path),
-                line=line_no,
-            )
+        error = InputError(
+            f"line is {self._what(exc)}; partition {self.ssp}, offset {start}; set task.error.policy "
+            "to skip or dead-letter (or skip_bad_lines = true on the system) to go on past bad lines",
+            source=str(self.path),
+            line=line_no,
+        )
+        error.__cause__ = exc
+        return error
+
+    def _skip_line(self, start: int, line_no: int, exc: ValueError | RecursionError) -> None:
+        """skip_bad_lines = true: the line is dropped at the read, logged and counted."""
+        if not line_no:
+            line_no = self._line_number(start)
+        what = self._what(exc)
         self._skipped += 1
         if self._skipped <= _LOGGED_SKIPS:
             log.warning("%s:%d: skipped a line that is %s (byte offset %d)", self.path, line_no, what, start)
