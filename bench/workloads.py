@@ -184,6 +184,29 @@ def _register(w: Workload) -> None:
 _register(Workload("sync_noop_1task", "StreamTask, empty process, 1 task", Noop, floor="sync"))
 _register(
     Workload(
+        "sync_noop_1task_deadletter",
+        "StreamTask, empty process, 1 task, task.error.policy = dead-letter (compare sync_noop_1task)",
+        Noop,
+        config={"task.error.policy": "dead-letter", "task.error.stream": "bench.dead"},
+        floor="sync",
+    )
+)
+_register(
+    Workload(
+        "sync_state_16tasks_store_deadletter",
+        "sync_state_16tasks_store with task.error.policy = dead-letter",
+        StoreCounter,
+        partitions=16,
+        config={
+            "stores": {"counts": {"key.serde": "str", "value.serde": "int"}},
+            "task.error.policy": "dead-letter",
+            "task.error.stream": "bench.dead",
+        },
+        check=_check_counts,
+    )
+)
+_register(
+    Workload(
         "sync_noop_1024tasks", "StreamTask, empty process, 1024 tasks", Noop, partitions=1024, floor="sync"
     )
 )

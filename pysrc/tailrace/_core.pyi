@@ -206,7 +206,7 @@ class _TaskSlot:
     commits: int
     timers: int
     policy: Any
-    journal: list[Any] | None
+    journal: Any
     def __init__(
         self, name: str, plan: Any, process: Any, collector: Any, is_async: bool, parts: list[_PartState]
     ) -> None: ...

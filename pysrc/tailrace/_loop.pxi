@@ -177,7 +177,7 @@ cdef class _TaskSlot:
     # task.error.policy (tailrace.engine.policy.ErrorPolicy) when it decides anything
     # besides failing, else None; journal: a sync task's undo journal (stores), or None
     cdef public object policy
-    cdef public list journal
+    cdef public object journal  # a tailrace.stores.Journal, or None
 
     def __init__(self, str name, plan, process, collector, bint is_async, list parts):
         self.name = name
@@ -408,6 +408,7 @@ cdef class LoopRunner:
     cdef Callback _calling  # the callback whose process_async call runs on the loop thread
     cdef object _jbind  # tailrace.stores.journal_bind / journal_undo (imported at __init__)
     cdef object _jundo
+    cdef object _journal_type
 
     def __cinit__(self):
         self._loop = NULL
@@ -425,9 +426,11 @@ cdef class LoopRunner:
         self._handler = handler
         self._ignores = config.ignores
         self._has_ignores = bool(config.ignored_exceptions)
-        from tailrace.stores import journal_bind, journal_undo  # not at import: stores imports serdes
+        # not at import: tailrace.stores imports the serdes, which import this module
+        from tailrace.stores import Journal, journal_bind, journal_undo
         self._jbind = journal_bind
         self._jundo = journal_undo
+        self._journal_type = Journal
         cfg.ntasks = self._ntasks
         cfg.max_concurrency = config.max_concurrency
         cfg.input_buffer = config.input_buffer_size
@@ -553,7 +556,7 @@ cdef class LoopRunner:
                         finally:
                             if slot.journal is not None:
                                 self._jbind(None)
-                                del slot.journal[:]
+                                slot.journal.clear()
                         self._call_ends()
                         if t0 and self._returned_late(slot, env, coord, t0):
                             check(capi.tr_loop_fail(loop, op.task, op.seq), "callback failure")
@@ -639,7 +642,7 @@ cdef class LoopRunner:
         cdef bint timed = self._cb_timeout_s > 0
         cdef bint calling = False  # inside process: an exception now is the message's
         cdef bint more = True
-        cdef list journal = slot.journal
+        cdef object journal = slot.journal
         cdef Py_ssize_t mark = 0
         cdef int verdict
         process = slot.process
@@ -705,7 +708,7 @@ cdef class LoopRunner:
         finally:
             if journal is not None:
                 self._jbind(None)
-                del journal[:]
+                journal.clear()
             # also on a BaseException: the items taken are ours, the failed one
             # (taken, not completed) halts the task in C
             st = capi.tr_loop_run_done(self._loop, t, consumed, completed, <uint32_t>req)
@@ -791,7 +794,7 @@ cdef class LoopRunner:
                     check(st, f"run of {slot.name}")
         return 0
 
-    cdef tuple _bad(self, _TaskSlot slot, Envelope env, object e, Coordinator coord, list journal,
+    cdef tuple _bad(self, _TaskSlot slot, Envelope env, object e, Coordinator coord, object journal,
                     Py_ssize_t mark, bint sync):
         """A message failed with ``e``: what task.error.policy makes of it, ``(verdict, error)``
         (tailrace.engine.policy; V_FAIL without a policy). A sync call can be retried
@@ -875,7 +878,7 @@ cdef class LoopRunner:
     cdef int _run_pool_batch(self, uint32_t worker) except -1:
         """Pool worker `worker` (GIL held once): run ops until the C side ends the batch."""
         cdef capi.tr_status st
-        cdef list journal
+        cdef object journal
         cdef int verdict
         cdef capi.tr_op op
         cdef capi.tr_loop *loop = self._loop
@@ -893,7 +896,7 @@ cdef class LoopRunner:
             coord = Coordinator.__new__(Coordinator) if slot.pooled_concurrent else slot.coordinator
             journal = None
             if slot.journal is not None:  # each pool thread records its own invocation
-                journal = []
+                journal = self._journal_type()
                 self._jbind(journal)
             try:
                 if type(env.message) is _BAD_INPUT:

@@ -14,12 +14,14 @@ cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.unicode cimport PyUnicode_AsUTF8String
 
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
+    PyObject* PyDict_GetItemWithError(object d, object key) except? NULL  # borrowed
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
 
 
@@ -39,7 +41,80 @@ cdef extern from *:
     void tr_journal_set(PyObject *j) nogil
 
 
-def journal_bind(list journal):
+@cython.final
+cdef class Journal:
+    """An undo journal: three references a recorded write (store, key, the key's cache
+    entry before it, MISSING: not cached), in a C array that keeps its capacity across
+    ``clear``. ``len`` is the number of references (a mark); ``take(mark)`` removes and
+    returns the writes recorded after a mark, oldest first, as tuples."""
+
+    cdef PyObject **items
+    cdef Py_ssize_t n
+    cdef Py_ssize_t cap
+
+    def __cinit__(self):
+        self.items = NULL
+        self.n = 0
+        self.cap = 0
+
+    def __dealloc__(self):
+        self._truncate(0)
+        PyMem_Free(self.items)
+
+    def __len__(self):
+        return self.n
+
+    cdef int push3(self, object a, object b, object c) except -1:
+        cdef PyObject **grown
+        cdef Py_ssize_t cap
+        if self.n + 3 > self.cap:
+            cap = self.cap * 2 if self.cap else 256
+            grown = <PyObject **>PyMem_Realloc(self.items, cap * sizeof(PyObject *))
+            if grown is NULL:
+                raise MemoryError()
+            self.items = grown
+            self.cap = cap
+        Py_INCREF(a)
+        Py_INCREF(b)
+        Py_INCREF(c)
+        self.items[self.n] = <PyObject *>a
+        self.items[self.n + 1] = <PyObject *>b
+        self.items[self.n + 2] = <PyObject *>c
+        self.n += 3
+        return 0
+
+    def push(self, store, key, entry):
+        """Record one write (the pure-Python store's path)."""
+        self.push3(store, key, entry)
+
+    cdef void _truncate(self, Py_ssize_t mark):
+        cdef PyObject *o
+        while self.n > mark:
+            self.n -= 1
+            o = self.items[self.n]
+            self.items[self.n] = NULL
+            Py_DECREF(<object>o)
+
+    def clear(self):
+        """Forget every recorded write (capacity kept)."""
+        self._truncate(0)
+
+    def take(self, Py_ssize_t mark):
+        """The writes recorded after ``mark``, oldest first, as (store, key, entry); the
+        journal keeps those before it."""
+        cdef list out = []
+        cdef Py_ssize_t i
+        if mark < 0 or mark > self.n:
+            raise ValueError(f"journal mark {mark} outside 0..{self.n}")
+        i = mark
+        while i + 3 <= self.n:
+            out.append((<object>self.items[i], <object>self.items[i + 1], <object>self.items[i + 2]))
+            i += 3
+        self._truncate(mark)
+        return out
+
+
+def journal_bind(Journal journal):
     """Record this thread's store writes into ``journal`` from now on (None: stop)."""
     cdef PyObject *old = tr_journal_get()
     if journal is not None:
@@ -183,6 +258,8 @@ cdef class StoreCore:
     cdef public Py_ssize_t _evict_at  # len(_entries) that makes a miss evict first
     cdef public Py_ssize_t _lru_at  # len(_entries) from which a hit makes its key most recent
     cdef public Py_ssize_t misses
+    cdef object _jkey  # the key a get found while a journal was bound, and its entry
+    cdef object _jentry
 
     def __cinit__(self, *args, **kwargs):
         self._entries = {}
@@ -260,6 +337,9 @@ cdef class StoreCore:
         lock.acquire_()
         try:
             value = self._lookup(key)
+            if tr_journal_get() is not NULL:
+                self._jkey = key  # the entry a put of this key may record (_note)
+                self._jentry = value
         finally:
             lock.release_()
         if value is _ABSENT:
@@ -298,20 +378,29 @@ cdef class StoreCore:
                 return value
         return self._cacheable(key, value)
 
-    cdef void _note(self, list journal, object key) except *:
-        """Record ``key``'s entry and dirty mark before a write (lock held)."""
-        cdef object old = self._dirty.get(key, _MISSING)
-        cdef object entry = old
-        if old is _MISSING:
-            entry = self._entries.get(key, _MISSING)
-        journal.append((self, key, entry, old))
+    cdef int _note(self, Journal journal, object key) except -1:
+        """Record ``key``'s cache entry before a write (lock held). A ``get`` of the key just
+        before (the common read-modify-write) found it already: ``_jkey`` / ``_jentry``,
+        forgotten at every write, so no second lookup."""
+        cdef PyObject *p
+        cdef object entry
+        if key is self._jkey:
+            entry = self._jentry
+        else:
+            p = PyDict_GetItemWithError(self._entries, key)
+            entry = <object>p if p is not NULL else _MISSING
+        self._jkey = None
+        self._jentry = None
+        return journal.push3(self, key, entry)
 
     def _journal_note(self, key):
         """``_note`` into this thread's journal, if one is bound (the Python write paths)."""
         cdef PyObject *jp = tr_journal_get()
+        self._jkey = None
+        self._jentry = None
         if jp is not NULL:
             try:
-                self._note(<list>jp, key)
+                self._note(<Journal>jp, key)
             except TypeError:
                 pass  # an unhashable key: the write itself refuses it
 
@@ -325,9 +414,12 @@ cdef class StoreCore:
         try:
             if jp is not NULL:
                 try:
-                    self._note(<list>jp, key)
+                    self._note(<Journal>jp, key)
                 except TypeError:
                     pass  # an unhashable key: refused below, naming the store
+            elif self._jkey is not None:
+                self._jkey = None  # a write unrecorded: what a get found is stale now
+                self._jentry = None
             # an overwrite keeps the key's place in the recency order (reads move it);
             # one dict operation on a hit: a new key shows as a grown dict, and is taken
             # out again until _new_key accepted it (checked, room made)

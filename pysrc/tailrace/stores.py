@@ -173,11 +173,11 @@ try:
     from ._stores import ABSENT as _ABSENT
     from ._stores import MISSING as _MISSING
     from ._stores import Encoded as _Encoded
+    from ._stores import Journal, journal_bind, journal_current
     from ._stores import StoreCore as _StoreCore
     from ._stores import StoreLock as _StoreLock
     from ._stores import encode_changes as _encode_changes_c
     from ._stores import evict_clean as _evict_clean
-    from ._stores import journal_bind, journal_current
     from ._stores import scan_overlay as _scan_overlay_c
     from ._stores import split_changes as _split_changes_c
 except ImportError:  # pragma: no cover - a build without the compiled store path
@@ -192,11 +192,32 @@ except ImportError:  # pragma: no cover - a build without the compiled store pat
     _evict_clean = _py_evict_clean
     _journals = threading.local()
 
-    def journal_bind(journal: list[Any] | None) -> None:
+    class Journal:  # type: ignore[no-redef]
+        """The pure-Python twin of ``tailrace._stores.Journal``."""
+
+        def __init__(self) -> None:
+            self._items: list[Any] = []
+
+        def __len__(self) -> int:
+            return len(self._items)
+
+        def push(self, store: Any, key: Any, entry: Any) -> None:
+            self._items += (store, key, entry)
+
+        def clear(self) -> None:
+            self._items.clear()
+
+        def take(self, mark: int) -> list[tuple[Any, Any, Any]]:
+            items = self._items
+            out = [tuple(items[i : i + 3]) for i in range(mark, len(items) - 2, 3)]
+            del items[mark:]
+            return out
+
+    def journal_bind(journal: Journal | None) -> None:
         """Record this thread's store writes into ``journal`` from now on (None: stop)."""
         _journals.current = journal
 
-    def journal_current() -> list[Any] | None:
+    def journal_current() -> Journal | None:
         """The journal bound on this thread, or None."""
         return getattr(_journals, "current", None)
 
@@ -204,26 +225,27 @@ except ImportError:  # pragma: no cover - a build without the compiled store pat
 COMPILED: Final = _StoreCore is not _PyStoreCore
 
 
-def journal_undo(journal: list[Any], mark: int = 0) -> int:
-    """Undo the store writes recorded in ``journal`` after ``mark`` (newest first), and drop
-    them from it: each key's cache entry and dirty mark are what they were before the first
-    of those writes (rule 39: a skipped message of a sync task leaves no partial write).
-    The number of writes undone. The writes are the invocation's own (the engine binds a
+def journal_undo(journal: Journal, mark: int = 0) -> int:
+    """Undo the store writes recorded in ``journal`` after ``mark`` (newest first; a write is
+    recorded as its store, its key and the key's cache entry before it), and drop them from
+    the journal: each key's value is what it was before the first of those writes (rule 39:
+    a skipped message of a sync task leaves no partial write). The number of writes undone.
+
+    A key that was not cached is dropped from the cache and from the writes the next commit
+    carries (it cannot have been one of them: a written key stays cached until its commit).
+    A cached key gets its entry back and is marked written: if it was not, the next commit
+    writes the value it already has. The writes are the invocation's own (the engine binds a
     journal per sync invocation's thread), so nothing else moved those keys meanwhile."""
-    n = len(journal) - mark
-    for i in range(len(journal) - 1, mark - 1, -1):
-        store, key, entry, dirty = journal[i]
+    writes = journal.take(mark)
+    for store, key, entry in reversed(writes):
         with store._lock:
             if entry is _MISSING:
                 store._entries.pop(key, None)
-            else:
-                store._entries[key] = entry
-            if dirty is _MISSING:
                 store._dirty.pop(key, None)
             else:
-                store._dirty[key] = dirty
-    del journal[mark:]
-    return max(0, n)
+                store._entries[key] = entry
+                store._dirty[key] = entry
+    return len(writes)
 
 
 def _journal_note(store: Any, key: Any) -> None:
@@ -232,11 +254,10 @@ def _journal_note(store: Any, key: Any) -> None:
     if journal is None:
         return
     try:
-        dirty = store._dirty.get(key, _MISSING)
-        entry = dirty if dirty is not _MISSING else store._entries.get(key, _MISSING)
+        entry = store._entries.get(key, _MISSING)
     except TypeError:
         return  # an unhashable key: the write itself refuses it
-    journal.append((store, key, entry, dirty))
+    journal.push(store, key, entry)
 
 
 def split_changes(

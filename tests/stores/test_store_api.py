@@ -513,3 +513,53 @@ def test_stores_work_without_the_compiled_module(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     # run 1: a a b; run 2 resumes after offset 2 and reads a b a (offsets 3..5)
     assert out.stdout.strip() == "False [(b'\"a\"', b'4'), (b'\"b\"', b'2')]"
+
+
+def test_the_undo_journal_puts_back_what_an_invocation_wrote(backend: CheckpointStore) -> None:
+    # rule 39: the engines bind a journal around a sync invocation; journal_undo puts every key
+    # it wrote back, whatever was cached, dirty or committed before, and a get before a write
+    # (its entry remembered) never stands for a write made while no journal was bound
+    from tailrace.stores import Journal, journal_bind, journal_undo
+
+    stores, s = _store(backend)
+    s["committed"] = 1
+    s["gone"] = 9
+    _commit(backend, stores)
+    s["dirty"] = 2
+    journal = Journal()
+    journal_bind(journal)
+    try:
+        assert s.get("later") is None  # remembered, then written unbound below
+        journal_bind(None)
+        s["later"] = 5
+        journal_bind(journal)
+        mark = len(journal)
+        s["committed"] = s["committed"] + 10
+        s["dirty"] = s["dirty"] + 10
+        s["new"] = 3
+        s["later"] = 6
+        s.put_all({"new": 4, "other": 7})
+        del s["gone"]
+        s.delete_all(["committed"])
+        assert journal_undo(journal, mark) == 8
+    finally:
+        journal_bind(None)
+    assert len(journal) == 0
+    assert {k: s.get(k) for k in ("committed", "dirty", "new", "later", "other", "gone")} == {
+        "committed": 1,
+        "dirty": 2,
+        "new": None,
+        "later": 5,
+        "other": None,
+        "gone": 9,
+    }
+    _commit(backend, stores)
+    stores2, s2 = _store_named(backend, "s")
+    assert {k: s2.get(k) for k in ("committed", "dirty", "new", "later", "other", "gone")} == {
+        "committed": 1,
+        "dirty": 2,
+        "new": None,
+        "later": 5,
+        "other": None,
+        "gone": 9,
+    }

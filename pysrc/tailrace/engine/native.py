@@ -29,6 +29,7 @@ from ..clock import Clock, ManualClock
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
+from ..stores import Journal
 from .failures import FurtherErrors
 from .timers import TimerHeap, before_window
 from .watchdog import StuckCallWatch
@@ -108,7 +109,7 @@ class NativeEngine:
             if tp.stores and tp.kind == "sync":
                 # its store writes are recorded per invocation: a failed message's are undone,
                 # so a skipped one leaves none and a failed one costs no commit (rules 39, 40)
-                slot.journal = []
+                slot.journal = Journal()
             self._slots.append(slot)
             self._windows.append(hook(tp.task, "window") if cfg.window_ms > 0 else None)
             self._timers.append(_Timers(None, tp.index, plan.clock))

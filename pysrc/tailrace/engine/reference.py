@@ -90,7 +90,7 @@ from ..container import JobPlan, TaskPlan
 from ..errors import CallbackError, CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..ordering import key_error, key_identity
-from ..stores import journal_bind, journal_undo
+from ..stores import Journal, journal_bind, journal_undo
 from ..types import BadInput, Offset, SystemStreamPartition
 from .failures import FurtherErrors
 from .policy import FAIL, IGNORED
@@ -321,7 +321,7 @@ class _Task:
         # a sync task with stores records its store writes per invocation: a failed
         # message's are undone, so a skipped one leaves none and a failed one costs no
         # commit (rules 39, 40)
-        self.journal: list[Any] | None = [] if plan.stores and plan.kind == "sync" else None
+        self.journal: Journal | None = Journal() if plan.stores and plan.kind == "sync" else None
         self.timers = _Timers(engine._timer_set, engine._clock)
         # a sync task without key ordering: runs of messages on the loop thread when the
         # engine has no pool and no stuck-call watch (ReferenceEngine._run)
