@@ -554,7 +554,7 @@ def test_the_undo_journal_puts_back_what_an_invocation_wrote(backend: Checkpoint
         "gone": 9,
     }
     _commit(backend, stores)
-    stores2, s2 = _store_named(backend, "s")
+    _, s2 = _store_named(backend, "s")
     assert {k: s2.get(k) for k in ("committed", "dirty", "new", "later", "other", "gone")} == {
         "committed": 1,
         "dirty": 2,
