@@ -32,9 +32,7 @@ def _comparable(decoded: list[Any]) -> list[Any]:
     """Decoded streams with bad entries' messages as (exception type, text, bytes): comparable."""
     out = []
     for key, ids, keys, messages, eos, bad in decoded:
-        shown = [
-            (type(m.error), str(m.error), m.raw) if isinstance(m, BadInput) else m for m in messages
-        ]
+        shown = [(type(m.error), str(m.error), m.raw) if isinstance(m, BadInput) else m for m in messages]
         out.append((key, ids, keys, shown, eos, bad))
     return out
 

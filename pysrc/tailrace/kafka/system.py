@@ -729,7 +729,8 @@ class _KafkaReader(BufferedPartition):
         system = self._system
         error = InputError(
             f"offset {offset} cannot be decoded (key serde {system.key_serde.name!r}, value serde "
-            f"{system.value_serde.name!r}): its {field}: {cause}; set task.error.policy to skip or dead-letter to go on past records that cannot be read",
+            f"{system.value_serde.name!r}): its {field}: {cause}; set task.error.policy to skip or "
+            "dead-letter to go on past records that cannot be read",
             source=str(self.ssp),
         )
         error.__cause__ = cause

@@ -348,7 +348,8 @@ class _RedisReader(BufferedPartition):
             part = "key (field k)" if field == "k" else "message (field m)"
             what = f"cannot be decoded with codec {codec!r}: its {part}: {cause}"
         error = InputError(
-            f"entry {eid} {what}; set task.error.policy to skip or dead-letter to go on past entries that cannot be read",
+            f"entry {eid} {what}; set task.error.policy to skip or dead-letter to go on past "
+            "entries that cannot be read",
             source=f"{self.ssp} ({self.key})",
         )
         error.__cause__ = cause
