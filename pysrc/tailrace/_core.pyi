@@ -111,7 +111,8 @@ def kafka_envelopes(
     stream: str,
     partition: int,
     out: list[Envelope],
-) -> tuple[int, ValueError | TypeError | None, int]: ...
+    bad: Callable[[int, str, BaseException, bytes | None], Any],
+) -> int: ...
 def kafka_split(messages: list[Any]) -> tuple[dict[tuple[str, int], list[Any]], list[Any]]: ...
 
 class FileOutput:

@@ -2,8 +2,9 @@
 # each confluent-kafka Message of a consumed batch, decode its key and value and
 # build its Envelope, once per message, so compiled (as file lines and Redis
 # entries are). The reader keeps its position in Python; this loop skips messages
-# fetched before a reposition and stops at the first that cannot be decoded,
-# which the reader reports (partition and offset).
+# fetched before a reposition, and a message that cannot be decoded keeps its place
+# as an envelope whose message the reader makes (a BadInput naming partition and
+# offset, rule 39).
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -24,17 +25,18 @@ cdef inline object _kafka_decode(object data, int kind, object decode):
 
 def kafka_envelopes(list messages not None, Py_ssize_t next_offset, int key_kind, object decode_key,
                     int value_kind, object decode_value, str system, str stream,
-                    Py_ssize_t partition, list out not None):
+                    Py_ssize_t partition, list out not None, object bad not None):
     """Append an Envelope to ``out`` for each message of ``messages`` (confluent-kafka
     Messages of one partition, in offset order) whose offset is at least ``next_offset``.
 
     A kind says how to decode a key or value: 0 keeps the bytes, 1 decodes UTF-8, 2
     calls the decoder (the serde's ``decode``); None (a null key, a tombstone) stays
-    None. Stops at the first message whose key or value raises ValueError or
-    TypeError on decoding. Returns ``(next_offset, error, offset)``: the offset after
-    the last envelope appended, the error (or None) and the offset of the bad message.
+    None. A message whose key or value raises ValueError, TypeError or RecursionError on
+    decoding keeps its place: its envelope's key is None and its message
+    ``bad(offset, field, error, value bytes)`` (``field``: ``"key"`` or ``"value"``).
+    Returns the offset after the last envelope appended.
     """
-    cdef object m, k, v, key, value, off_obj
+    cdef object m, k, v, key, value, off_obj, field
     cdef Py_ssize_t off
     for m in messages:
         off_obj = m.offset()
@@ -43,14 +45,17 @@ def kafka_envelopes(list messages not None, Py_ssize_t next_offset, int key_kind
             continue  # fetched before a reposition (librdkafka filters these too)
         k = m.key()
         v = m.value()
+        field = "key"
         try:
             key = None if k is None else _kafka_decode(k, key_kind, decode_key)
+            field = "value"
             value = None if v is None else _kafka_decode(v, value_kind, decode_value)
-        except (ValueError, TypeError) as e:
-            return next_offset, e, off
+        except (ValueError, TypeError, RecursionError) as e:
+            key = None
+            value = bad(off_obj, field, e, v)
         out.append(new_envelope(system, stream, partition, off_obj, key, value))
         next_offset = off + 1
-    return next_offset, None, 0
+    return next_offset
 
 
 def kafka_split(list messages not None):

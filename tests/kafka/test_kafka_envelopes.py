@@ -11,7 +11,7 @@ import pytest
 import tailrace
 from tailrace.errors import InputError
 from tailrace.kafka import KafkaRecord, KafkaSystem
-from tailrace.types import SystemStreamPartition
+from tailrace.types import BadInput, SystemStreamPartition
 
 from .conftest import ck
 
@@ -80,16 +80,29 @@ def test_messages_before_the_position_are_skipped() -> None:
 
 
 @pytest.mark.parametrize("headers", [False, True])
-def test_a_message_that_cannot_be_decoded_names_its_offset(headers: bool) -> None:
-    system = KafkaSystem("kafka", "127.0.0.1:1", headers=headers)
+def test_a_message_that_cannot_be_decoded_keeps_its_place_and_the_next_ones_decode(headers: bool) -> None:
+    # rule 39: a record whose key or value serde cannot decode is an envelope at its offset
+    # whose message is a BadInput (the error names partition, offset and serdes; the value's
+    # bytes kept), and the records after it decode as usual, in both paths
+    system = KafkaSystem("kafka", "127.0.0.1:1", key_serde="str", value_serde="json", headers=headers)
     from tailrace.kafka.system import _KafkaReader
 
     r = _KafkaReader(system, SSP, system.fetcher)
-    r.deliver([_msg(0, b"k", b"1"), _msg(1, b"\xff", b"2"), _msg(2, b"k", b"3")])
-    assert [e.offset for e in r.poll(10)] == [0]  # the good prefix is delivered
-    with pytest.raises(InputError) as e:
-        r.poll(10)
-    assert "offset 1 cannot be decoded" in str(e.value) and "kafka.t[3]" in str(e.value)
+    r.deliver([_msg(0, b"k", b"1"), _msg(1, b"\xff", b"2"), _msg(2, b"k", b"{nope"), _msg(3, b"k", b"3")])
+    r.deliver([_msg(4, None, b"\xfe"), _msg(5, b"k", b"5")])
+    got = r.poll(10) + r.poll(10)
+    assert [e.offset for e in got] == [0, 1, 2, 3, 4, 5]
+    values = [e.message.value if isinstance(e.message, KafkaRecord) else e.message for e in got]
+    assert [values[i] for i in (0, 3, 5)] == [1, 3, 5]
+    for i, field, raw in ((1, "key", b"2"), (2, "value", b"{nope"), (4, "value", b"\xfe")):
+        env = got[i]
+        assert type(env.message) is BadInput and env.key is None and env.message.raw == raw
+        error = env.message.error
+        assert isinstance(error, InputError) and error.__cause__ is not None
+        text = str(error)
+        assert f"offset {i} cannot be decoded" in text and "kafka.t[3]" in text and f"its {field}" in text
+        assert "'str'" in text and "'json'" in text and "task.error.policy" in text
+    assert r._next == 6
 
 
 def test_a_consumed_batch_is_split_by_partition_in_order() -> None:

@@ -14,6 +14,7 @@ from tailrace.errors import FencedError
 from tailrace.redis.checkpoint import Leases, RedisCheckpointStore
 from tailrace.redis.membership import MemberSpec, run_member
 from tailrace.redis.system import RedisSystem
+from tailrace.types import BadInput
 
 SSP0 = SystemStreamPartition("redis", "in", 0)
 
@@ -102,14 +103,17 @@ def test_readers_of_one_system_share_one_fetcher_and_a_full_buffer_holds_back_on
     system.close()
 
 
-def test_reader_decodes_keys_and_names_an_undecodable_entry_while_other_partitions_go_on(
+def test_reader_decodes_keys_and_yields_an_undecodable_entry_in_its_place_and_reads_on(
     redis_server: RedisServer,
 ) -> None:
+    # rule 39: an entry the codec cannot decode is an envelope whose message is a BadInput
+    # naming the entry, the partition and the codec, holding the entry's bytes; the entries
+    # after it are read on (the fetcher goes on after its id)
     system = RedisSystem("redis", redis_server.url, batch=100)
     system.create_stream("in", 2)
     good = [system.append("in", 0, {"i": i}, key=f"k{i}") for i in range(3)]
     bad = system.client.xadd(system.keys.stream("in", 0), {"m": b"{not json"}).decode()
-    system.append("in", 0, {"i": 4})
+    after = system.append("in", 0, {"i": 4})
     for i in range(5):
         system.append("in", 1, {"i": i}, key=i)
     system.end_stream("in")
@@ -118,24 +122,24 @@ def test_reader_decodes_keys_and_names_an_undecodable_entry_while_other_partitio
     for r in readers:
         r.start(None, woken.set)
     got: dict[int, list[Any]] = {0: [], 1: []}
-    error: InputError | None = None
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (error is None or not readers[1].at_end()):
+    while time.monotonic() < deadline and not all(r.at_end() for r in readers):
         for p, r in enumerate(readers):
-            try:
-                got[p] += r.poll(10)
-            except InputError as e:
-                error = e
+            got[p] += r.poll(10)
         woken.wait(0.1)
         woken.clear()
     for r in readers:
         r.close()
-    assert [(e.offset, e.key, e.message) for e in got[0]] == [
-        (good[i], f"k{i}", {"i": i}) for i in range(3)
-    ]  # everything before the bad entry, keys decoded
-    assert error is not None and bad in str(error) and "in[0]" in str(error) and "json" in str(error)
+    assert [e.offset for e in got[0]] == [*good, bad, after]
+    assert [(e.key, e.message) for e in got[0][:3]] == [(f"k{i}", {"i": i}) for i in range(3)]
+    env = got[0][3]
+    assert isinstance(env.message, BadInput) and env.key is None and env.message.raw == b"{not json"
+    error = env.message.error
+    assert isinstance(error, InputError)
+    assert bad in str(error) and "redis.in[0]" in str(error) and "'json'" in str(error), str(error)
+    assert readers[0].raw(bad) == b"{not json" and readers[0].raw(after) == b'{"i":4}'
+    assert got[0][4].message == {"i": 4}
     assert [(e.key, e.message) for e in got[1]] == [(i, {"i": i}) for i in range(5)]
-    assert readers[1].at_end()
     system.close()
 
 

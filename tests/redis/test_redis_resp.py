@@ -19,7 +19,7 @@ from redis_support import RedisServer, free_port
 from tailrace.redis import _resp
 from tailrace.redis._io import RespConnection
 from tailrace.redis.system import _KINDS, RedisSystem, _decode_reply, _decoder
-from tailrace.types import SystemStreamPartition
+from tailrace.types import BadInput, SystemStreamPartition
 
 
 def _conn(system: RedisSystem) -> RespConnection:
@@ -29,11 +29,11 @@ def _conn(system: RedisSystem) -> RespConnection:
 
 
 def _comparable(decoded: list[Any]) -> list[Any]:
-    """Decoded streams with errors as (entry id, exception type, text): comparable."""
+    """Decoded streams with bad entries' messages as (exception type, text, bytes): comparable."""
     out = []
-    for key, ids, keys, messages, eos, error in decoded:
-        err = None if error is None else (error[0], type(error[1]), str(error[1]))
-        out.append((key, ids, keys, messages, eos, err))
+    for key, ids, keys, messages, eos, bad in decoded:
+        shown = [(type(m.error), str(m.error), m.raw) if isinstance(m, BadInput) else m for m in messages]
+        out.append((key, ids, keys, shown, eos, bad))
     return out
 
 
@@ -86,27 +86,33 @@ def test_xread_replies_decode_as_redis_py_parses_them_keys_end_markers_and_bad_e
     c.xadd(a, {"eos": "1"})
     c.xadd(a, {"m": json.dumps("after the end")})  # never delivered
     c.xadd(b, {"m": json.dumps(2)})
-    c.xadd(b, {"m": b"\xff not utf-8 nor json"})  # the first bad entry stops this stream
+    c.xadd(b, {"m": b"\xff not utf-8 nor json"})  # a bad entry keeps its place, the rest go on
     c.xadd(b, {"m": json.dumps(3)})
+    c.xadd(b, {"m": json.dumps(4), "k": b"\xff{"})  # a key that cannot be decoded
     c.xadd(e, {"k": json.dumps("no message")})  # no field m: a bad entry
     fast, slow = _xread_both(system, {a: "0-0", b: "0-0", e: "0-0"}, 100)
     assert fast is not None and _comparable(fast) == _comparable(slow)
     by_key = {k.decode(): (ids, keys, messages, eos, err) for k, ids, keys, messages, eos, err in fast}
-    ids, keys, messages, eos, err = by_key[a]
-    assert len(ids) == 3 and eos and err is None
+    ids, keys, messages, eos, bad = by_key[a]
+    assert len(ids) == 3 and eos and bad is None
     if codec == "json":
         assert keys == [None, "key é", [1, 2]] and messages == [{"i": 0}, {"i": 1}, "ünï"]
     else:
         assert keys[0] is None and len(messages) == 3
-    ids, keys, messages, eos, err = by_key[b]
-    assert not eos
+    ids, keys, messages, eos, bad = by_key[b]
+    assert not eos and ids == [x[0].decode() for x in c.xrange(b)]  # every entry, in its place
     if codec == "bytes":  # bytes decode anything
-        assert err is None and messages == [b"2", b"\xff not utf-8 nor json", b"3"]
-    else:  # everything before the bad entry, then its id and why
-        assert len(ids) == 1 and err is not None and isinstance(err[1], ValueError)
-        assert err[0] == c.xrange(b, count=2)[1][0].decode()
-    err = by_key[e][4]
-    assert by_key[e][0] == [] and err is not None and isinstance(err[1], KeyError)
+        assert bad is None and messages == [b"2", b"\xff not utf-8 nor json", b"3", b"4"]
+        assert keys[3] == b"\xff{"
+    else:  # the bad entries as BadInput (the decoder's error, the bytes of field m)
+        assert bad == [(1, "m"), (3, "k")] and keys[1] is keys[3] is None
+        assert isinstance(messages[1], BadInput) and isinstance(messages[1].error, ValueError)
+        assert messages[1].raw == b"\xff not utf-8 nor json"
+        assert isinstance(messages[3], BadInput) and messages[3].raw == json.dumps(4).encode()
+        assert messages[2] == (3 if codec == "json" else "3")
+    ids, keys, messages, eos, bad = by_key[e]
+    assert len(ids) == 1 and bad == [(0, "m")] and isinstance(messages[0], BadInput)
+    assert isinstance(messages[0].error, KeyError) and messages[0].raw is None
     system.close()
 
 
@@ -318,9 +324,10 @@ def test_replies_reject_bytes_that_are_not_resp() -> None:
     ok = b"*2\r\n$3\r\n2-1\r\n*2\r\n$1\r\nm\r\n$1\r\ny\r\n"
     replies.feed(Bytes(b"*2\r\n*2\r\n$1\r\na\r\n*1\r\n" + odd + b"*2\r\n$1\r\nb\r\n*1\r\n" + ok))
     assert replies.ready()
-    (a, *_, a_error), (b, b_ids, _, b_messages, _, b_error) = replies.xread(_resp.STR) or []
-    assert a == b"a" and a_error is not None and a_error[0] == "1-1" and isinstance(a_error[1], KeyError)
-    assert (b, b_ids, b_messages, b_error) == (b"b", ["2-1"], ["y"], None)
+    (a, a_ids, _, a_messages, _, a_bad), (b, b_ids, _, b_messages, _, b_bad) = replies.xread(_resp.STR) or []
+    assert a == b"a" and a_ids == ["1-1"] and a_bad == [(0, "m")]
+    assert isinstance(a_messages[0], BadInput) and isinstance(a_messages[0].error, KeyError)
+    assert (b, b_ids, b_messages, b_bad) == (b"b", ["2-1"], ["y"], None)
     with pytest.raises(TypeError):
         _resp.pack(["SET", object()])
     packed = b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n$3\r\n1.5\r\n"

@@ -65,7 +65,7 @@ from ..config import options_checked
 from ..errors import ConfigError, InputError, TailraceError
 from ..interfaces import PartitionCounts, PartitionReader, Producer, System
 from ..serdes import Serde, SerdeError, serde
-from ..types import Offset, SystemStreamPartition
+from ..types import BadInput, Offset, SystemStreamPartition
 
 log = logging.getLogger("tailrace.kafka")
 
@@ -623,7 +623,6 @@ class _KafkaReader(BufferedPartition):
         self._ended_at: int | None = None  # with ``bounded``: the partition's end when positioned
         self._from_end = False  # positioned at the partition's end (start = "latest", no checkpoint)
         self._next = 0  # offset the next delivered message must have at least
-        self._error: InputError | None = None
         self._decode_key: Callable[[bytes], Any] = system.key_serde.decode
         self._decode_value: Callable[[bytes], Any] = system.value_serde.decode
         self._key_kind = _DECODE_KINDS.get(system.key_serde.name, _CALL)
@@ -646,16 +645,16 @@ class _KafkaReader(BufferedPartition):
     # -- fetch thread ------------------------------------------------------------------
     def has_room(self) -> bool:
         """Room for another whole batch (lock held)."""
-        return self._error is None and self._capacity - self._count >= self._batch
+        return self._capacity - self._count >= self._batch
 
     def over_limit(self) -> bool:
         """No room for another whole batch within twice the buffer (lock held)."""
         return 2 * self._capacity - self._count < self._batch
 
     def at_limit(self) -> bool:
-        """No room for another whole batch within four times the buffer, or failed: pause
-        whatever the other partitions need (lock held)."""
-        return self._error is not None or 4 * self._capacity - self._count < self._batch
+        """No room for another whole batch within four times the buffer: pause whatever the
+        other partitions need (lock held)."""
+        return 4 * self._capacity - self._count < self._batch
 
     def starving(self) -> bool:
         """Less than a batch left for the engine (lock held)."""
@@ -672,16 +671,16 @@ class _KafkaReader(BufferedPartition):
         self._wakeup()
 
     def deliver(self, messages: list[Any], ended_at: int | None = None) -> None:
+        """Buffer the envelopes of a consumed batch of this partition (fetch thread). A
+        record whose key or value cannot be decoded keeps its place as an envelope whose
+        message is a BadInput (rule 39); decoding goes on with the next records."""
         s = self.ssp
         out: list[Envelope] = []
-        error: InputError | None = None
         headers = self._system.headers
         dk = self._decode_key
         dv = self._decode_value
-        bad: BaseException | None = None
-        bad_offset = 0
         if not headers:  # compiled: decode and build every envelope of the batch (_kafkain.pxi)
-            self._next, bad, bad_offset = kafka_envelopes(
+            self._next = kafka_envelopes(
                 messages,
                 self._next,
                 self._key_kind,
@@ -692,46 +691,53 @@ class _KafkaReader(BufferedPartition):
                 s.stream,
                 s.partition,
                 out,
+                self._bad_record,
             )
         else:
             for m in messages:
                 off = m.offset()
                 if off < self._next:
                     continue  # fetched before a reposition (librdkafka filters these too)
+                k = m.key()
+                v = m.value()
+                field = "key"
                 try:
-                    k = m.key()
-                    v = m.value()
                     key = None if k is None else dk(k)
+                    field = "value"
                     value = None if v is None else dv(v)
-                except (SerdeError, ValueError, TypeError) as e:
-                    bad, bad_offset = e, off
-                    break
+                except (ValueError, TypeError, RecursionError) as e:  # SerdeError included
+                    bad = self._bad_record(off, field, e, v)
+                    out.append(Envelope(s.system, s.stream, s.partition, off, None, bad))
+                    self._next = off + 1
+                    continue
                 ts_type, ts = m.timestamp()
                 value = KafkaRecord(value, list(m.headers() or ()), ts if ts_type else None)
                 out.append(Envelope(s.system, s.stream, s.partition, off, key, value))
                 self._next = off + 1
-        if bad is not None:
-            error = InputError(
-                f"offset {bad_offset} cannot be decoded (key serde {self._system.key_serde.name!r}, "
-                f"value serde {self._system.value_serde.name!r}): {bad}",
-                source=f"{s.system}.{s.stream}[{s.partition}]",
-            )
-            error.__cause__ = bad
         with self._cond:
             if out:
                 self._append(out, len(out))
-            if error is not None:
-                self._error = error
             if ended_at is not None:
                 self._ended_at = ended_at
-            wake = self._arrived(bool(out) or error is not None or ended_at is not None)
+            wake = self._arrived(bool(out) or ended_at is not None)
         if wake:
             self._wakeup()
 
+    def _bad_record(self, offset: int, field: str, cause: BaseException, value: bytes | None) -> BadInput:
+        """The message of a record whose key or value cannot be decoded: a BadInput naming
+        partition, offset and serdes, holding the record's value bytes."""
+        system = self._system
+        error = InputError(
+            f"offset {offset} cannot be decoded (key serde {system.key_serde.name!r}, value serde "
+            f"{system.value_serde.name!r}): its {field}: {cause}; set task.error.policy to skip or "
+            "dead-letter to go on past records that cannot be read",
+            source=str(self.ssp),
+        )
+        error.__cause__ = cause
+        return BadInput(error, value if isinstance(value, bytes) else None)
+
     # -- poll's steps (loop thread, BufferedPartition.poll) ---------------------------
     def _raise_failure(self) -> None:
-        if self._error is not None:
-            raise self._error
         if self._fetcher.error is not None:
             err = self._fetcher.error
             raise InputError(f"reading from Kafka failed: {err!r}", source=str(self.ssp)) from err

@@ -53,6 +53,9 @@ STR = 1
 CALL = 2  # a Python callable (json)
 
 
+from tailrace.types import BadInput as _BadInput
+
+
 class ReplyError(Exception):
     """An error reply of Redis (``-ERR ...``); args[0] is its text."""
 
@@ -292,14 +295,18 @@ cdef class Replies:
 
     def xread(self, int kind, decode=None):
         """Decode and drop a complete XREAD reply (RESP2): None when it timed out,
-        else one tuple per stream: ``(key, ids, keys, messages, eos, error)``.
+        else one tuple per stream: ``(key, ids, keys, messages, eos, bad)``.
 
         ``ids`` (str), ``keys`` and ``messages`` are parallel lists of the entries
-        before the first end-of-stream entry (field ``eos``; ``eos`` is then True)
-        or the first entry that cannot be decoded (``error`` is then ``(entry id,
-        exception)``); later entries of that stream are left out. Keys (field
-        ``k``) and messages (field ``m``) are decoded by ``kind``: BYTES, STR (UTF-8)
-        or CALL (``decode(bytes)``). An error reply raises ReplyError.
+        before the first end-of-stream entry (field ``eos``; ``eos`` is then True);
+        later entries of that stream are left out. Keys (field ``k``) and messages
+        (field ``m``) are decoded by ``kind``: BYTES, STR (UTF-8) or CALL
+        (``decode(bytes)``). An entry that cannot be decoded (no field ``m``, or its
+        key or message raises ValueError, TypeError or RecursionError) keeps its
+        place: its key is None and its message a ``tailrace.types.BadInput`` of the
+        exception and the bytes of its field ``m`` (None without one); ``bad`` lists
+        ``(index, field)`` of those entries (``field``: ``"k"`` or ``"m"``, the one
+        that failed), or is None when there is none. An error reply raises ReplyError.
         """
         cdef Py_ssize_t at = self._start
         if self._scan() != 1:
@@ -313,9 +320,9 @@ cdef class Replies:
         cdef Py_ssize_t pos = at[0], eol, id_pos, id_len, m_pos, m_len, k_pos, k_len, f_pos, f_len
         cdef Py_ssize_t v_pos, v_len
         cdef long long nstreams, nentries, nfields, _s, _e, _f
-        cdef list out, ids, keys, messages
+        cdef list out, ids, keys, messages, bad_at
         cdef bint eos, bad
-        cdef object error, key, message, stream_key, eid
+        cdef object key, message, stream_key, eid, cause, field
         cdef char t = buf[pos]
         if t == c'-':
             eol = _find_crlf(buf, pos, self._done)
@@ -333,13 +340,13 @@ cdef class Replies:
             keys = []
             messages = []
             eos = False
-            error = None
+            bad_at = None
             for _e in range(nentries):
                 if self._array(buf, &pos) != 2:
                     raise ProtocolError("an XREAD entry is not an [id, fields] pair")
                 self._bulk(buf, &pos, &id_pos, &id_len)
                 nfields = self._array(buf, &pos)
-                if eos or error is not None:  # past the end or a bad entry: skip it
+                if eos:  # past the end: skip it
                     for _f in range(max(nfields, 0)):
                         self._bulk(buf, &pos, &f_pos, &f_len)
                     continue
@@ -360,19 +367,29 @@ cdef class Replies:
                 if eos:
                     continue
                 eid = PyUnicode_DecodeASCII(buf + id_pos, id_len, "replace")
+                cause = None
+                field = "m"
                 if m_pos < 0 or bad:
-                    error = (eid, KeyError(b"m"))
-                    continue
-                try:
-                    key = None if k_pos < 0 else _decode(buf + k_pos, k_len, kind, decode)
-                    message = _decode(buf + m_pos, m_len, kind, decode)
-                except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
-                    error = (eid, exc)
-                    continue
+                    cause = KeyError(b"m")
+                else:
+                    try:
+                        field = "k"
+                        key = None if k_pos < 0 else _decode(buf + k_pos, k_len, kind, decode)
+                        field = "m"
+                        message = _decode(buf + m_pos, m_len, kind, decode)
+                    except (ValueError, TypeError, RecursionError) as exc:  # UnicodeDecodeError,
+                        cause = exc  # JSONDecodeError and SerdeError included
+                if cause is not None:  # the entry keeps its place, as a BadInput (rule 39)
+                    key = None
+                    message = _BadInput(
+                        cause, None if m_pos < 0 else PyBytes_FromStringAndSize(buf + m_pos, m_len))
+                    if bad_at is None:
+                        bad_at = []
+                    bad_at.append((len(ids), field))
                 ids.append(eid)
                 keys.append(key)
                 messages.append(message)
-            out.append((stream_key, ids, keys, messages, eos, error))
+            out.append((stream_key, ids, keys, messages, eos, bad_at))
         at[0] = pos
         return out
 

@@ -33,7 +33,7 @@ from ..config import options_checked
 from ..errors import ConfigError, InputError
 from ..interfaces import PartitionCounts, PartitionReader, Producer, System
 from ..serdes import SerdeError, _json_encode, serde
-from ..types import Offset, SystemStreamPartition
+from ..types import BadInput, Offset, SystemStreamPartition
 from . import _resp
 from ._io import (
     DEFAULT_URL,
@@ -59,8 +59,11 @@ CODECS = ("json", "str", "bytes", "msgpack")
 _KINDS = {"json": _resp.CALL, "str": _resp.STR, "bytes": _resp.BYTES, "msgpack": _resp.CALL}
 
 # One XREAD batch of one partition: (stream key, ids, keys, messages, end marker
-# reached, (entry id, error) of the first entry that cannot be decoded or None).
-_Decoded = tuple[bytes, list[str], list[Any], list[Any], bool, "tuple[str, BaseException] | None"]
+# reached, (index, field) of each entry that cannot be decoded or None). Such an entry
+# keeps its place: key None, message a BadInput of the decoder's exception and the bytes
+# of its field m (the reader names the entry, partition and codec in it: deliver).
+_Decoded = tuple[bytes, list[str], list[Any], list[Any], bool, "list[tuple[int, str]] | None"]
+_DECODE_ERRORS = (ValueError, TypeError, RecursionError)  # SerdeError, UnicodeDecodeError included
 
 
 def _encoder(codec: str) -> Callable[[Any], bytes | str]:
@@ -101,24 +104,37 @@ def _decode_reply(reply: Any, decode: Callable[[bytes], Any]) -> list[_Decoded]:
         keys: list[Any] = []
         messages: list[Any] = []
         eos = False
-        error: tuple[str, BaseException] | None = None
+        bad: list[tuple[int, str]] | None = None
         for raw_id, fields in entries:
             eid = text(raw_id)
-            try:
-                f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
-                if EOS_FIELD in f:
-                    eos = True
-                    break
-                raw_key = f.get(b"k")
-                k = None if raw_key is None else decode(raw_key)
-                message = decode(f[b"m"])
-            except (KeyError, ValueError, TypeError) as e:
-                error = (eid, e)
+            f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
+            if EOS_FIELD in f:
+                eos = True
                 break
+            raw_message = f.get(b"m")
+            cause: BaseException | None = None
+            field = "m"
+            if raw_message is None or (not isinstance(fields, dict) and len(fields) % 2):
+                cause = KeyError(b"m")
+            else:
+                try:
+                    field = "k"
+                    raw_key = f.get(b"k")
+                    k = None if raw_key is None else decode(raw_key)
+                    field = "m"
+                    message = decode(raw_message)
+                except _DECODE_ERRORS as e:
+                    cause = e
+            if cause is not None:  # the entry keeps its place (rule 39)
+                k = None
+                message = BadInput(cause, raw_message)
+                if bad is None:
+                    bad = []
+                bad.append((len(ids), field))
             ids.append(eid)
             keys.append(k)
             messages.append(message)
-        out.append((key, ids, keys, messages, eos, error))
+        out.append((key, ids, keys, messages, eos, bad))
     return out
 
 
@@ -226,10 +242,10 @@ class _Fetcher:
                     deadline_s=system.retry_s,
                     stop=lambda: not self.readers or system.giving_up(),
                 )
-                for key, got, got_keys, messages, eos, error in reply:
+                for key, got, got_keys, messages, eos, bad in reply:
                     reader = self.readers.get(key)
                     if reader is not None:
-                        reader.deliver(got, got_keys, messages, eos, error)
+                        reader.deliver(got, got_keys, messages, eos, bad)
         except BaseException as e:  # noqa: BLE001 - handed to each reader's poll()
             with self.cond:
                 failed = list(self.readers.values())
@@ -304,29 +320,52 @@ class _RedisReader(BufferedPartition):
         keys: list[Any],
         messages: list[Any],
         eos: bool,
-        error: tuple[str, BaseException] | None,
+        bad: list[tuple[int, str]] | None,
     ) -> None:
         """Buffer one decoded XREAD batch of this partition (fetcher thread): the entries
-        before the end marker or the first entry that cannot be decoded (then failed)."""
-        err: InputError | None = None
-        if error is not None:
-            eid, cause = error
-            err = InputError(
-                f"entry {eid} cannot be decoded with codec {self._system.codec!r}: {cause!r}",
-                source=f"{self.ssp} ({self.key})",
-            )
-            err.__cause__ = cause
+        before the end marker. An entry that cannot be decoded is among them, its message
+        a BadInput (``bad``: their indexes), whose error is made here an InputError naming
+        the entry, the partition and the codec (rule 39); reading goes on after it."""
+        if bad is not None:
+            for i, field in bad:
+                self._name_bad_entry(ids[i], messages[i], field)
         if ids:
             self.last = ids[-1]
         with self._cond:
             if ids:
                 self._append((ids, keys, messages), len(ids))
             self._eos = eos
-            if err is not None:
-                self._error = err
-            wake = self._arrived(bool(ids) or eos or err is not None)
+            wake = self._arrived(bool(ids) or eos)
         if wake:
             self._wakeup()
+
+    def _name_bad_entry(self, eid: str, message: BadInput, field: str) -> None:
+        cause = message.error
+        codec = self._system.codec
+        if isinstance(cause, KeyError):
+            what = "has no message (field m)"
+        else:
+            part = "key (field k)" if field == "k" else "message (field m)"
+            what = f"cannot be decoded with codec {codec!r}: its {part}: {cause}"
+        error = InputError(
+            f"entry {eid} {what}; set task.error.policy to skip or dead-letter to go on past "
+            "entries that cannot be read",
+            source=f"{self.ssp} ({self.key})",
+        )
+        error.__cause__ = cause
+        message.error = error
+
+    def raw(self, offset: Offset) -> bytes | None:
+        """The bytes of the entry's field m at ``offset`` (an entry id), read back with
+        XRANGE (error path only: a dead letter of a message ``process`` failed on)."""
+        if not isinstance(offset, str):
+            return None
+        entries = self._system.client.xrange(self.key, min=offset, max=offset, count=1)
+        if not entries:
+            return None
+        fields = entries[0][1]
+        raw = fields.get(b"m") if isinstance(fields, dict) else None
+        return raw if isinstance(raw, bytes) else None
 
     # -- poll's steps (loop thread, BufferedPartition.poll) ---------------------------
     def _raise_failure(self) -> None:
