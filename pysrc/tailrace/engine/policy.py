@@ -168,7 +168,8 @@ class ErrorPolicy:
         with the user's frame, the task, the attempts and the time (ms since the epoch)."""
         message = env.message
         raw: bytes | None
-        if type(message) is BadInput:
+        raw_input = type(message) is BadInput
+        if raw_input:
             raw = message.raw
             message = None
         else:
@@ -183,7 +184,8 @@ class ErrorPolicy:
             "error": {
                 "type": _type_name(error),
                 "message": str(error),
-                "frame": user_frame(error),
+                # input that could not be read never reached the user's code
+                "frame": None if raw_input else user_frame(error),
             },
             "attempts": attempts,
             "time": int(time.time() * 1000),
