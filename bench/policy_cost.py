@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import e2e  # noqa: E402 - bench/e2e.py: the job, its data and its task
+import e2e  # bench/e2e.py: the job, its data and its task
 
 NOOP = """
 import sys
