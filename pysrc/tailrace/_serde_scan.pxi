@@ -146,8 +146,30 @@ cdef extern from *:
      * recursion only (a Python function called from C costs the same there as from a
      * Python frame not at all, so json.loads' own frames do not count). */
     #define TR_JSON_DEPTH_COUNTS_FRAMES (PY_VERSION_HEX < 0x030C0000)
+    /* Take n levels of the recursion limit, as n Python frames would (3.11; later a no-op
+     * that succeeds): 1, or 0 with no error set and nothing taken where the limit is near. */
+    static int tr_json_take_frames(int n) {
+        if (!TR_JSON_DEPTH_COUNTS_FRAMES)
+            return 1;
+        for (int i = 0; i < n; i++) {
+            if (Py_EnterRecursiveCall("")) {
+                while (i--)
+                    Py_LeaveRecursiveCall();
+                PyErr_Clear();
+                return 0;
+            }
+        }
+        return 1;
+    }
+    static void tr_json_give_frames(int n) {
+        if (TR_JSON_DEPTH_COUNTS_FRAMES)
+            while (n--)
+                Py_LeaveRecursiveCall();
+    }
     """
     const bint TR_JSON_DEPTH_COUNTS_FRAMES
+    bint tr_json_take_frames(int n)
+    void tr_json_give_frames(int n)
 
 
 cdef extern from *:
@@ -312,9 +334,17 @@ cdef class JsonCodec:
         return self.encode_std(obj)
 
     cpdef bytes encode_std(self, object obj):
-        """``obj`` encoded by the standard library alone."""
+        """``obj`` encoded by the standard library alone.
+
+        On 3.11 json's C encoder stops at the recursion limit, which counts the Python
+        frames below it: called from here it would have ``std_encode``'s two (encode,
+        iterencode) fewer and write values nested two or three levels deeper than
+        ``std_encode`` from the same caller (issue 36). It runs with those two levels
+        taken (where they cannot be, ``std_encode`` itself raises). From 3.12 on it counts
+        C recursion only, where the direct call costs what it costs under ``std_encode``."""
         cdef object chunks
-        if self.c_encoder is None or self.encoding or isinstance(obj, str):
+        if (self.c_encoder is None or self.encoding or isinstance(obj, str)
+                or not tr_json_take_frames(2)):
             return PyUnicode_AsUTF8String(self.std_encode(obj))
         self.encoding = True
         try:
@@ -328,6 +358,7 @@ cdef class JsonCodec:
             chunks = None
         finally:
             self.encoding = False
+            tr_json_give_frames(2)
         if chunks is None:
             return PyUnicode_AsUTF8String(self.std_encode(obj))
         return PyUnicode_AsUTF8String("".join(chunks))

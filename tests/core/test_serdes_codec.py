@@ -359,6 +359,40 @@ def test_nesting_up_to_and_past_the_encoders_depth_and_cycles() -> None:
         codec.encode(cyclic)
 
 
+def _nested_value(depth: int, kind: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value] if kind == 0 else {"k": value} if kind == 1 else (value,)
+    return value
+
+
+def _write_at(stack: int, encode: Any, value: Any) -> tuple[type[BaseException], str] | None:
+    """``_error(encode, value)`` called ``stack`` Python frames further down."""
+    return _write_at(stack - 1, encode, value) if stack else _error(encode, value)
+
+
+@pytest.mark.parametrize("stack", [0, 1, 3, 40])
+def test_values_nested_about_as_deep_as_the_standard_library_writes_are_written_or_refused_as_it_does(
+    codec: JsonCodec, stack: int
+) -> None:
+    # json's C encoder stops at the recursion limit: on 3.11 it counts the Python frames
+    # below it, and called by the codec it had the encoder's two (encode, iterencode)
+    # fewer, so it wrote values two levels deeper than JSONEncoder.encode (issue 36)
+    lo, hi = 1, 1 << 16
+    while lo < hi:  # the least depth the standard library refuses from here
+        mid = (lo + hi) // 2
+        if _write_at(stack, STD.encode, _nested_value(mid, 0)) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    for depth in sorted({*range(990, 1006), *range(lo - 8, lo + 8)}):
+        for kind in range(3):
+            value = _nested_value(depth, kind)
+            want = _write_at(stack, STD.encode, value)
+            assert _write_at(stack, codec.encode, value) == want, (depth, lo, kind)
+            assert _write_at(stack, codec.encode_std, value) == want, (depth, lo, kind)
+
+
 def test_the_key_cache_never_writes_a_key_it_did_not_see() -> None:
     # interned keys are cached by address (with a reference held): many keys, keys that
     # come and go (a freed key's address may be reused by another str), equal keys that
