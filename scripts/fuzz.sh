@@ -27,10 +27,10 @@ echo "== fuzz: built in $((SECONDS - started))s; both targets for ${SECS}s each,
 
 run_target() { # decode|encode: its log in $OUT/TARGET.log, its status in $OUT/TARGET.rc
   local t=$1 rc=0
-  rm -rf "$OUT/new-$t" "$OUT/crash-$t-"*
+  rm -rf "$OUT/new-$t" "$OUT/$t-"*
   mkdir -p "$OUT/new-$t"
   "$PY" tests/fuzz/"fuzz_$t.py" -max_total_time="$SECS" -timeout=30 -rss_limit_mb=4096 \
-    -print_final_stats=1 -artifact_prefix="$OUT/crash-$t-" \
+    -print_final_stats=1 -artifact_prefix="$OUT/$t-" \
     "$OUT/new-$t" tests/fuzz/corpus/"$t" >"$OUT/$t.log" 2>&1 || rc=$?
   echo "$rc" >"$OUT/$t.rc"
 }
@@ -42,13 +42,13 @@ status=0
 for t in decode encode; do
   rc=$(cat "$OUT/$t.rc")
   # libFuzzer's last lines: executions, coverage, the new inputs
-  stats=$(grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units)' "$OUT/$t.log" | tr '\n' ' ' || true)
+  stats=$(grep -E '^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units)' "$OUT/$t.log" | tr '\n' ' ' || true)
   echo "-- fuzz_$t: exit $rc; $stats"
   if [ "$rc" != 0 ]; then
     status=1
     echo "fuzz_$t FAILED; its log ends:"
     tail -40 "$OUT/$t.log"
-    for crash in "$OUT/crash-$t-"*; do
+    for crash in "$OUT/$t-"*; do  # libFuzzer's crash-, timeout-, oom-... files
       [ -e "$crash" ] || continue
       echo "the input ($crash, $(wc -c <"$crash") bytes; add it to tests/fuzz/corpus/$t once fixed):"
       od -A d -c "$crash" | head -40
