@@ -141,10 +141,10 @@ cdef bint _str_may_nest_deep(str text):
 
 cdef extern from *:
     """
-    /* Before 3.12 one counter holds Python frames and C recursion alike: json's C scanner,
-     * called from a frame, stops that many frames sooner. From 3.12 on it counts C
-     * recursion only (a Python function called from C costs the same there as from a
-     * Python frame not at all, so json.loads' own frames do not count). */
+    /* Before 3.12 one counter holds Python frames and C recursion alike: json's C scanner
+     * and encoder stop as many levels sooner as there are frames below them. From 3.12 on
+     * they count C recursion only, where a Python function called by a Python frame costs
+     * nothing (json.loads' own frames do not count) and one called from C costs two. */
     #define TR_JSON_DEPTH_COUNTS_FRAMES (PY_VERSION_HEX < 0x030C0000)
     /* Take n levels of the recursion limit, as n Python frames would (3.11; later a no-op
      * that succeeds): 1, or 0 with no error set and nothing taken where the limit is near. */
@@ -338,8 +338,8 @@ cdef class JsonCodec:
 
         On 3.11 json's C encoder stops at the recursion limit, which counts the Python
         frames below it: called from here it would have ``std_encode``'s two (encode,
-        iterencode) fewer and write values nested two or three levels deeper than
-        ``std_encode`` from the same caller (issue 36). It runs with those two levels
+        iterencode) fewer and write values nested two levels deeper than ``std_encode``
+        from the same caller (issue 36). It runs with those two levels
         taken (where they cannot be, ``std_encode`` itself raises). From 3.12 on it counts
         C recursion only, where the direct call costs what it costs under ``std_encode``."""
         cdef object chunks
