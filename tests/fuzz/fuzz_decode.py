@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Fuzz target: tailrace's compiled JSON reader against json.loads (tests/fuzz/README.md).
 
     python tests/fuzz/fuzz_decode.py [libFuzzer flags] [corpus directories]

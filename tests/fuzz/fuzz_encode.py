@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Fuzz target: tailrace's compiled JSON writer against json's (tests/fuzz/README.md).
 
     python tests/fuzz/fuzz_encode.py [libFuzzer flags] [corpus directories]
