@@ -10,7 +10,9 @@
 # lanes (the Kafka suite, which mostly waits on its mock broker, beside the rest).
 # Environment: PYTHON (first Python, default python3), TAILRACE_EXTRA_PYTHONS (default
 # "3.12 3.13"; set it empty to skip), TAILRACE_TEST_VENV, MANYLINUX (the tag the wheels must
-# reach, default manylinux_2_17). Arguments go to the first pytest run.
+# reach, default manylinux_2_17), TAILRACE_FUZZ_SECONDS (each JSON fuzz target's time, run
+# in the background beside the lint and C tests; default 45, 0 skips). Arguments go to the
+# first pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -104,15 +106,29 @@ others_pid=$!
 export TAILRACE_WHEELHOUSE=$WHEELHOUSE TAILRACE_SDIST_DIR=$ROOT/dist TAILRACE_MANYLINUX=$PLAT
 export TAILRACE_EXPECT_PYTHONS="$(python -c 'import sys; print("%d.%d" % sys.version_info[:2])') ${others[*]}"
 
+# the JSON codec's fuzz targets (tests/fuzz): their own instrumented build, then a bounded run
+FUZZ_SECONDS=${TAILRACE_FUZZ_SECONDS:-45}
+fuzz_pid=""
+if [ "$FUZZ_SECONDS" != 0 ]; then
+  TAILRACE_FUZZ_SECONDS=$FUZZ_SECONDS bash scripts/fuzz.sh >build/fuzz.log 2>&1 &
+  fuzz_pid=$!
+fi
+
 step "lint: ruff, mypy, clang-format, cython-lint"
 ruff check .
 ruff format --check .
 mypy
-find csrc bench/c pysrc -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run -Werror
+find csrc bench/c pysrc tests/fuzz -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run -Werror
 cython-lint --max-line-length 110 pysrc/tailrace/*.pyx pysrc/tailrace/redis/*.pyx pysrc/tailrace/*.pxi pysrc/tailrace/*.pxd
 
 step "C tests: plain, ThreadSanitizer, ASan+UBSan"
 bash scripts/c_tests.sh
+
+if [ -n "$fuzz_pid" ]; then
+  step "fuzzing the JSON reader and writer, ${FUZZ_SECONDS}s a target (in the background)"
+  wait "$fuzz_pid" || { cat build/fuzz.log; echo "the JSON fuzz targets failed (the input is above)"; exit 1; }
+  cat build/fuzz.log
+fi
 
 step "the other Pythons' wheels (built in the background)"
 wait "$others_pid" || { cat build/other-pythons.log; echo "building the wheels of Python ${others[*]} failed"; exit 1; }

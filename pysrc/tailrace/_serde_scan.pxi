@@ -133,6 +133,45 @@ cdef bint _may_nest_deep(const unsigned char *b, Py_ssize_t n) noexcept nogil:
     return opens >= _DEEP_OPENS
 
 
+cdef bint _str_may_nest_deep(str text):
+    """_may_nest_deep of a str: as long and as many opening brackets (a character each)."""
+    return (len(text) >= _DEEP_BYTES
+            and text.count("[") + text.count("{") >= _DEEP_OPENS)
+
+
+cdef extern from *:
+    """
+    /* Before 3.12 one counter holds Python frames and C recursion alike: json's C scanner
+     * and encoder stop as many levels sooner as there are frames below them. From 3.12 on
+     * they count C recursion only, where a Python function called by a Python frame costs
+     * nothing (json.loads' own frames do not count) and one called from C costs two. */
+    #define TR_JSON_DEPTH_COUNTS_FRAMES (PY_VERSION_HEX < 0x030C0000)
+    /* Take n levels of the recursion limit, as n Python frames would (3.11; later a no-op
+     * that succeeds): 1, or 0 with no error set and nothing taken where the limit is near. */
+    static int tr_json_take_frames(int n) {
+        if (!TR_JSON_DEPTH_COUNTS_FRAMES)
+            return 1;
+        for (int i = 0; i < n; i++) {
+            if (Py_EnterRecursiveCall("")) {
+                while (i--)
+                    Py_LeaveRecursiveCall();
+                PyErr_Clear();
+                return 0;
+            }
+        }
+        return 1;
+    }
+    static void tr_json_give_frames(int n) {
+        if (TR_JSON_DEPTH_COUNTS_FRAMES)
+            while (n--)
+                Py_LeaveRecursiveCall();
+    }
+    """
+    const bint TR_JSON_DEPTH_COUNTS_FRAMES
+    bint tr_json_take_frames(int n)
+    void tr_json_give_frames(int n)
+
+
 cdef extern from *:
     """
     /* bytes of a 64-bit word: "v has a zero byte" is (v - ONES) & ~v & HIGHS != 0 */
@@ -295,9 +334,17 @@ cdef class JsonCodec:
         return self.encode_std(obj)
 
     cpdef bytes encode_std(self, object obj):
-        """``obj`` encoded by the standard library alone."""
+        """``obj`` encoded by the standard library alone.
+
+        On 3.11 json's C encoder stops at the recursion limit, which counts the Python
+        frames below it: called from here it would have ``std_encode``'s two (encode,
+        iterencode) fewer and write values nested two levels deeper than ``std_encode``
+        from the same caller (issue 36). It runs with those two levels
+        taken (where they cannot be, ``std_encode`` itself raises). From 3.12 on it counts
+        C recursion only, where the direct call costs what it costs under ``std_encode``."""
         cdef object chunks
-        if self.c_encoder is None or self.encoding or isinstance(obj, str):
+        if (self.c_encoder is None or self.encoding or isinstance(obj, str)
+                or not tr_json_take_frames(2)):
             return PyUnicode_AsUTF8String(self.std_encode(obj))
         self.encoding = True
         try:
@@ -311,6 +358,7 @@ cdef class JsonCodec:
             chunks = None
         finally:
             self.encoding = False
+            tr_json_give_frames(2)
         if chunks is None:
             return PyUnicode_AsUTF8String(self.std_encode(obj))
         return PyUnicode_AsUTF8String("".join(chunks))
@@ -358,7 +406,15 @@ cdef class JsonCodec:
         return self.decode_std(data)
 
     cpdef object decode_std(self, object data):
-        """``data`` decoded by the standard library alone."""
+        """``data`` decoded by the standard library alone.
+
+        On 3.11 a text that may nest deep goes to ``std_loads`` itself, not to ``scan_once``:
+        json's C scanner stops at the recursion limit, which counts the Python frames below
+        it, and called from here it has json.loads' three (loads, decode, raw_decode) fewer,
+        so it read texts a few levels deeper than json.loads from the same caller (994-996
+        from a shallow stack; issue 36). From 3.12 on the scanner counts C recursion only,
+        where ``scan_once`` from here costs what it costs under json.loads and ``std_loads``
+        called from C would cost more (it then stopped two levels sooner)."""
         cdef Py_ssize_t n
         cdef const char *b
         cdef object text
@@ -368,14 +424,16 @@ cdef class JsonCodec:
                 b = PyBytes_AS_STRING(data)
                 # "{" or "[" first: no BOM, and json.loads would read UTF-8 (a NUL second
                 # byte would make it UTF-16) with no leading whitespace to skip
-                if n >= 2 and (b[0] == 123 or b[0] == 91) and b[1] != 0:
+                if (n >= 2 and (b[0] == 123 or b[0] == 91) and b[1] != 0 and not (
+                        TR_JSON_DEPTH_COUNTS_FRAMES and _may_nest_deep(<const unsigned char *>b, n))):
                     try:
                         text = PyUnicode_DecodeUTF8(b, n, "surrogatepass")
                     except UnicodeDecodeError:
                         return self.std_loads(data)
                     return self._scan(text, data)
             elif type(data) is str and len(<str>data) >= 1 and (
-                    (<str>data)[0] == "{" or (<str>data)[0] == "["):
+                    (<str>data)[0] == "{" or (<str>data)[0] == "[") and not (
+                    TR_JSON_DEPTH_COUNTS_FRAMES and _str_may_nest_deep(data)):
                 return self._scan(data, data)
         return self.std_loads(data)
 

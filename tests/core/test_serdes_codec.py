@@ -359,6 +359,40 @@ def test_nesting_up_to_and_past_the_encoders_depth_and_cycles() -> None:
         codec.encode(cyclic)
 
 
+def _nested_value(depth: int, kind: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value] if kind == 0 else {"k": value} if kind == 1 else (value,)
+    return value
+
+
+def _write_at(stack: int, encode: Any, value: Any) -> tuple[type[BaseException], str] | None:
+    """``_error(encode, value)`` called ``stack`` Python frames further down."""
+    return _write_at(stack - 1, encode, value) if stack else _error(encode, value)
+
+
+@pytest.mark.parametrize("stack", [0, 1, 3, 40])
+def test_values_nested_about_as_deep_as_the_standard_library_writes_are_written_or_refused_as_it_does(
+    codec: JsonCodec, stack: int
+) -> None:
+    # json's C encoder stops at the recursion limit: on 3.11 it counts the Python frames
+    # below it, and called by the codec it had the encoder's two (encode, iterencode)
+    # fewer, so it wrote values two levels deeper than JSONEncoder.encode (issue 36)
+    lo, hi = 1, 1 << 16
+    while lo < hi:  # the least depth the standard library refuses from here
+        mid = (lo + hi) // 2
+        if _write_at(stack, STD.encode, _nested_value(mid, 0)) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    for depth in sorted({*range(990, 1006), *range(lo - 8, lo + 8)}):
+        for kind in range(3):
+            value = _nested_value(depth, kind)
+            want = _write_at(stack, STD.encode, value)
+            assert _write_at(stack, codec.encode, value) == want, (depth, lo, kind)
+            assert _write_at(stack, codec.encode_std, value) == want, (depth, lo, kind)
+
+
 def test_the_key_cache_never_writes_a_key_it_did_not_see() -> None:
     # interned keys are cached by address (with a reference held): many keys, keys that
     # come and go (a freed key's address may be reused by another str), equal keys that
@@ -618,6 +652,46 @@ def test_the_plain_reader_nests_to_its_depth_then_leaves_it_to_the_others() -> N
     for depth in (1, 199, 200, 201, 900):
         for opened, closed in ((b"[", b"]"), (b'{"k":', b"}")):
             _same_read(codec, opened * depth + b"1" + closed * depth)
+
+
+def _nested(depth: int, opened: bytes, closed: bytes) -> bytes:
+    return opened * depth + b"1" + closed * depth
+
+
+def _read_at(stack: int, decode: Any, data: Any) -> tuple[type[BaseException], str] | None:
+    """``_error(decode, data)`` called ``stack`` Python frames further down."""
+    return _read_at(stack - 1, decode, data) if stack else _error(decode, data)
+
+
+def _first_refused(stack: int) -> int:
+    """The least depth json.loads refuses (RecursionError) ``stack`` frames further down."""
+    lo, hi = 1, 1 << 16
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _read_at(stack, json.loads, _nested(mid, b"[", b"]")) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@pytest.mark.parametrize("stack", [0, 1, 3, 40])
+def test_texts_nested_about_as_deep_as_json_loads_reads_are_read_or_refused_as_it_does(
+    codec: JsonCodec, stack: int
+) -> None:
+    # json.loads stops at the recursion limit: on 3.11 a RecursionError about 1000 levels
+    # less the caller's frames deep. The codec called json's C scanner three frames higher
+    # than json.loads does and read three levels more (994-996 from a shallow stack; issue
+    # 36). From the same caller both agree: at 990-1005 levels and around where json.loads
+    # stops under this test's own frames (pytest's run many).
+    edge = _first_refused(stack)
+    for depth in sorted({*range(990, 1006), *range(edge - 8, edge + 8)}):
+        for opened, closed in ((b"[", b"]"), (b'{"k":', b"}")):
+            text = _nested(depth, opened, closed)
+            for data in (text, text.decode()):
+                want = _read_at(stack, json.loads, data)
+                assert _read_at(stack, codec.decode, data) == want, (depth, edge, opened, type(data))
+                assert _read_at(stack, codec.decode_std, data) == want, (depth, edge, opened, type(data))
 
 
 def test_the_key_cache_tells_keys_apart_that_share_a_set() -> None:
