@@ -341,37 +341,54 @@ cdef uint64_t _key_hash(object key) except? 0xFFFFFFFFFFFFFFFF:
         return <uint64_t>hash(unhashable_key_text(key))
 
 
-cdef int _hash_envelope_keys(const uint64_t *items, uint64_t *hashes, size_t m,
-                             _TaskSlot slot, object ssp) except -1:
-    """hashes[j] = the key hash of envelope items[j] (borrowed), j < m. A key without one
-    stops the container naming the task, partition, offset and the key's type."""
+cdef Envelope _bad_key_envelope(Envelope env, object e, _TaskSlot slot, object ssp):
+    """``env`` in its place as a bad message (rule 39): its key has no identity under
+    task.ordering = key (the error names task, partition, offset and the key's type)."""
+    from .ordering import key_error
+
+    error = key_error(slot.name, ssp, env.offset, env.key, e)
+    error.__cause__ = e
+    return Envelope(env.system, env.stream, env.partition, env.offset, None,
+                    _BAD_INPUT(error, None, env.message))
+
+
+cdef int _hash_envelope_keys(uint64_t *items, uint64_t *hashes, size_t m,
+                             _TaskSlot slot, object ssp, list keep) except -1:
+    """hashes[j] = the key hash of envelope items[j], j < m. An envelope whose key has none
+    is replaced by a bad message in its place (_bad_key_envelope; its hash None's): items
+    borrowed from a list are kept alive by ``keep``; with ``keep`` None they hold the ring's
+    pin, which moves to the replacement."""
     cdef size_t j = 0
     cdef Envelope env
-    try:
-        while j < m:
-            hashes[j] = _key_hash((<Envelope><PyObject *>items[j]).key)
-            j += 1
-    except Exception as e:
-        from .ordering import key_error
-
+    cdef Envelope bad
+    while j < m:
         env = <Envelope><PyObject *>items[j]
-        raise key_error(slot.name, ssp, env.offset, env.key, e) from e
+        try:
+            hashes[j] = _key_hash(env.key)
+        except Exception as e:
+            bad = _bad_key_envelope(env, e, slot, ssp)
+            if keep is not None:
+                keep.append(bad)
+            else:
+                Py_INCREF(bad)
+                Py_DECREF(env)
+            items[j] = <uint64_t><PyObject *>bad
+            hashes[j] = _NONE_KEY_HASH
+        j += 1
     return 0
 
 
-cdef int _hash_listed_keys(object keys, Py_ssize_t start, uint64_t *hashes, size_t m,
-                           _TaskSlot slot, object ssp) except -1:
+cdef int _hash_listed_keys(object keys, Py_ssize_t start, uint64_t *hashes, size_t m) except -1:
     """hashes[j] = the key hash of the message at offset start + j (its key in the list
-    ``keys``; every key None when ``keys`` is None), j < m; a key without one: as above."""
+    ``keys``; every key None when ``keys`` is None), j < m; 1 (hashes unset) when a key has
+    none: the caller builds those envelopes now (_hash_envelope_keys makes it a bad one)."""
     cdef size_t j = 0
     try:
         while j < m:
             hashes[j] = _key_hash(None if keys is None else (<list>keys)[start + j])
             j += 1
-    except Exception as e:
-        from .ordering import key_error
-
-        raise key_error(slot.name, ssp, start + j, (<list>keys)[start + j], e) from e
+    except Exception:
+        return 1
     return 0
 
 
@@ -958,7 +975,7 @@ cdef class LoopRunner:
                 items[j] = <uint64_t><PyObject *>env  # borrowed from batch until the pin below
                 handles[j] = ps.handle_of(env)
             if self._keyed:
-                _hash_envelope_keys(items, hashes, <size_t>m, slot, ps.ssp)
+                _hash_envelope_keys(items, hashes, <size_t>m, slot, ps.ssp, batch)
                 st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes, <size_t>m)
             else:
                 st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
@@ -1007,29 +1024,32 @@ cdef class LoopRunner:
             i = start
             while i < end:
                 m = end - i if end - i < 256 else 256
+                if self._keyed and _hash_listed_keys(keys, i, hashes, <size_t>m):
+                    break  # a key without identity: the rest as envelopes (below)
                 for j in range(m):
                     # fit: the largest offset and p passed tr_lazy_item above, and end < TR_HANDLE_LIMIT
                     capi.tr_lazy_item(<uint64_t>(i + j), p, &items[j])
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])
                 if self._keyed:
-                    _hash_listed_keys(keys, i, hashes, <size_t>m, slot, ps.ssp)
                     st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes, <size_t>m)
                 else:
                     st = capi.tr_loop_push_inputs(self._loop, t, p, items, handles, <size_t>m)
                 if st != capi.TR_OK:  # the message only when raising: it formats the partition
                     check(st, f"input ring of {ps.ssp}")
                 i += m
-            ps.read_n += end - start
-            ps.newest_read = end - 1
-            return 0
-        # eager envelopes: the module indexes without bounds checks, so the
+            if i >= end:
+                ps.read_n += end - start
+                ps.newest_read = end - 1
+                return 0
+        else:
+            i = start
+        # eager envelopes (from i on): the module indexes without bounds checks, so the
         # lengths the lazy path's test rejected must be refused here, not read past
         if len(messages) < end or (keys is not None and len(keys) < end):
             raise RuntimeError(
                 f"reader of {ps.ssp} (partition {ps.partition}) returned offsets {start}..{end - 1} "
                 f"but only {len(messages)} messages"
                 + ("" if keys is None else f" and {len(keys)} keys"))
-        i = start
         while i < end:
             m = end - i if end - i < 256 else 256
             j = 0
@@ -1042,7 +1062,7 @@ cdef class LoopRunner:
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT
                     j += 1
                 if self._keyed:
-                    _hash_envelope_keys(items, hashes, <size_t>m, slot, ps.ssp)
+                    _hash_envelope_keys(items, hashes, <size_t>m, slot, ps.ssp, None)
             except BaseException:
                 for k in range(j):  # the pins taken for this chunk: nothing leaks
                     Py_DECREF(<object><PyObject *>items[k])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 Offset = int | str
 """A message offset: an int for memory/file systems, an entry id string for Redis."""
@@ -64,14 +64,17 @@ class BadInput:
     decides (``fail`` raises ``error``, ``skip`` counts it, ``dead-letter`` sends ``raw``).
 
     ``error``: the exception that says what is wrong (an InputError naming the source,
-    partition and offset); ``raw``: the message's original bytes, or None.
+    partition and offset; a TaskError for a key without identity under key ordering);
+    ``raw``: the message's original bytes, or None; ``value``: the message as decoded, where
+    it was (its key was the bad part), else None.
     """
 
-    __slots__ = ("error", "raw")
+    __slots__ = ("error", "raw", "value")
 
-    def __init__(self, error: BaseException, raw: bytes | None = None) -> None:
+    def __init__(self, error: BaseException, raw: bytes | None = None, value: Any = None) -> None:
         self.error = error
         self.raw = raw
+        self.value = value
 
     def __repr__(self) -> str:
         return f"BadInput({self.error!r})"

@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from tailrace import AsyncStreamTask, ConfigError, Container, MemoryCheckpointStore, StreamTask, TaskError
+from tailrace import (
+    AsyncStreamTask,
+    ConfigError,
+    Container,
+    MemoryCheckpointStore,
+    MemorySystem,
+    StreamTask,
+    TaskError,
+)
 from tailrace.errors import InputError
 from tailrace.types import BadInput
 
@@ -322,3 +330,52 @@ def test_async_def_retries_in_its_coroutine_then_applies_the_policy(engine: str)
     assert attempts[1] == 2 and attempts[3] == 2
     m = result.tasks["Partition 0"]
     assert (m.retried, m.skipped) == (2, 1)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_key_without_identity_under_key_ordering_is_a_bad_message(engine: str, lazy: bool) -> None:
+    # rule 39: its key cannot be read as a key (task.ordering = key needs an identity): with
+    # dead-letter it goes to the error stream with its message, and the others go on
+    seen: list[int] = []
+
+    class Task(StreamTask):
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            seen.append(envelope.offset)
+
+    keys: list[Any] = ["a", "b", {1, 2}, "a", "c"]
+    system = MemorySystem().add_stream("in", [[f"m{i}" for i in range(5)]], keys=[keys])
+    if not lazy:  # a live stream: envelopes built by the reader, not lazily from lists
+        system = MemorySystem().add_live_stream("in", 1)
+        for i, k in enumerate(keys):
+            system.append("in", 0, f"m{i}", key=k)
+        system.end("in")
+    _, store = _run(
+        engine,
+        Task,
+        system,
+        task_ordering="key",
+        task_error_policy="dead-letter",
+        task_error_stream="mem.dead",
+    )
+    assert sorted(seen) == [0, 1, 3, 4]
+    (letter,) = system.messages("dead")
+    assert letter["offset"] == 2 and letter["value"] == "m2"
+    assert "its key, a set" in letter["error"]["message"] and letter["error"]["frame"] is None
+    assert store.committed(JOB)[ssp(0)] == 4
+
+
+def test_a_store_value_that_cannot_be_encoded_is_skipped_with_nothing_written(engine: str) -> None:
+    # rule 39: refused at the write (SerdeError naming store and key), uncaught it fails the
+    # message, and skip undoes the writes made before it in the same call
+    class Task(StreamTask):
+        def init(self, context: Any) -> None:
+            self.s = context.store("s")
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            self.s["count"] = self.s.get("count", 0) + 1
+            self.s[f"v{envelope.offset}"] = "\ud800" if envelope.offset == 2 else "ok"
+
+    result, store = _run(engine, Task, bounded([list(range(5))]), stores=["s"], task_error_policy="skip")
+    state = store.state("Partition 0", "s", JOB)
+    assert state["count"] == 4 and "v2" not in state and state["v4"] == "ok"
+    assert result.tasks["Partition 0"].skipped == 1

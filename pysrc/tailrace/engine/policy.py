@@ -171,7 +171,7 @@ class ErrorPolicy:
         raw_input = type(message) is BadInput
         if raw_input:
             raw = message.raw
-            message = None
+            message = message.value
         else:
             raw = self._raw(env)
         record: dict[str, Any] = {

@@ -859,14 +859,23 @@ class ReferenceEngine:
         return got
 
     def _keys_ordered(self, t: _Task, p: _Partition, batch: list[Envelope]) -> bool:
-        """True when every key of ``batch`` has an identity (rule 30); else the run stops
-        on the first that has none, when it is read, as the C loop stops when it hashes it."""
-        for env in batch:
+        """Every key of ``batch`` has an identity (rule 30); one that has none makes its
+        envelope a bad message in its place (rule 39), as the C loop does when it hashes it.
+        True (the batch is buffered, bad messages included)."""
+        for i, env in enumerate(batch):
             try:
                 key_identity(env.key)
             except Exception as e:  # noqa: BLE001 - the key's own hash or JSON failed
-                self._fail(key_error(t.name, p.ssp, env.offset, env.key, e))
-                return False
+                error = key_error(t.name, p.ssp, env.offset, env.key, e)
+                error.__cause__ = e
+                batch[i] = Envelope(
+                    env.system,
+                    env.stream,
+                    env.partition,
+                    env.offset,
+                    None,
+                    BadInput(error, None, env.message),
+                )
         return True
 
     # -- 5. barriers: commit, window, timers ----------------------------------
