@@ -11,11 +11,14 @@ import os
 import random
 from pathlib import Path
 
+import pytest
+
 from .bad_trials import bad_trial
 
 TRIALS = int(os.environ.get("TAILRACE_BAD_MESSAGE_TRIALS", "6"))  # per engine: 12 in CI
 
 
+@pytest.mark.timeout(max(120, 10 * TRIALS))  # the stress mode's hundreds of trials too
 def test_dead_letters_and_state_are_exact_after_kill_9_and_restart(engine: str, tmp_path: Path) -> None:
     rng = random.Random(f"{engine}-bad-messages-36")
     kills = mid = duplicates = 0
