@@ -17,6 +17,7 @@ The modules, each importing only those listed after it (every one logs as
 - ``members``: what those two share (a member's metrics, N member processes)
 - ``checkpoints``: ``tailrace checkpoints show|reset``; the offsets a run logs and prints
 - ``load``: ``tailrace load``
+- ``replay``: ``tailrace replay`` (dead letters back to their partitions)
 - ``watch``: a run on its own thread while the main thread shows it and takes signals
 - ``display``: the live view, the progress lines, the summary
 - ``metrics_server``: ``--metrics-port``
@@ -40,6 +41,7 @@ from .failures import _handled, describe_task_error, line_at_offset, user_frames
 from .load import cmd_load
 from .parsing import _help_width as _help_width  # tests reach it here
 from .parsing import _parser
+from .replay import cmd_replay
 from .run import cmd_run
 from .signals import _SIGNALS as _SIGNALS  # main's, and tests reach it here
 from .signals import _die_with_parent as _die_with_parent  # tests reach it here
@@ -47,6 +49,7 @@ from .signals import _die_with_parent as _die_with_parent  # tests reach it here
 __all__ = [
     "SUMMARY_METADATA_TIMEOUT_S",
     "cmd_load",
+    "cmd_replay",
     "cmd_reset",
     "cmd_run",
     "cmd_show",

@@ -15,6 +15,7 @@ from ..jobfile import JOB_FILE
 from .checkpoints import cmd_reset, cmd_show
 from .load import cmd_load
 from .processes import _MAX_PORT
+from .replay import cmd_replay
 from .run import cmd_run
 
 _LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -201,6 +202,41 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--end", action="store_true", help="then append the end-of-stream marker")
     _log_level_option(load)
     load.set_defaults(fn=cmd_load)
+
+    replay = sub.add_parser(
+        "replay",
+        help="append dead letters' original messages to the partitions they came from",
+        description="Read the dead letters of a job (task.error.policy = dead-letter) from DEAD_LETTERS "
+        "and append each one's original message (its 'bytes', else its 'value' as JSON) to the partition "
+        "it came from (the letter's system, stream and partition) in the job's own system: a line at the "
+        "end of a file input's partition file, an entry of a Redis stream, a record of a Kafka topic "
+        "partition. The job reads them after its committed offsets, like any new message. Every letter is "
+        "checked first: one that cannot be replayed (no coordinates, a system or partition the job lacks) "
+        "stops the command, naming its file and line, before anything is appended. A message "
+        "dead-lettered twice (the same partition and offset: a crash between the dead letter and the "
+        "commit) is appended once. Replaying the same dead letters twice appends them twice: move them "
+        "aside once replayed. See docs/bad-messages.md.",
+        formatter_class=_Formatter,
+    )
+    replay.add_argument("job", metavar="JOB", help=job_help)
+    replay.add_argument(
+        "dead_letters",
+        metavar="DEAD_LETTERS",
+        help="a file of dead letters (.jsonl, one a line) or a file stream directory of them "
+        "(partition-N.jsonl files, such as data/dead-letters for task.error.stream = files.dead-letters)",
+    )
+    replay.add_argument(
+        "--stream",
+        metavar="SYSTEM.STREAM",
+        help="append to this stream of the job instead (its partition: the letter's, modulo the "
+        "stream's partition count)",
+    )
+    replay.add_argument(
+        "--dry-run", action="store_true", help="check the letters and print the counts; append nothing"
+    )
+    _config_option(replay, ": give those of the run (systems.*) to find its streams")
+    _log_level_option(replay)
+    replay.set_defaults(fn=cmd_replay)
     return p
 
 

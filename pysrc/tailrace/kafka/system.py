@@ -812,14 +812,19 @@ class _KafkaProducer(Producer):
         return self._partitions[stream]
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
-        if self._failed is not None:
-            raise self._failed
         value = None if message is None else self._encode_value(message)
         k = None if key is None else self._encode_key(key)
+        self.send_encoded(stream, partition, k, value)
+
+    def send_encoded(self, stream: str, partition: int, key: bytes | None, value: bytes | None) -> None:
+        """``send`` of a key and value already encoded (``tailrace replay``: a dead letter's
+        original bytes go to Kafka as they were read)."""
+        if self._failed is not None:
+            raise self._failed
         produce = self._producer.produce
         while True:
             try:
-                produce(stream, value, k, partition, on_delivery=self._on_delivery)
+                produce(stream, value, key, partition, on_delivery=self._on_delivery)
                 break
             except BufferError:
                 # the local queue is full (queue.buffering.max.messages/kbytes): serve

@@ -198,10 +198,46 @@ def append_pipelined(
     return counts
 
 
+def append_entries(
+    system: Any,
+    stream: str,
+    entries: Iterable[tuple[int, bytes | str, bytes | str | None]],
+    *,
+    batch: int = 1000,
+) -> dict[int, int]:
+    """Append entries already encoded, ``(partition, message, key or None)``, to their
+    partitions of ``system``'s ``stream`` (a :class:`RedisSystem`), ``batch`` XADDs per round
+    trip, in order (``tailrace replay``: a dead letter's message goes back to its partition).
+    Returns entries per partition."""
+    counts: dict[int, int] = {}
+    pipe = system.client.pipeline(transaction=False)
+    pending = 0
+    for p, message, key in entries:
+        fields: dict[str, Any] = {"m": message}
+        if key is not None:
+            fields["k"] = key
+        pipe.xadd(system.keys.stream(stream, p), fields)
+        counts[p] = counts.get(p, 0) + 1
+        pending += 1
+        if pending >= batch:
+            pipe.execute()
+            pending = 0
+    if pending:
+        pipe.execute()
+    return counts
+
+
 def _partition_of(key: Any, n: int) -> int:
     from ..collector import key_partition  # the partition collector.send(key=...) picks
 
     return int(key_partition(key, n))
 
 
-__all__ = ["append_pipelined", "committed_offsets", "ended_partitions", "read_messages", "reset_checkpoints"]
+__all__ = [
+    "append_entries",
+    "append_pipelined",
+    "committed_offsets",
+    "ended_partitions",
+    "read_messages",
+    "reset_checkpoints",
+]
