@@ -379,3 +379,22 @@ def test_a_store_value_that_cannot_be_encoded_is_skipped_with_nothing_written(en
     state = store.state("Partition 0", "s", JOB)
     assert state["count"] == 4 and "v2" not in state and state["v4"] == "ok"
     assert result.tasks["Partition 0"].skipped == 1
+
+
+def test_an_async_tasks_writes_before_its_failure_stay_as_documented(engine: str) -> None:
+    # docs/bad-messages.md: for async tasks the writes a failed invocation made stay (several
+    # invocations interleave, so one's writes cannot be told from another's)
+    class Task(AsyncStreamTask):
+        def init(self, context: Any) -> None:
+            self.s = context.store("s")
+
+        def process_async(self, envelope: Any, collector: Any, coordinator: Any, callback: Any) -> None:
+            self.s[f"seen{envelope.offset}"] = True
+            if envelope.offset == 1:
+                callback.fail(Boom("after a write"))
+            else:
+                callback.complete()
+
+    result, store = _run(engine, Task, bounded([list(range(3))]), stores=["s"], task_error_policy="skip")
+    assert store.state("Partition 0", "s", JOB) == {"seen0": True, "seen1": True, "seen2": True}
+    assert result.tasks["Partition 0"].skipped == 1

@@ -127,6 +127,17 @@ def test_dead_letters_keep_every_bad_message_and_the_state_folds_the_good_ones(
     assert counts == expected
 
 
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_skip_goes_on_past_both_bad_messages(engine: str, tmp_path: Path, ordering: str) -> None:
+    job = _job(tmp_path, ordering, '"task.error.policy" = "skip"\n')
+    r = run_cli(["run", str(job), "--engine", engine, "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert "2 bad messages skipped" in r.stdout, r.stdout
+    assert r.stderr.count("bad message at files.ev[") == 1, r.stderr  # the first, in full
+    out = [x for part in read_stream(tmp_path / "data" / "out") for x in part]
+    assert len(out) == 598
+
+
 def test_a_misspelled_key_field_stops_at_the_first_message(engine: str, tmp_path: Path) -> None:
     # issue 36's finding: key_field = "user_id" when the messages have "user" ran to the end with
     # every key None (and, with key ordering, the whole partition as one key)
