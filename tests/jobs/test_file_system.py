@@ -425,7 +425,6 @@ def test_the_values_before_bad_data_are_polled_before_its_error(tmp_path: Path, 
         reader.close()
 
 
-@needs_msgpack
 def test_a_bad_json_line_is_polled_in_its_place_between_the_good_ones(tmp_path: Path) -> None:
     # rules 39, 40: a line that does not decode is an envelope in its place (a BadInput naming
     # partition and offset), and the reader reads on: the engine decides what it does, after
@@ -461,6 +460,7 @@ def test_a_key_field_the_first_message_lacks_stops_the_job_naming_its_fields(tmp
     assert [e.key for e in drain(ok)] == ["u1"]
 
 
+@needs_msgpack
 def test_msgpack_output_format_writes_values_and_cuts_a_partial_one(tmp_path: Path) -> None:
     import msgpack
 
