@@ -92,7 +92,7 @@ from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..ordering import key_error, key_identity
 from ..types import Offset, SystemStreamPartition
 from .failures import FurtherErrors
-from .timers import TimerHeap, before_window
+from .timers import TimerHeap, before_window, early_commit
 from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.reference")
@@ -299,6 +299,7 @@ class _Task:
         self.eos_hook = hook(plan.task, "end_of_stream")
         self.coordinator = Coordinator()  # reused by sync process on one thread
         self.timers = _Timers(engine._timer_set, engine._clock)
+        plan.early_commit(early_commit(self.timers.schedule))
         # a sync task without key ordering: runs of messages on the loop thread when the
         # engine has no pool and no stuck-call watch (ReferenceEngine._run)
         self.inline = plan.kind == "sync" and cfg.ordering != "key"
@@ -944,9 +945,10 @@ class ReferenceEngine:
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
         offsets = {p.ssp: p.low_watermark for p in t.parts if p.low_watermark is not None}
-        if t.plan.stores:
-            # Stores: offsets and state go together, so a commit runs only when the state
-            # holds exactly the released prefix (rule 27); else the next commit carries it.
+        if t.plan.exact:
+            # Stores, or exactly-once outputs (rule 41): offsets and state go together, so a
+            # commit runs only when the state (and held outputs) holds exactly the released
+            # prefix (rule 27); else the next commit carries it.
             if t.outstanding:
                 return
             if t.keyed and _taken_ahead(t):
