@@ -151,8 +151,10 @@ def write_commit(
     def write(outputs: CommitOutputs) -> None:
         if outputs:
             store.write(task_name, offsets, state, outputs=outputs)
-        elif offsets or state:
+        elif state:
             store.write(task_name, offsets, state)
+        elif offsets:
+            store.write(task_name, offsets)
 
     def step(i: int) -> Write:
         if i == len(publications):
