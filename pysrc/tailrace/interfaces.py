@@ -224,10 +224,19 @@ class CheckpointStore(ABC):
         """The last committed offsets of a task ({} if it never committed)."""
 
     @abstractmethod
-    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Offsets,
+        state: StateChanges | None = None,
+        outputs: CommitOutputs | None = None,
+    ) -> None:
         """Atomically record committed offsets of a task (partitions not named keep
-        theirs) and apply its state changes (keys not named keep their values).
-        Raises (CheckpointError, FencedError, ...) with nothing applied on failure."""
+        theirs), apply its state changes (keys not named keep their values) and, under
+        exactly-once outputs (rule 41), what ``outputs`` carries (file lengths, entries to
+        append); ``outputs`` is only ever passed when not empty, and a store that cannot take
+        what it carries raises. Raises (CheckpointError, FencedError, ...) with nothing
+        applied on failure."""
 
     def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
         """The committed value of ``key`` in ``store`` of a task, or None. Any thread."""

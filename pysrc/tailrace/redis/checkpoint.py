@@ -44,7 +44,7 @@ from typing import Any
 from .._stopping import StopDeadline
 from ..config import options_checked
 from ..errors import CheckpointError, ConfigError, FencedError
-from ..interfaces import CheckpointStore, StateChanges
+from ..interfaces import CheckpointStore, CommitOutputs, StateChanges
 from ..types import Offset, Offsets, SystemStreamPartition
 from ._io import (
     DEFAULT_URL,
@@ -65,6 +65,10 @@ log = logging.getLogger("tailrace.redis")
 STATE_BATCH = 10_000
 """State changes per STATE_COMMIT call: a larger commit is several calls in one
 MULTI/EXEC (bounds each script's arguments and Lua stack, not atomicity)."""
+
+OUTPUT_BATCH = 10_000
+"""Held output entries per OUTPUT_COMMIT call (exactly-once, rule 41): a larger commit is
+several calls in the MULTI/EXEC of the commit."""
 
 SCAN_BATCH = SCAN_LIMIT
 """Entries fetched per STATE_SCAN call by ``state_scan`` (at most SCAN_LIMIT)."""
@@ -262,6 +266,9 @@ class RedisCheckpointStore(CheckpointStore):
         self._renewer: threading.Thread | None = None
         self._layouts: dict[str, _TaskLayout] | None = None
         self._anchored: set[str] = set()  # tasks whose anchor matched the registry (this open)
+        # (task, its anchor's lease value) -> the task's last appended output batch (rule 41):
+        # read once per lease, so a lease lost and taken again reads it afresh
+        self._output_seq: dict[tuple[str, str], int] = {}
         # partitions whose commit was fenced during the last open (a member reads it after the
         # container stopped, so it is kept past close and emptied by the next open)
         self.fenced: set[SystemStreamPartition] = set()
@@ -315,6 +322,7 @@ class RedisCheckpointStore(CheckpointStore):
         self._values = {}
         self._layouts = None
         self._anchored = set()
+        self._output_seq = {}
 
     def _renew_loop(self) -> None:
         assert self._own_leases is not None
@@ -362,16 +370,29 @@ class RedisCheckpointStore(CheckpointStore):
             self._committed = self.read_committed()
         return dict(self._committed)
 
-    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Offsets,
+        state: StateChanges | None = None,
+        outputs: CommitOutputs | None = None,
+    ) -> None:
         job = self._require_job()
-        layout = self._layout(task_name) if state or self.cluster else None
-        if state and layout is None:
+        if outputs is not None and outputs.marks:
+            raise CheckpointError(
+                "the Redis checkpoint store cannot record file outputs' committed lengths "
+                "(exactly-once file outputs need a sqlite checkpoint store)"
+            )
+        records = outputs.records if outputs is not None else []
+        layout = self._layout(task_name) if state or records or self.cluster else None
+        if (state or records) and layout is None:
             raise CheckpointError(
                 f"task {task_name!r} has no input partitions in this Redis checkpoint store "
-                f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'}); cannot place its state"
+                f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'}); cannot place its "
+                f"{'state' if state else 'outputs'}"
             )
-        if layout is not None and (state or layout.remote):
-            self._write_task(job, task_name, layout, offsets, state or {})
+        if layout is not None and (state or records or layout.remote):
+            self._write_task(job, task_name, layout, offsets, state or {}, records)
             return
         items: list[tuple[SystemStreamPartition, str, str]] = []
         for ssp, offset in offsets.items():
@@ -546,8 +567,11 @@ class RedisCheckpointStore(CheckpointStore):
         layout: _TaskLayout,
         offsets: Mapping[SystemStreamPartition, Offset],
         state: StateChanges,
+        records: list[tuple[str, list[Any]]],
     ) -> None:
-        """One atomic, fenced write of a task's offsets and state changes (rules 26, 28)."""
+        """One atomic, fenced write of a task's offsets, state changes and held outputs
+        (rules 26, 28, 41): OUTPUT_COMMIT calls for the outputs, then STATE_COMMIT calls,
+        in one MULTI/EXEC when there are several, each making the same checks."""
         k = self.keys
         leases: list[SystemStreamPartition] = []
         lease_values: list[str] = []
@@ -578,10 +602,11 @@ class RedisCheckpointStore(CheckpointStore):
         for s, i in remote_ids:
             tail += [f"{s.stream}:{s.partition}", i]
         calls = self._state_calls(job, task_name, state)
+        outs = self._output_calls(job, task_name, layout, records)
         a = layout.anchor
 
         def run() -> list[Any]:
-            if len(calls) == 1:
+            if len(calls) == 1 and not outs:
                 store_keys, store_args = calls[0]
                 return [
                     self._scripts.state_commit(
@@ -589,6 +614,19 @@ class RedisCheckpointStore(CheckpointStore):
                     )
                 ]
             pipe = self.client.pipeline(transaction=True)
+            for stream_keys, out_args in outs:
+                # (EVAL, as below)
+                pipe.execute_command(
+                    "EVAL",
+                    self._scripts.output_commit.script,
+                    len(keys) + len(stream_keys),
+                    *keys,
+                    *stream_keys,
+                    *head,
+                    len(stream_keys),
+                    *tail,
+                    *out_args,
+                )
             for store_keys, store_args in calls:
                 # EVAL, not EVALSHA: a NOSCRIPT inside EXEC would fail that call alone
                 pipe.execute_command(
@@ -614,7 +652,15 @@ class RedisCheckpointStore(CheckpointStore):
         if code == 0:
             if self._committed is not None:
                 self._committed.update({s: i for s, i in local_ids + remote_ids})
+            if outs:
+                self._output_seq[task_name, self._values[a]] += len(outs)
             return
+        if code == 3:
+            raise FencedError(
+                f"job {job!r} task {task_name!r}: its outputs were appended by another owner since "
+                f"(batch {text(reply[1])}); refusing to commit",
+                partition=str(a),
+            )
         if code == 1:
             ssp = leases[int(reply[1]) - 1]
             self.fenced.add(ssp)
@@ -669,6 +715,36 @@ class RedisCheckpointStore(CheckpointStore):
                     keys, args, room = [], [], STATE_BATCH
         if keys or not calls:
             calls.append((keys, args))
+        return calls
+
+    def _output_calls(
+        self, job: str, task_name: str, layout: _TaskLayout, records: list[tuple[str, list[Any]]]
+    ) -> list[tuple[list[str], list[Any]]]:
+        """A commit's held outputs cut into OUTPUT_COMMIT calls of at most OUTPUT_BATCH
+        entries: (stream keys, arguments from the batch's number on) per call, numbered on
+        from the task's last appended batch (read from Redis once per task and open)."""
+        if not records:
+            return []
+        held = (task_name, self._values.get(layout.anchor, ""))
+        if held not in self._output_seq:
+            raw = retrying(
+                partial(self.client.hget, layout.tckpt, "~outputs"),
+                f"reading the output batches of {task_name}",
+                deadline_s=self.retry_s,
+                stop=self._giving_up,
+            )
+            self._output_seq[held] = 0 if raw is None else int(text(raw))
+        seq = self._output_seq[held]
+        calls: list[tuple[list[str], list[Any]]] = []
+        for i in range(0, len(records), OUTPUT_BATCH):
+            streams: dict[str, list[Any]] = {}
+            for key, fields in records[i : i + OUTPUT_BATCH]:
+                streams.setdefault(key, []).extend(fields)
+            seq += 1
+            args: list[Any] = [seq]
+            for pairs in streams.values():
+                args += [len(pairs) // 2, *pairs]
+            calls.append((list(streams), args))
         return calls
 
     def _read_fence(

@@ -31,7 +31,16 @@ from .._stopping import StopDeadline
 from ..buffered import BufferedPartition
 from ..config import options_checked
 from ..errors import ConfigError, InputError
-from ..interfaces import PartitionCounts, PartitionReader, Producer, System
+from ..interfaces import (
+    CheckpointStore,
+    CommitOutputs,
+    HeldProducer,
+    PartitionCounts,
+    PartitionReader,
+    Producer,
+    System,
+    Write,
+)
 from ..serdes import SerdeError, _json_encode, serde
 from ..types import Offset, SystemStreamPartition
 from . import _resp
@@ -421,6 +430,37 @@ class _RedisProducer(Producer):
         with self._lock:
             self._flush_locked(wait=True)
 
+    def hold(self, task_name: str, store: CheckpointStore) -> HeldProducer:
+        """Exactly-once (rule 41): the task's entries are appended by its commit's fenced
+        script, with its offsets and state (``_HeldRedisProducer``); refused unless the
+        checkpoint store is this Redis's, and on a Redis Cluster."""
+        from .checkpoint import RedisCheckpointStore  # (imports this module)
+
+        system = self._system
+        same = isinstance(store, RedisCheckpointStore) and (
+            store.client is system.client or store.url == system.url
+        )
+        if not same:
+            raise ConfigError(
+                f"exactly-once outputs to Redis system {system.name!r} are appended by the commit's "
+                f"fenced script, so they need the job's checkpoints in that same Redis ({system.where}); "
+                f"the checkpoint store is {type(store).__name__}"
+                + (f" at {store.where}" if isinstance(store, RedisCheckpointStore) else ""),
+                key="task.output.guarantee",
+                allowed="at-least-once with this store, or the redis checkpoint store of this system",
+            )
+        if system.cluster:
+            k = system.keys
+            raise ConfigError(
+                f"Redis Cluster: a commit's script may only touch keys of one hash slot, but a task's "
+                f"checkpoint keys ({k.checkpoint('STREAM', 0, 'JOB')}, ...) and its output streams "
+                f"({k.stream('OUTPUT', 0)}, ...) each carry a hash tag of their own partition, so they "
+                f"lie in different slots: exactly-once outputs to system {system.name!r} are refused",
+                key="task.output.guarantee",
+                allowed="at-least-once on a Redis Cluster (exactly-once needs a standalone Redis)",
+            )
+        return _HeldRedisProducer(self)
+
     def _key(self, dest: tuple[str, int]) -> str:
         skey = self._keys.get(dest)
         if skey is None:
@@ -537,6 +577,52 @@ class _RedisProducer(Producer):
             if self._conn is not None:
                 self._conn.disconnect()
                 self._conn = None
+
+
+HELD_ENTRIES = 50_000
+"""Entries a task's exactly-once Redis outputs hold before its commit falls due early (rule 41)."""
+
+
+class _HeldRedisProducer(HeldProducer):
+    """A task's Redis outputs under exactly-once (rule 41): encoded when sent (an entry that
+    cannot be encoded fails there, not at the commit) and held; the commit's publication
+    hands them to the checkpoint store, whose fenced MULTI/EXEC appends them with the
+    offsets and state (``RedisCheckpointStore``, OUTPUT_COMMIT), so a container past its
+    lease appends none of them (rule 28)."""
+
+    def __init__(self, producer: _RedisProducer) -> None:
+        self._producer = producer
+        self._encode = producer._encode
+        self._held: list[tuple[str, list[Any]]] = []
+        self._lock = threading.Lock()
+
+    def partitions(self, stream: str) -> int:
+        return self._producer.partitions(stream)
+
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        m = self._encode(message)
+        k: Any = b"-" if key is None else b"=" + _as_bytes(self._encode(key))
+        skey = self._producer._key((stream, partition))
+        with self._lock:
+            self._held.append((skey, [m, k]))
+            full = len(self._held) == HELD_ENTRIES
+        if full and self.on_full is not None:
+            self.on_full()
+
+    def pending(self) -> bool:
+        return bool(self._held)
+
+    def take(self) -> Callable[[Write, CommitOutputs], None] | None:
+        with self._lock:
+            held, self._held = self._held, []
+        if not held:
+            return None
+
+        def publish(write: Write, outputs: CommitOutputs) -> None:
+            outputs.records += held
+            write(outputs)
+
+        return publish
 
 
 def _as_bytes(v: bytes | str) -> bytes:
