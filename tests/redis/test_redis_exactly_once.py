@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_support import HERE, RedisServer
+from redis_support import HERE, REDIS_CLI, RedisClusterNodes, RedisServer
 
 from tailrace.redis.system import RedisSystem
 
@@ -167,3 +167,68 @@ def test_redis_outputs_are_exact_across_kill_9_takeovers_and_a_zombie(
     zombie_result = results[alive.index(zombie)]
     print(f"zombie {zombie_result['member']}: fenced {zombie_result['fenced']} times")
     job.system.close()
+
+
+class _Copy:
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        collector.send("redis.out", envelope.message)
+
+
+def _stream(url: str, cluster: bool = False) -> RedisSystem:
+    system = RedisSystem("redis", url, cluster=cluster)
+    system.create_stream("in", 1)
+    system.create_stream("out", 1)
+    system.client.xadd(system.keys.stream("in", 0), {"m": "1"})
+    system.end_stream("in")
+    return system
+
+
+def test_redis_outputs_with_checkpoints_elsewhere_are_refused(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    from tailrace import Container
+    from tailrace.errors import ConfigError
+    from tailrace.sqlite import SqliteCheckpointStore
+
+    system = _stream(redis_server.url)
+    with pytest.raises(ConfigError) as e:
+        Container(
+            _Copy,
+            inputs=["redis.in"],
+            systems=[system],
+            checkpoints=SqliteCheckpointStore(tmp_path / "ck.db"),
+            task_output_guarantee="exactly-once",
+        ).run()
+    assert e.value.key == "task.output.guarantee"
+    assert "Redis system 'redis'" in str(e.value) and "SqliteCheckpointStore" in str(e.value)
+    assert system.read_all("out", 0) == []
+    system.close()
+
+
+@pytest.mark.skipif(REDIS_CLI is None, reason="redis-cli is not installed")
+def test_redis_cluster_refuses_exactly_once_outputs_naming_the_keys(tmp_path: Path) -> None:
+    from tailrace import Container
+    from tailrace.errors import ConfigError
+    from tailrace.redis.checkpoint import RedisCheckpointStore
+    from tailrace.types import SystemStreamPartition
+
+    nodes = RedisClusterNodes(tmp_path / "cluster").start()
+    try:
+        system = _stream(nodes.url, cluster=True)
+        store = RedisCheckpointStore(
+            nodes.url, cluster=True, client=system.client, inputs=[SystemStreamPartition("redis", "in", 0)]
+        )
+        with pytest.raises(ConfigError) as e:
+            Container(
+                _Copy,
+                inputs=["redis.in"],
+                systems=[system],
+                checkpoints=store,
+                task_output_guarantee="exactly-once",
+            ).run()
+        text = str(e.value)
+        assert e.value.key == "task.output.guarantee" and "Redis Cluster" in text and "one hash slot" in text
+        assert system.keys.stream("OUTPUT", 0) in text and system.keys.checkpoint("STREAM", 0, "JOB") in text
+        system.close()
+    finally:
+        nodes.kill()
