@@ -17,7 +17,7 @@ from ..interfaces import CheckpointStore, CommitOutputs, HeldProducer, Producer,
 from ..serdes import _json_codec, _json_encode  # the raw functions: errors stay the codec's own
 from .streams import _CHUNK, _msgpack, partition_file, publish_committed
 
-HELD_BYTES = 16 << 20
+HELD_BYTES = 4 << 20
 """Bytes of records a task's exactly-once file outputs hold before its commit falls due
 early (rule 41; docs/outputs.md)."""
 

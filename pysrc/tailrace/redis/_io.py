@@ -11,7 +11,9 @@ script can check the lease and write the checkpoint atomically::
     P:{stream:p}:fence:JOB      fencing counter (INCR on every acquisition)
     P:{stream:p}:done:JOB       set once JOB processed the partition to its end
     P:{a}:tckpt:JOB:TASK        hash "stream:p" -> id: committed ids of a task's
-                                partitions outside its anchor's slot (cluster only)
+                                partitions outside its anchor's slot (cluster only);
+                                field "~outputs": the number of the task's last
+                                exactly-once output batch (OUTPUT_COMMIT)
     P:{a}:state:JOB:TASK:STORE:k  sorted set (score 0) of a store's encoded keys
     P:{a}:state:JOB:TASK:STORE:v  hash: encoded key -> encoded value
     P:{job:JOB}:anchors         hash TASK -> "stream:p", the anchor its state was written under
