@@ -112,14 +112,14 @@ class Producer(ABC):
 class CommitOutputs:
     """What a task's commit carries of its held outputs into the checkpoint store's atomic
     ``write`` (rule 41): ``marks``, file outputs' committed lengths (path -> bytes), and
-    ``records``, entries the store itself appends in that write (Redis: (stream key,
-    fields))."""
+    ``records``, entries the store itself appends in that write (Redis: each held batch's
+    stream keys and encoded arguments, ``tailrace.redis._resp.Batch.take_body``)."""
 
     __slots__ = ("marks", "records")
 
     def __init__(self) -> None:
         self.marks: dict[str, int] = {}
-        self.records: list[tuple[str, list[bytes]]] = []
+        self.records: list[Any] = []
 
     def __bool__(self) -> bool:
         return bool(self.marks or self.records)

@@ -50,6 +50,7 @@ from ._io import (
     DEFAULT_URL,
     SCAN_LIMIT,
     Keys,
+    RespConnection,
     Scripts,
     check,
     connect,
@@ -65,10 +66,6 @@ log = logging.getLogger("tailrace.redis")
 STATE_BATCH = 10_000
 """State changes per STATE_COMMIT call: a larger commit is several calls in one
 MULTI/EXEC (bounds each script's arguments and Lua stack, not atomicity)."""
-
-OUTPUT_BATCH = 10_000
-"""Held output entries per OUTPUT_COMMIT call (exactly-once, rule 41): a larger commit is
-several calls in the MULTI/EXEC of the commit."""
 
 SCAN_BATCH = SCAN_LIMIT
 """Entries fetched per STATE_SCAN call by ``state_scan`` (at most SCAN_LIMIT)."""
@@ -269,6 +266,7 @@ class RedisCheckpointStore(CheckpointStore):
         # (task, its anchor's lease value) -> the task's last appended output batch (rule 41):
         # read once per lease, so a lease lost and taken again reads it afresh
         self._output_seq: dict[tuple[str, str], int] = {}
+        self._conn: Any = None  # exactly-once transactions' connection (``_connection``)
         # partitions whose commit was fenced during the last open (a member reads it after the
         # container stopped, so it is kept past close and emptied by the next open)
         self.fenced: set[SystemStreamPartition] = set()
@@ -567,7 +565,7 @@ class RedisCheckpointStore(CheckpointStore):
         layout: _TaskLayout,
         offsets: Mapping[SystemStreamPartition, Offset],
         state: StateChanges,
-        records: list[tuple[str, list[Any]]],
+        records: list[Any],
     ) -> None:
         """One atomic, fenced write of a task's offsets, state changes and held outputs
         (rules 26, 28, 41): OUTPUT_COMMIT calls for the outputs, then STATE_COMMIT calls,
@@ -606,7 +604,9 @@ class RedisCheckpointStore(CheckpointStore):
         a = layout.anchor
 
         def run() -> list[Any]:
-            if len(calls) == 1 and not outs:
+            if outs:
+                return self._transaction(outs, keys, head, tail, calls)
+            if len(calls) == 1:
                 store_keys, store_args = calls[0]
                 return [
                     self._scripts.state_commit(
@@ -614,19 +614,6 @@ class RedisCheckpointStore(CheckpointStore):
                     )
                 ]
             pipe = self.client.pipeline(transaction=True)
-            for stream_keys, out_args in outs:
-                # (EVAL, as below)
-                pipe.execute_command(
-                    "EVAL",
-                    self._scripts.output_commit.script,
-                    len(keys) + len(stream_keys),
-                    *keys,
-                    *stream_keys,
-                    *head,
-                    len(stream_keys),
-                    *tail,
-                    *out_args,
-                )
             for store_keys, store_args in calls:
                 # EVAL, not EVALSHA: a NOSCRIPT inside EXEC would fail that call alone
                 pipe.execute_command(
@@ -718,11 +705,12 @@ class RedisCheckpointStore(CheckpointStore):
         return calls
 
     def _output_calls(
-        self, job: str, task_name: str, layout: _TaskLayout, records: list[tuple[str, list[Any]]]
-    ) -> list[tuple[list[str], list[Any]]]:
-        """A commit's held outputs cut into OUTPUT_COMMIT calls of at most OUTPUT_BATCH
-        entries: (stream keys, arguments from the batch's number on) per call, numbered on
-        from the task's last appended batch (read from Redis once per task and open)."""
+        self, job: str, task_name: str, layout: _TaskLayout, records: list[Any]
+    ) -> list[tuple[int, list[bytes], int, bytes]]:
+        """A commit's held outputs as OUTPUT_COMMIT calls, one per held batch (``(stream
+        keys, argument count, encoded arguments)``, ``_resp.Batch.take_body``): (batch
+        number, stream keys, argument count, arguments), numbered on from the task's last
+        appended batch (read from Redis once per task and lease)."""
         if not records:
             return []
         held = (task_name, self._values.get(layout.anchor, ""))
@@ -735,17 +723,74 @@ class RedisCheckpointStore(CheckpointStore):
             )
             self._output_seq[held] = 0 if raw is None else int(text(raw))
         seq = self._output_seq[held]
-        calls: list[tuple[list[str], list[Any]]] = []
-        for i in range(0, len(records), OUTPUT_BATCH):
-            streams: dict[str, list[Any]] = {}
-            for key, fields in records[i : i + OUTPUT_BATCH]:
-                streams.setdefault(key, []).extend(fields)
-            seq += 1
-            args: list[Any] = [seq]
-            for pairs in streams.values():
-                args += [len(pairs) // 2, *pairs]
-            calls.append((list(streams), args))
-        return calls
+        return [(seq + i + 1, keys, nargs, body) for i, (keys, nargs, body) in enumerate(records)]
+
+    def _transaction(
+        self,
+        outs: list[tuple[int, list[bytes], int, bytes]],
+        keys: list[str],
+        head: list[Any],
+        tail: list[Any],
+        calls: list[tuple[list[str], list[Any]]],
+    ) -> list[Any]:
+        """One MULTI/EXEC of the OUTPUT_COMMIT calls, then the STATE_COMMIT calls, written as
+        RESP bytes on a connection of the store's own (the held entries are already encoded:
+        redis-py would pack every argument again); the EXEC reply."""
+        from ._resp import pack
+
+        commands = [pack(("MULTI",))]
+        for seq, stream_keys, nargs, body in outs:
+            prefix = (
+                "EVAL",
+                self._scripts.output_commit.script,
+                len(keys) + len(stream_keys),
+                *keys,
+                *stream_keys,
+                *head,
+                len(stream_keys),
+                *tail,
+                seq,
+            )
+            packed = pack(prefix)
+            header = b"*%d\r\n" % len(prefix)
+            commands.append(b"*%d\r\n" % (len(prefix) + nargs) + packed[len(header) :] + body)
+        for store_keys, store_args in calls:
+            commands.append(
+                pack(
+                    (
+                        "EVAL",
+                        self._scripts.state_commit.script,
+                        len(keys) + len(store_keys),
+                        *keys,
+                        *store_keys,
+                        *head,
+                        len(store_keys) // 2,
+                        *tail,
+                        *store_args,
+                    )
+                )
+            )
+        commands.append(pack(("EXEC",)))
+        conn = self._connection()
+        try:
+            conn.send_packed_command(commands)
+            for _ in range(len(commands) - 1):  # OK, then QUEUED per call
+                conn.read_response()
+            return list(conn.read_response())
+        except BaseException:
+            conn.disconnect()  # the server drops a transaction whose connection closes
+            raise
+
+    def _connection(self) -> Any:
+        """The store's own connection for its exactly-once transactions (made on first use)."""
+        if self._conn is None:
+            params = RespConnection.usable_for(self.client)
+            self._conn = (
+                RespConnection(params)
+                if params is not None
+                else self.client.connection_pool.make_connection()
+            )
+        return self._conn
 
     def _read_fence(
         self, job: str, task_name: str
@@ -855,6 +900,9 @@ class RedisCheckpointStore(CheckpointStore):
             self._own_leases = None
         self._job = None
         self._forget_run()  # (``fenced`` stays readable until the next open: see __init__)
+        if self._conn is not None:
+            self._conn.disconnect()
+            self._conn = None
         if self._own_client:
             try:
                 self.client.close()

@@ -459,6 +459,9 @@ class _RedisProducer(Producer):
                 key="task.output.guarantee",
                 allowed="at-least-once on a Redis Cluster (exactly-once needs a standalone Redis)",
             )
+        # its commits carry the task's entries: written on the commit writer's thread while
+        # the loop goes on (as SQLite's are), not on the loop thread
+        store.background_writes = True
         return _HeldRedisProducer(self)
 
     def _key(self, dest: tuple[str, int]) -> str:
@@ -579,47 +582,49 @@ class _RedisProducer(Producer):
                 self._conn = None
 
 
-HELD_ENTRIES = 50_000
+HELD_ENTRIES = 10_000
 """Entries a task's exactly-once Redis outputs hold before its commit falls due early (rule 41)."""
 
 
 class _HeldRedisProducer(HeldProducer):
-    """A task's Redis outputs under exactly-once (rule 41): encoded when sent (an entry that
-    cannot be encoded fails there, not at the commit) and held; the commit's publication
-    hands them to the checkpoint store, whose fenced MULTI/EXEC appends them with the
-    offsets and state (``RedisCheckpointStore``, OUTPUT_COMMIT), so a container past its
-    lease appends none of them (rule 28)."""
+    """A task's Redis outputs under exactly-once (rule 41): encoded as they are sent into a
+    batch of the task's own (``_resp.Batch``, compiled: an entry that cannot be encoded fails
+    in ``send``, not at the commit) and held; the commit's publication hands the encoded
+    entries to the checkpoint store, whose fenced MULTI/EXEC appends them with the offsets and
+    state (``RedisCheckpointStore``, OUTPUT_COMMIT), so a container past its lease appends
+    none of them (rule 28)."""
 
     def __init__(self, producer: _RedisProducer) -> None:
+        system = producer._system
         self._producer = producer
-        self._encode = producer._encode
-        self._held: list[tuple[str, list[Any]]] = []
-        self._lock = threading.Lock()
+        encode = producer._encode if _KINDS[system.codec] == _resp.CALL else None
+        self._batch = _resp.Batch(_KINDS[system.codec], encode, system.keys.stream, HELD_ENTRIES, self._full)
+        self._asked = False  # on_full called since the last take
+        self.send = self._batch.send  # type: ignore[method-assign]
 
     def partitions(self, stream: str) -> int:
         return self._producer.partitions(stream)
 
-    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
-        m = self._encode(message)
-        k: Any = b"-" if key is None else b"=" + _as_bytes(self._encode(key))
-        skey = self._producer._key((stream, partition))
-        with self._lock:
-            self._held.append((skey, [m, k]))
-            full = len(self._held) == HELD_ENTRIES
-        if full and self.on_full is not None:
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:  # (the batch's send)
+        self._batch.send(stream, partition, key, message)
+
+    def _full(self) -> None:
+        if not self._asked and self.on_full is not None:
+            self._asked = True
             self.on_full()
 
     def pending(self) -> bool:
-        return bool(self._held)
+        return self._batch.count > 0
 
     def take(self) -> Callable[[Write, CommitOutputs], None] | None:
-        with self._lock:
-            held, self._held = self._held, []
-        if not held:
+        with self._batch:
+            body = self._batch.take_body()
+        self._asked = False
+        if body is None:
             return None
 
         def publish(write: Write, outputs: CommitOutputs) -> None:
-            outputs.records += held
+            outputs.records.append(body)
             write(outputs)
 
         return publish
