@@ -582,7 +582,7 @@ class _RedisProducer(Producer):
                 self._conn = None
 
 
-HELD_ENTRIES = 10_000
+HELD_ENTRIES = 2_000
 """Entries a task's exactly-once Redis outputs hold before its commit falls due early (rule 41)."""
 
 
