@@ -198,6 +198,9 @@ class FileProducer(Producer):
                 ) from None
             try:
                 with _appending(fd):
+                    # read again under the lock: another container of the job may have
+                    # committed to the file since (its length only grows)
+                    mark = store.output_marks([name]).get(name, mark)
                     _cut_to(fd, path, mark)
                     publish_committed(path, mark)
             finally:
