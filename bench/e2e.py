@@ -17,6 +17,8 @@ hurts every side alike:
              (tasks 0, 2 and 1, 3), one SQLite store, shared output files (``--engines c,c2``);
              ``cN`` likewise with N containers (``--engines c,c4,c16 --partitions 16``)
 ``bytewax``  bytewax's FileSource/FileSink doing the same work, where bytewax is installed
+``c-eo``     ``c`` with ``task.output.guarantee = exactly-once`` (``python-eo``, ``c2-eo`` likewise):
+             outputs held per task until the commit that publishes them (docs/outputs.md)
 
 for each JSON library asked for (``--libs std,orjson``): ``std`` blocks the orjson import in
 the child (the loop and the floor use the standard library, and so does tailrace's serdes
@@ -101,7 +103,7 @@ default_output = "files"
 
 [config]
 "task.commit.ms" = 1000
-
+{guarantee}
 [systems.files]
 type = "file"
 path = "data"
@@ -414,14 +416,25 @@ class Runner:
         store = lane.state == "store"
         self.jobs: dict[str, Path] = {}
         for engine in engines:
-            if engine in ("c", "python", "c-base", "python-base") or _containers(engine):
+            if (
+                engine in ("c", "python", "c-base", "python-base")
+                or _containers(engine.removesuffix("-eo"))
+                or (engine in ("c-eo", "python-eo"))
+            ):
                 d = root / f"job-{lane.slug}-{engine}"
                 d.mkdir()
                 (d / "data").symlink_to(self.data)
                 (d / "task.py").write_text(TASK_STORE if store else TASK)
-                kind = "c" if _containers(engine) else engine.removesuffix("-base")
+                kind = engine.removesuffix("-base").removesuffix("-eo")
+                kind = "c" if _containers(kind) else kind
+                eo = '"task.output.guarantee" = "exactly-once"\n' if engine.endswith("-eo") else ""
                 (d / "job.toml").write_text(
-                    JOB.format(engine=kind, out_partitions=OUT_PARTITIONS, stores=STORES if store else "")
+                    JOB.format(
+                        engine=kind,
+                        out_partitions=OUT_PARTITIONS,
+                        stores=STORES if store else "",
+                        guarantee=eo,
+                    )
                 )
                 self.jobs[engine] = d
         # the loop's and the floor's: the dict task in every lane (the hand-written baseline)
@@ -454,8 +467,9 @@ class Runner:
             shutil.rmtree(d / "state", ignore_errors=True)
             python = self.base_python if contender.endswith("-base") and self.base_python else sys.executable
             argv = [python, "-m", "tailrace", "run", str(d)]
-            if _containers(contender):  # CPU: wait4 counts the containers (reaped by the parent)
-                argv += ["--containers", str(_containers(contender))]
+            n = _containers(contender.removesuffix("-eo"))
+            if n:  # CPU: wait4 counts the containers (reaped by the parent)
+                argv += ["--containers", str(n)]
             wall, cpu, rss, _ = _spawn(argv, d, self.env)
             out = d / "output" / "out"
         self.check(contender, out)
@@ -506,7 +520,10 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5, help="alternating rounds (>= 5 for quoted figures)")
     ap.add_argument("--libs", default="std,orjson", help="std, orjson or both")
     ap.add_argument(
-        "--engines", default="c,python", help="tailrace contenders: c, python, cN (--containers N: c2, c16)"
+        "--engines",
+        default="c,python",
+        help="tailrace contenders: c, python, cN (--containers N: c2, c16), and each with -eo (c-eo, "
+        "python-eo, c2-eo): task.output.guarantee = exactly-once",
     )
     ap.add_argument(
         "--partitions",

@@ -1,6 +1,7 @@
 """Throughput of a sync no-op job from and to a local Redis, with 1 and 2 containers.
 
     python bench/redis_bench.py [--messages 200000] [--partitions 8] [--engine c,python]
+    python bench/redis_bench.py --jobs-only --engine c --guarantee at-least-once,exactly-once --rounds 5
 
 Starts its own redis-server (unix socket, no persistence unless --fsync), then:
 
@@ -16,7 +17,10 @@ the number of containers, each on its own core, at which Redis (one core) would 
 saturated: ``redis capacity / one container's rate``. A job's seconds and client CPU
 are measured inside the member processes from the start of ``run_member`` to its
 end (interpreter start-up and imports excluded; membership, leases, rebalancing and
-the final commit included).
+the final commit included). ``--guarantee`` runs the job with each
+``task.output.guarantee`` asked for (exactly-once: the outputs appended by each commit's
+fenced script, docs/outputs.md); ``--rounds N`` runs every job N times, the jobs of a round
+one after the other (A B A B ...), and reports each job's medians.
 """
 
 from __future__ import annotations
@@ -214,17 +218,20 @@ def row(name: str, n: int, secs: float, server_cpu: float, client_cpu: float) ->
     }
 
 
-def job_run(server: Server, containers: int, engine: str, args: argparse.Namespace) -> dict[str, Any]:
+def job_run(
+    server: Server, containers: int, engine: str, guarantee: str, args: argparse.Namespace
+) -> dict[str, Any]:
     n = args.partitions * args.messages_per_partition
     fill(server.url, args.partitions, args.messages_per_partition)
     job = f"bench{containers}{engine}"
+    spec = {"url": server.url, "engine": engine, "batch": args.batch, "job": job, "guarantee": guarantee}
     stats = Path(tempfile.mkdtemp(prefix="tailrace-redis-bench-stats-"))
     cmds = [
         [
             sys.executable,
             str(Path(__file__).resolve()),
             "member",
-            json.dumps({"url": server.url, "engine": engine, "batch": args.batch, "job": job}),
+            json.dumps(spec),
             str(stats / f"{i}.json"),
         ]
         for i in range(containers)
@@ -247,7 +254,18 @@ def job_run(server: Server, containers: int, engine: str, args: argparse.Namespa
     if got != n:
         raise RuntimeError(f"{containers} containers copied {got} of {n} messages")
     name = f"tailrace job, {containers} container{'s' if containers > 1 else ''}, {engine} engine"
+    if len(args.guarantees) > 1:
+        name += f", {guarantee}"
     return row(name, n, secs, server_cpu, client_cpu)
+
+
+def _median(name: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row of a job's median run (by seconds) over its rounds."""
+    ranked = sorted(samples, key=lambda r: r["seconds"])
+    r = dict(ranked[(len(ranked) - 1) // 2])
+    if len(samples) > 1:
+        r["run"] = f"{name} (median of {len(samples)})"
+    return r
 
 
 def member(spec_json: str, stats_path: str | None = None) -> None:
@@ -278,7 +296,12 @@ def member(spec_json: str, stats_path: str | None = None) -> None:
             inputs=["redis.in"],
             systems=systems,
             url=spec["url"],
-            config={"job.name": spec["job"], "task.commit.ms": 1000, "task.input.buffer.size": spec["batch"]},
+            config={
+                "job.name": spec["job"],
+                "task.commit.ms": 1000,
+                "task.input.buffer.size": spec["batch"],
+                "task.output.guarantee": spec.get("guarantee", "at-least-once"),
+            },
             engine=spec["engine"],
             lease_ms=5000,
         )
@@ -300,7 +323,16 @@ def main() -> None:
     ap.add_argument("--fsync", action="store_true", help="run redis-server with appendfsync always")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--jobs-only", action="store_true", help="skip the ceilings without tailrace")
+    ap.add_argument(
+        "--guarantee",
+        default="at-least-once",
+        help="task.output.guarantee of the job, comma-separated: at-least-once, exactly-once",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every job, alternating; medians reported")
     args = ap.parse_args()
+    args.guarantees = [g.strip() for g in args.guarantee.split(",") if g.strip()]
+    if not args.guarantees or any(g not in ("at-least-once", "exactly-once") for g in args.guarantees):
+        ap.error(f"--guarantee: expected at-least-once and/or exactly-once, got {args.guarantee!r}")
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     bad = [e for e in engines if e not in ("c", "python")]
     if bad or not engines:
@@ -316,9 +348,14 @@ def main() -> None:
                 if rb is not None:
                     rows.append(rb)
                 rows += raw_baselines(server, args.partitions, args.messages_per_partition, args.batch)
-            for engine in engines:
-                for containers in (1, 2):
-                    rows.append(job_run(server, containers, engine, args))
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for _ in range(max(1, args.rounds)):
+                for engine in engines:
+                    for containers in (1, 2):
+                        for guarantee in args.guarantees:
+                            r = job_run(server, containers, engine, guarantee, args)
+                            runs.setdefault(r["run"], []).append(r)
+            rows += [_median(name, samples) for name, samples in runs.items()]
         finally:
             server.stop()
     if args.json:

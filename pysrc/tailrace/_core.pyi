@@ -125,7 +125,13 @@ class FileOutput:
 
 class FileSink:
     def __init__(
-        self, producer: Any, encode: Callable[[Any], bytes] | JsonCodec, sep: bytes, limit: int, what: str
+        self,
+        producer: Any,
+        encode: Callable[[Any], bytes] | JsonCodec,
+        sep: bytes,
+        limit: int,
+        what: str,
+        initial: int = -1,
     ) -> None: ...
     def add(self, stream: str, partition: int, out: FileOutput) -> None: ...
     def clear(self) -> None: ...

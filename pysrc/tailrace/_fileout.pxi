@@ -90,7 +90,8 @@ cdef class FileSink:
     cdef str what  # "JSON" or "msgpack", for errors
     cdef dict streams  # stream -> list of FileOutput or None, by partition
 
-    def __init__(self, producer, encode, bytes sep not None, Py_ssize_t limit, str what not None):
+    def __init__(self, producer, encode, bytes sep not None, Py_ssize_t limit, str what not None,
+                 Py_ssize_t initial=-1):
         self.producer = producer
         if isinstance(encode, JsonCodec):
             self.codec = <JsonCodec>encode
@@ -99,8 +100,10 @@ cdef class FileSink:
         self.sep = sep
         self.limit = limit
         # a buffer is written once it holds `limit` bytes: it never needs more than that
-        # and one record, so it is made with room for a quarter more
-        self.buf_size = limit + limit // 4
+        # and one record, so it is made with room for a quarter more; `initial` (>= 0) starts
+        # it smaller, growing by doubling (exactly-once outputs: a task's buffer holds a
+        # commit's records, rarely near the limit)
+        self.buf_size = initial if initial >= 0 else limit + limit // 4
         self.what = what
         self.streams = {}
 

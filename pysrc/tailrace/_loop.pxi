@@ -704,9 +704,12 @@ cdef class LoopRunner:
                         coord._requests = 0
                         slot.failed += 1
                         self._post(self._failure(slot, env, e))
-                        if journal is not None or not slot.plan.stores:
+                        if (journal is not None or not slot.plan.stores) and slot.plan.held is None:
                             # its store writes undone (or it has none): handed back untaken,
-                            # so the final commit passes everything before it (rule 40)
+                            # so the final commit passes everything before it (rule 40); not
+                            # with exactly-once outputs, whose held sends cannot be parted
+                            # from the failed message's own (rule 41: nothing past the last
+                            # commit is published after a failure)
                             if journal is not None:
                                 self._jundo(journal, mark)
                             if not items[consumed - 1] & 1:

@@ -74,13 +74,20 @@ _MAXI = 2**31 - 1
 
 ORDERINGS = ("partition", "key")
 ERROR_POLICIES = ("fail", "skip", "dead-letter")
+GUARANTEES = ("at-least-once", "exactly-once")
 
 
-def _ordering(key: str, value: Any) -> str:
-    allowed = ", ".join(ORDERINGS)
-    if isinstance(value, str) and value.strip().lower() in ORDERINGS:
-        return value.strip().lower()
-    raise ConfigError(f"expected one of {allowed}, got {value!r}", key=key, allowed=allowed)
+def _one_of(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def parse(key: str, value: Any) -> str:
+        allowed = ", ".join(choices)
+        if isinstance(value, str) and value.strip().lower() in choices:
+            return value.strip().lower()
+        raise ConfigError(f"expected one of {allowed}, got {value!r}", key=key, allowed=allowed)
+
+    return parse
+
+
+_ordering = _one_of(ORDERINGS)
 
 
 def _error_policy(key: str, value: Any) -> str:
@@ -166,6 +173,13 @@ KEYS: tuple[_Key, ...] = (
         "order kept per partition, or per key inside a partition (rules 30, 31)",
     ),
     _Key("task.async.commit", "async_commit", False, _bool, "allow commit while callbacks are outstanding"),
+    _Key(
+        "task.output.guarantee",
+        "output_guarantee",
+        "at-least-once",
+        _one_of(GUARANTEES),
+        "outputs at-least-once, or exactly-once: held until the commit that passes their messages (rule 41)",
+    ),
     _Key(
         "task.callback.timeout.ms",
         "callback_timeout_ms",
@@ -365,6 +379,7 @@ class Config:
     commit_ms: int = 60000
     async_commit: bool = False
     ordering: str = "partition"
+    output_guarantee: str = "at-least-once"
     callback_timeout_ms: int = -1
     max_idle_ms: int = 10
     shutdown_ms: int = 30000
@@ -379,6 +394,11 @@ class Config:
     # not a config key: the part of task.shutdown.ms a graceful stop keeps for its final
     # commit (a member of a distributed job, whose whole stop task.shutdown.ms bounds)
     stop_reserve_ms: int = 0
+
+    @property
+    def exactly_once(self) -> bool:
+        """task.output.guarantee = exactly-once (rule 41)."""
+        return self.output_guarantee == "exactly-once"
 
     @property
     def drain_ms(self) -> int:
@@ -508,6 +528,16 @@ def parse_config(
             f"task.error.stream is set but task.error.policy is {policy!r}: nothing would be sent there",
             key="task.error.policy",
             allowed="dead-letter (with task.error.stream), or leave task.error.stream unset",
+            source=source,
+        )
+    if values.get("output_guarantee") == "exactly-once" and values.get("async_commit"):
+        # rule 41 as rule 27: a commit while callbacks are outstanding would publish the outputs
+        # of messages it does not pass
+        raise ConfigError(
+            "task.async.commit=true cannot be combined with task.output.guarantee=exactly-once: "
+            "a commit must not publish the outputs of a message above the low watermark",
+            key="task.output.guarantee",
+            allowed="at-least-once while task.async.commit=true (or task.async.commit=false)",
             source=source,
         )
     return dataclasses.replace(Config(), extra=extra, stores=stores, **values)

@@ -22,7 +22,16 @@ from .collector import Collector
 from .config import Config, parse_config
 from .engine.policy import ErrorPolicy, RunLog
 from .errors import ConfigError, InputError, TailraceError, TaskError
-from .interfaces import CheckpointStore, PartitionReader, Producer, System
+from .interfaces import (
+    CheckpointStore,
+    CommitOutputs,
+    HeldProducer,
+    PartitionReader,
+    Producer,
+    StateChanges,
+    System,
+    Write,
+)
 from .memory import MemoryCheckpointStore
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
 from .stores import TaskStores
@@ -52,6 +61,7 @@ class TaskPlan:
 
     __slots__ = (
         "collector",
+        "held",
         "index",
         "kind",
         "name",
@@ -75,6 +85,7 @@ class TaskPlan:
         collector: Collector,
         stores: TaskStores | None = None,  # the task's key-value stores (rules 25-29)
         policy: ErrorPolicy | None = None,  # what a bad message does (rules 39, 40)
+        held: dict[str, HeldProducer] | None = None,  # exactly-once: its producers, by system (rule 41)
     ) -> None:
         self.name = name
         self.index = index
@@ -86,6 +97,7 @@ class TaskPlan:
         self.collector = collector
         self.stores = stores
         self.policy = policy
+        self.held = held
 
     def __repr__(self) -> str:
         return f"TaskPlan({self.name!r}, {len(self.partitions)} partitions, {self.kind})"
@@ -100,15 +112,68 @@ class TaskPlan:
         return TaskContext(self.name, self.partitions, config, timers, metrics, loop, self.stores)
 
     def state_dirty(self) -> bool:
-        """True when the task's stores hold writes no commit has carried yet."""
-        return self.stores is not None and self.stores.dirty()
+        """True when the task's stores hold writes, or its producers outputs (exactly-once),
+        that no commit has carried yet."""
+        if self.stores is not None and self.stores.dirty():
+            return True
+        return self.held is not None and any(p.pending() for p in self.held.values())
+
+    @property
+    def exact(self) -> bool:
+        """A commit of this task carries effects of its messages (state, held outputs): it may
+        run only when they hold exactly the released prefix (rules 27, 41; the engines)."""
+        return self.stores is not None or self.held is not None
+
+    def take_held(self) -> list[Publication]:
+        """Loop thread, at a commit's snapshot: the publications of the outputs held since the
+        last one (exactly-once; none otherwise)."""
+        if self.held is None:
+            return []
+        return [pub for p in self.held.values() if (pub := p.take()) is not None]
+
+    def early_commit(self, request: Callable[[], None]) -> None:
+        """The engine's way to make this task's commit fall due at once, called when a held
+        producer is full (rule 41: an early commit)."""
+        for p in (self.held or {}).values():
+            p.on_full = request
+
+
+Publication = Callable[[Write, CommitOutputs], None]
+
+
+def write_commit(
+    store: CheckpointStore,
+    task_name: str,
+    offsets: dict[SystemStreamPartition, Offset],
+    state: StateChanges | None,
+    publications: list[Publication],
+) -> None:
+    """A commit's atomic write of offsets and state, inside the publications of its held
+    outputs (exactly-once, rule 41): each publication wraps the next and the innermost wraps
+    the store's write, which gets what they collected (file lengths, Redis entries)."""
+
+    def write(outputs: CommitOutputs) -> None:
+        if outputs:
+            store.write(task_name, offsets, state, outputs=outputs)
+        elif state:
+            store.write(task_name, offsets, state)
+        elif offsets:
+            store.write(task_name, offsets)
+
+    def step(i: int) -> Write:
+        if i == len(publications):
+            return write
+        return lambda outputs: publications[i](step(i + 1), outputs)
+
+    step(0)(CommitOutputs())
 
 
 class _Commit:
-    """One task's commit handed to the writer: its offsets, the producers' syncs and its
-    stores' snapshots; ``done`` is set once it is written (or failed: ``error``)."""
+    """One task's commit handed to the writer: its offsets, the producers' syncs, its
+    stores' snapshots and its held outputs' publications; ``done`` is set once it is written
+    (or failed: ``error``)."""
 
-    __slots__ = ("done", "error", "offsets", "snapshots", "syncs", "task")
+    __slots__ = ("done", "error", "offsets", "publications", "snapshots", "syncs", "task")
 
     def __init__(
         self,
@@ -116,11 +181,13 @@ class _Commit:
         offsets: dict[SystemStreamPartition, Offset],
         syncs: list[Callable[[], None]],
         snapshots: dict[str, dict[Any, Any]] | None,
+        publications: list[Publication],
     ) -> None:
         self.task = task
         self.offsets = offsets
         self.syncs = syncs
         self.snapshots = snapshots
+        self.publications = publications
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -197,8 +264,7 @@ class CommitWriter:
             for sync in commit.syncs:
                 sync()
             state = stores.encode(commit.snapshots, yield_gil=True) if stores and commit.snapshots else None
-            if commit.offsets or state:
-                self._store.write(task.name, commit.offsets, state)
+            write_commit(self._store, task.name, commit.offsets, state, commit.publications)
             ok = True
             self.keys += sum(map(len, state.values())) if state else 0
             self.busy += time.perf_counter() - started
@@ -272,7 +338,7 @@ class JobPlan:
             syncs = [sync for p in self.producers.values() if (sync := p.flush_begin()) is not None]
             stores = task.stores
             snapshots = stores.snapshot() if stores else None
-            commit = _Commit(task, dict(offsets), syncs, snapshots)
+            commit = _Commit(task, dict(offsets), syncs, snapshots, task.take_held())
             self._in_flight[task.name] = commit
             writer.submit(commit)
 
@@ -309,15 +375,14 @@ class JobPlan:
             for producer in self.producers.values():
                 producer.flush()
             stores = task.stores
+            publications = task.take_held()
             if not stores:
-                if offsets:
-                    self.store.write(task.name, dict(offsets))
+                write_commit(self.store, task.name, dict(offsets), None, publications)
             else:
                 ok = False
                 try:
                     state = stores.begin_commit()
-                    if offsets or state:
-                        self.store.write(task.name, dict(offsets), state)
+                    write_commit(self.store, task.name, dict(offsets), state, publications)
                     ok = True
                 finally:
                     stores.end_commit(ok)
@@ -559,13 +624,16 @@ class Container:
                 committed = self._store.load(name)
                 readers = [self.systems[s.system].reader(s) for s in parts]
                 start = {s: committed[s] for s in parts if s in committed}
-                collector = Collector(producers, self._default_output_system)
+                held = self._hold(name, producers) if self.config.exactly_once else None
+                collector = Collector(held if held is not None else producers, self._default_output_system)
                 stores = TaskStores(name, specs, self._store) if specs else None
                 policy = ErrorPolicy(self.config, name, collector, dict(zip(parts, readers)), run_log)
                 if adapter is not None:
                     adapter.policy = policy  # an async def task counts its own retries
                 tasks.append(
-                    TaskPlan(name, index, instance, kind, parts, readers, start, collector, stores, policy)
+                    TaskPlan(
+                        name, index, instance, kind, parts, readers, start, collector, stores, policy, held
+                    )
                 )
         except Exception:
             self._store.close()
@@ -573,6 +641,23 @@ class Container:
                 runner.close()
             raise
         return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner, self._clock)
+
+    def _hold(self, task_name: str, producers: dict[str, Producer]) -> dict[str, HeldProducer]:
+        """Task ``task_name``'s producers under exactly-once outputs (rule 41): every system of
+        the job must give the guarantee with this checkpoint store, or the job is refused here,
+        at start-up, naming the system."""
+        held: dict[str, HeldProducer] = {}
+        for name, producer in producers.items():
+            try:
+                held[name] = producer.hold(task_name, self._store)
+            except NotImplementedError:
+                raise ConfigError(
+                    f"system {name!r} ({type(self.systems[name]).__name__}) cannot give exactly-once "
+                    "outputs: its outputs cannot be held until the commit and published with it",
+                    key="task.output.guarantee",
+                    allowed="at-least-once with this system (exactly-once: files, memory, redis)",
+                ) from None
+        return held
 
     def _check_task(self, instance: Any) -> None:
         """Start-up checks of the task class (misspelled hooks, a window that never runs);

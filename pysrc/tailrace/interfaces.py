@@ -16,7 +16,7 @@ output buffer is full (rule 24).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ._core import Envelope
@@ -106,8 +106,68 @@ class Producer(ABC):
         self.flush()
         return None
 
+    def hold(self, task_name: str, store: CheckpointStore) -> HeldProducer:
+        """Task ``task_name``'s producer under ``task.output.guarantee = exactly-once`` (rule
+        41): its sends are held until the task's commit and published by it, in one atomic
+        step with the offsets and state that ``store`` writes. Called at start-up, once per
+        task; a system that cannot give the guarantee (the default), or not with this store,
+        raises (NotImplementedError: the container names the system; ConfigError: a
+        reason of the system's own)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Flush and release resources. Idempotent."""
+
+
+class CommitOutputs:
+    """What a task's commit carries of its held outputs into the checkpoint store's atomic
+    ``write`` (rule 41): ``marks``, file outputs' committed lengths (path -> bytes), and
+    ``records``, entries the store itself appends in that write (Redis: each held batch's
+    stream keys and encoded arguments, ``tailrace.redis._resp.Batch.take_body``)."""
+
+    __slots__ = ("marks", "records")
+
+    def __init__(self) -> None:
+        self.marks: dict[str, int] = {}
+        self.records: list[Any] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.marks or self.records)
+
+
+Write = Callable[[CommitOutputs], None]
+"""A commit's atomic write of offsets and state, with the outputs it is given."""
+
+
+class HeldProducer(Producer):
+    """One task's producer of one system under exactly-once outputs (rule 41).
+
+    ``send`` (any thread, as ``Producer.send``) holds the record; nothing is visible to
+    readers until the task's commit. ``take`` (loop thread, at the commit's snapshot, nothing
+    outstanding) takes what was held and returns its publication: a function that, given
+    the commit's write, makes the records durable and visible together with it (``None``:
+    nothing held). The publication runs on the commit writer's thread. Once the held
+    records pass the system's bound, ``on_full`` is called (once per commit): the engine
+    makes the task's commit fall due (an early commit, docs/outputs.md)."""
+
+    on_full: Callable[[], None] | None = None
+
+    @abstractmethod
+    def pending(self) -> bool:
+        """True when records are held (the next commit must run to publish them)."""
+
+    @abstractmethod
+    def take(self) -> Callable[[Write, CommitOutputs], None] | None:
+        """What was sent since the last ``take``, as its publication (see the class)."""
+
+    def partitions(self, stream: str) -> int:  # pragma: no cover - every held producer has its own
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Nothing: held records become visible only through ``take`` (the commit)."""
+
+    def flush_begin(self) -> Callable[[], None] | None:
+        return None
 
 
 class System(ABC):
@@ -174,10 +234,19 @@ class CheckpointStore(ABC):
         """The last committed offsets of a task ({} if it never committed)."""
 
     @abstractmethod
-    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Offsets,
+        state: StateChanges | None = None,
+        outputs: CommitOutputs | None = None,
+    ) -> None:
         """Atomically record committed offsets of a task (partitions not named keep
-        theirs) and apply its state changes (keys not named keep their values).
-        Raises (CheckpointError, FencedError, ...) with nothing applied on failure."""
+        theirs), apply its state changes (keys not named keep their values) and, under
+        exactly-once outputs (rule 41), what ``outputs`` carries (file lengths, entries to
+        append); ``outputs`` is only ever passed when not empty, and a store that cannot take
+        what it carries raises. Raises (CheckpointError, FencedError, ...) with nothing
+        applied on failure."""
 
     def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
         """The committed value of ``key`` in ``store`` of a task, or None. Any thread."""
@@ -190,6 +259,13 @@ class CheckpointStore(ABC):
         in ascending order of the key bytes. Any thread; the iterator may fetch in
         batches and need not see commits made after it started."""
         raise NotImplementedError(f"{type(self).__name__} keeps no state")
+
+    def output_marks(self, paths: Iterable[str] | None = None) -> dict[str, int]:
+        """Committed lengths of the job's exactly-once file outputs (rule 41): of ``paths``,
+        or of every one (None); a path never committed is absent. A store that keeps none
+        raises NotImplementedError (exactly-once file outputs are refused with it). Called
+        at start-up and by the commit's publication (the writer's thread)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Release the claim. Idempotent."""

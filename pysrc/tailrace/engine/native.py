@@ -31,7 +31,7 @@ from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..stores import Journal
 from .failures import FurtherErrors
-from .timers import TimerHeap, before_window
+from .timers import TimerHeap, before_window, early_commit
 from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.native")
@@ -116,8 +116,9 @@ class NativeEngine:
         self._clock = plan.clock
         self._timer_slack = 0.0 if plan.clock.manual else _TIMER_SLACK
         self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows], plan.clock)
-        for timers in self._timers:
+        for tp, timers in zip(plan.tasks, self._timers):
             timers.runner = self._runner
+            tp.early_commit(early_commit(timers.schedule))
         if plan.writer is not None:  # a failed commit stops the loop at once (any thread)
             plan.writer.on_error = self._runner.post_error
         self._ran = False
@@ -256,13 +257,14 @@ class NativeEngine:
         s = self._slots[i]
         self._refresh(i)
         parts = s.parts
-        if s.plan.stores:
-            # Stores: a commit writes offsets and state together, so it runs only when the
-            # state holds exactly the released prefix (rule 27): nothing invoked and
-            # unreleased (a pool's handed-back ops were never invoked), and with key
-            # ordering nothing taken ahead of a message still buffered. Otherwise (a held
-            # tail after a commit request, the final commit after a failure, a look-ahead
-            # the task now catches up on) it writes nothing; the next commit carries it.
+        if s.plan.exact:
+            # Stores, or exactly-once outputs (rule 41): a commit writes offsets and state
+            # (and held outputs) together, so it runs only when they hold exactly the
+            # released prefix (rule 27): nothing invoked and unreleased (a pool's
+            # handed-back ops were never invoked), and with key ordering nothing taken
+            # ahead of a message still buffered. Otherwise (a held tail after a commit
+            # request, the final commit after a failure, a look-ahead the task now catches
+            # up on) it writes nothing; the next commit carries it.
             if not self._runner.settled(i):
                 return
             if not s.plan.state_dirty() and not any(p.low_watermark != p.committed for p in parts):

@@ -94,7 +94,7 @@ from ..stores import Journal, journal_bind, journal_undo
 from ..types import BadInput, Offset, SystemStreamPartition
 from .failures import FurtherErrors
 from .policy import FAIL, IGNORED
-from .timers import TimerHeap, before_window
+from .timers import TimerHeap, before_window, early_commit
 from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.reference")
@@ -323,6 +323,7 @@ class _Task:
         # commit (rules 39, 40)
         self.journal: Journal | None = Journal() if plan.stores and plan.kind == "sync" else None
         self.timers = _Timers(engine._timer_set, engine._clock)
+        plan.early_commit(early_commit(self.timers.schedule))
         # a sync task without key ordering: runs of messages on the loop thread when the
         # engine has no pool and no stuck-call watch (ReferenceEngine._run)
         self.inline = plan.kind == "sync" and cfg.ordering != "key"
@@ -535,10 +536,10 @@ class ReferenceEngine:
                 log.debug("task %r ignored %r at %s offset %r", t.name, e, cb.part.ssp, cb.offset)
             elif verdict == FAIL:
                 error = e
-                if journal is not None or not t.plan.stores:
-                    if journal is not None:
-                        journal_undo(journal)
-                    cb.handed_back = True
+                if journal is not None:
+                    journal_undo(journal)
+                if (journal is not None or not t.plan.stores) and t.plan.held is None:
+                    cb.handed_back = True  # as the C loop (rules 40, 41)
         finally:
             if journal is not None:
                 journal_bind(None)
@@ -1003,9 +1004,10 @@ class ReferenceEngine:
     def _commit(self, t: _Task) -> None:
         """Write each partition's low watermark (rules 9, 10, 12, 13), when it moved."""
         offsets = {p.ssp: p.low_watermark for p in t.parts if p.low_watermark is not None}
-        if t.plan.stores:
-            # Stores: offsets and state go together, so a commit runs only when the state
-            # holds exactly the released prefix (rule 27); else the next commit carries it.
+        if t.plan.exact:
+            # Stores, or exactly-once outputs (rule 41): offsets and state go together, so a
+            # commit runs only when the state (and held outputs) holds exactly the released
+            # prefix (rule 27); else the next commit carries it.
             if t.outstanding:
                 return
             if t.keyed and _taken_ahead(t):
@@ -1350,8 +1352,9 @@ class ReferenceEngine:
         self._fail(e if bad else TaskError(t.name, part.ssp, env.offset, e))
         if t.journal is not None:
             journal_undo(t.journal, mark)
-            return -1
-        return -1 if not t.plan.stores else 0
+        if t.plan.held is not None:
+            return 0  # exactly-once: its held sends cannot be parted from the others (rule 41)
+        return -1 if t.journal is not None or not t.plan.stores else 0
 
     def _decide(
         self, t: _Task, env: Envelope, e: BaseException, coordinator: Coordinator | None, mark: int = 0

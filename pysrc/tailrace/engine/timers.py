@@ -32,6 +32,28 @@ def before_window(clock: Clock, window_ns: int, window_time: float) -> float:
     return window_time - _SAME_INSTANT
 
 
+class _EarlyCommit:
+    """The key of the timer an exactly-once task's full output buffer schedules: no task's
+    own key equals it (rule 41: an early commit, see ``early_commit``)."""
+
+    def __repr__(self) -> str:
+        return "<early commit>"
+
+
+EARLY_COMMIT = _EarlyCommit()
+
+
+def _request_commit(key: Any, collector: Any, coordinator: Any) -> None:
+    coordinator.commit()
+
+
+def early_commit(schedule: Callable[[Any, float, Callable[..., Any]], None]) -> Callable[[], None]:
+    """What a task's held producers call when full (rule 41): a timer due at once (rule 23:
+    it runs with nothing outstanding, so every message that sent has completed) whose
+    commit request takes effect at once, as every timer's does."""
+    return lambda: schedule(EARLY_COMMIT, 0.0, _request_commit)
+
+
 class TimerHeap:
     """Timers keyed by the user's key; re-scheduling a key replaces its timer.
 

@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from .._core import FileOutput, FileSink
-from ..interfaces import Producer
+from ..errors import CheckpointError, ConfigError
+from ..interfaces import CheckpointStore, CommitOutputs, HeldProducer, Producer, Write
 from ..serdes import _json_codec, _json_encode  # the raw functions: errors stay the codec's own
-from .streams import _CHUNK, _msgpack, partition_file
+from .streams import _CHUNK, _msgpack, partition_file, publish_committed
+
+HELD_BYTES = 4 << 20
+"""Bytes of records a task's exactly-once file outputs hold before its commit falls due
+early (rule 41; docs/outputs.md)."""
 
 log = logging.getLogger("tailrace.files")
 
@@ -49,7 +54,9 @@ class FileProducer(Producer):
         self._dirty: set[FileOutput] = set()
         self._paths: dict[FileOutput, Path] = {}  # for messages
         self._closed = False
-        what = "JSON" if fmt == "jsonl" else "msgpack"
+        self._repaired = False  # exactly-once: the job's files cut to their committed lengths
+        self._encode, self._sep = encode, sep
+        self._what = what = "JSON" if fmt == "jsonl" else "msgpack"
         # the compiled send path; the collector finds it under this name
         self._tailrace_sink = FileSink(self, encode, sep, buffer_bytes, what)
 
@@ -156,6 +163,49 @@ class FileProducer(Producer):
 
         return sync
 
+    def hold(self, task_name: str, store: CheckpointStore) -> HeldProducer:
+        """Task ``task_name``'s exactly-once file outputs (rule 41, ``_HeldFileProducer``). The
+        first call cuts every file of this output directory that ``store`` has a committed
+        length of back to it: the records of a commit that never happened go before
+        anything runs."""
+        try:
+            store.output_marks(())
+        except NotImplementedError:
+            raise ConfigError(
+                f"exactly-once file outputs need a checkpoint store that records their committed "
+                f"lengths in the checkpoint's atomic write; {type(store).__name__} does not",
+                key="task.output.guarantee",
+                allowed="at-least-once with this store, or exactly-once with a sqlite (or memory) store",
+            ) from None
+        with self._lock:
+            if not self._repaired:
+                self._repair(store)
+                self._repaired = True
+        return _HeldFileProducer(self, task_name, store)
+
+    def _repair(self, store: CheckpointStore) -> None:
+        root = f"{os.path.realpath(self._root)}{os.sep}"
+        for name, mark in sorted(store.output_marks().items()):
+            if not name.startswith(root):
+                continue
+            path = Path(name)
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                raise CheckpointError(
+                    f"exactly-once output {path} is missing, but {mark} bytes of it are committed: "
+                    "it was moved or deleted outside the job"
+                ) from None
+            try:
+                with _appending(fd):
+                    # read again under the lock: another container of the job may have
+                    # committed to the file since (its length only grows)
+                    mark = store.output_marks([name]).get(name, mark)
+                    _cut_to(fd, path, mark)
+                    publish_committed(path, mark)
+            finally:
+                os.close(fd)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -168,6 +218,148 @@ class FileProducer(Producer):
                 os.close(out.fd)
             self._outs.clear()
             self._paths.clear()
+
+
+class _HeldFileProducer(HeldProducer):
+    """One task's file outputs under exactly-once (rule 41).
+
+    ``send`` encodes into buffers of the task's own (one per partition file, compiled, as
+    ``FileProducer``'s) that are never written before the task's commit. The commit's
+    publication (``_publish``, on the commit writer's thread) takes each file's exclusive
+    ``flock`` (in path order: no two processes wait on each other), cuts the file to its
+    committed length (the tail of a commit a crash cut short), appends and fsyncs the
+    task's records, then runs the checkpoint's atomic write with each file's new length,
+    publishes the lengths (``.partition-N.jsonl.committed``, for chained readers) and
+    unlocks. So a file only ever grows by whole commits, containers of one job append to one
+    file in turn, and whatever a crash leaves past a committed length is cut by the next
+    writer (or at the next start) before anything is appended or read."""
+
+    def __init__(self, parent: FileProducer, task_name: str, store: CheckpointStore) -> None:
+        self._parent = parent
+        self._task = task_name
+        self._store = store
+        self._paths: dict[FileOutput, Path] = {}
+        self._asked = False  # on_full called since the last take
+        # the compiled send path (the collector finds it under this name); a buffer reaching
+        # HELD_BYTES calls _write_full, which asks for the early commit instead of writing
+        self._tailrace_sink = FileSink(self, parent._encode, parent._sep, HELD_BYTES, parent._what, 1 << 16)
+
+    def partitions(self, stream: str) -> int:
+        return self._parent.partitions(stream)
+
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        self._tailrace_sink.send(stream, partition, key, message)
+
+    def _output(self, stream: str, partition: int) -> FileOutput:
+        """The task's buffer of ``stream``'s ``partition`` (FileSink's slow path): the file is
+        the container's (opened once), the buffer the task's."""
+        shared = self._parent._output(stream, partition)
+        with self._parent._lock:
+            for out in self._paths:
+                if out.fd == shared.fd:
+                    return out
+            out = FileOutput(shared.fd)
+            self._paths[out] = self._parent._paths[shared]
+            self._tailrace_sink.add(stream, partition, out)
+            return out
+
+    def _write_full(self, out: FileOutput) -> None:
+        if not self._asked and self.on_full is not None:
+            self._asked = True
+            self.on_full()
+
+    def pending(self) -> bool:
+        return any(out.used for out in list(self._paths))
+
+    def take(self) -> Callable[[Write, CommitOutputs], None] | None:
+        batch = []
+        for out, path in sorted(list(self._paths.items()), key=lambda item: str(item[1])):
+            taken = out.take()
+            if taken is not None:
+                batch.append((out, path, taken[0], taken[1]))
+        self._asked = False
+        if not batch:
+            return None
+
+        def publish(write: Write, outputs: CommitOutputs) -> None:
+            _publish(self._store, self._task, batch, write, outputs)
+
+        return publish
+
+    def close(self) -> None:
+        """Nothing to write: what is still held belongs to no commit (rule 41)."""
+
+
+def _publish(
+    store: CheckpointStore,
+    task_name: str,
+    batch: list[tuple[FileOutput, Path, bytearray, int]],
+    write: Write,
+    outputs: CommitOutputs,
+) -> None:
+    """A commit's file outputs made durable and visible with its write (see ``_HeldFileProducer``)."""
+    locked: list[int] = []
+    try:
+        for out, _path, _data, _size in batch:
+            fcntl.flock(out.fd, fcntl.LOCK_EX)
+            locked.append(out.fd)
+        names = [os.path.realpath(path) for _out, path, _data, _size in batch]
+        marks = store.output_marks(names)
+        fresh = CommitOutputs()
+        for (out, path, _data, _size), name in zip(batch, names):
+            if name not in marks:
+                # never committed: what the file holds now is the job's starting length,
+                # recorded before a byte is appended (a crash after the append cuts back to it)
+                size = os.fstat(out.fd).st_size
+                keep = (
+                    _complete_prefix(out.fd, size)
+                    if path.suffix == ".jsonl"
+                    else _complete_values(out.fd, size)
+                )
+                fresh.marks[name] = marks[name] = keep
+        if fresh:
+            store.write(task_name, {}, None, outputs=fresh)
+            for name, keep in fresh.marks.items():  # a chained reader stops there from now on
+                publish_committed(Path(name), keep)
+        for (out, path, data, size), name in zip(batch, names):
+            mark = marks[name]
+            _cut_to(out.fd, path, mark)
+            view = memoryview(data)
+            try:
+                done = 0
+                while done < size:
+                    done += os.write(out.fd, view[done:size])
+            finally:
+                view.release()
+            os.fsync(out.fd)
+            outputs.marks[name] = mark + size
+        write(outputs)
+        for (_out, path, _data, _size), name in zip(batch, names):
+            publish_committed(path, outputs.marks[name])
+    finally:
+        for fd in locked:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        for out, _path, data, _size in batch:
+            out.give_back(data)
+
+
+def _cut_to(fd: int, path: Path, mark: int) -> None:
+    """Under the file's ``flock``: cut ``path`` back to its committed length ``mark``."""
+    size = os.fstat(fd).st_size
+    if size < mark:
+        raise CheckpointError(
+            f"exactly-once output {path} holds {size} bytes, fewer than the {mark} committed: "
+            "it was truncated or replaced outside the job"
+        )
+    if size > mark:
+        log.warning(
+            "%s: cut %d bytes past its committed length %d (outputs of a commit a hard stop cut short)",
+            path,
+            size - mark,
+            mark,
+        )
+        os.ftruncate(fd, mark)
+        os.fsync(fd)
 
 
 class _appending:

@@ -16,7 +16,7 @@ from ..interfaces import PartitionReader
 from ..serdes import _json_codec, _json_decode  # the raw functions: errors stay the codec's own
 from ..types import BadInput, Offset, SystemStreamPartition
 from .fingerprints import FINGERPRINT_INTERVAL_S, record_fingerprint, verify_fingerprint
-from .streams import _CHUNK, _msgpack
+from .streams import _CHUNK, _msgpack, committed_length
 
 log = logging.getLogger("tailrace.files")
 
@@ -79,11 +79,25 @@ class FileReader(PartitionReader):
         # (offset, end) of the file's last line when it was read without a newline: its
         # fingerprint is recorded at once when it is committed, ending where it ended then
         self._open_line: tuple[int, int] | None = None
+        self._limit: int | None = None  # the committed length of an exactly-once output
+
+    def _room(self, pos: int) -> int:
+        """Bytes to read at ``pos`` (at most a chunk): none past an exactly-once output's
+        committed length, which is read again once ``pos`` reaches it."""
+        limit = self._limit
+        if limit is None:
+            return _CHUNK
+        if pos >= limit:
+            fresh = committed_length(self.path)
+            if fresh is not None and fresh > limit:
+                self._limit = limit = fresh
+        return max(0, min(_CHUNK, limit - pos))
 
     # -- engine side (loop thread) ---------------------------------------------
     def start(self, after: Offset | None, wakeup: Callable[[], None]) -> None:
         if not self.path.is_file():
             raise InputError("partition file does not exist", source=str(self.path))
+        self._limit = committed_length(self.path)
         f = open(self.path, "rb")
         try:
             pos = 0
@@ -127,8 +141,10 @@ class FileReader(PartitionReader):
         pos = self._data_off + self._end  # file offset of the first byte after the current chunk
         self._data, self._at, self._end, self._data_off = b"", 0, 0, pos
         while not self._eof:
+            at = pos + len(self._tail)
             try:
-                chunk = os.pread(self._fd, _CHUNK, pos + len(self._tail))
+                room = self._room(at)
+                chunk = os.pread(self._fd, room, at) if room else b""
             except OSError as e:
                 raise InputError(f"read failed: {e}", source=str(self.path)) from None
             if not chunk:
@@ -332,6 +348,7 @@ class MsgpackReader(FileReader):
         mp = _msgpack()
         if not self.path.is_file():
             raise InputError("partition file does not exist", source=str(self.path))
+        self._limit = committed_length(self.path)
         fd = os.open(self.path, os.O_RDONLY)
         self._fd = fd
         self._unpacker = mp.Unpacker(raw=False, strict_map_key=False)
@@ -379,7 +396,8 @@ class MsgpackReader(FileReader):
                     source=str(self.path),
                 ) from None
             try:
-                chunk = os.pread(self._fd, _CHUNK, self._read_pos)
+                room = self._room(self._read_pos)
+                chunk = os.pread(self._fd, room, self._read_pos) if room else b""
             except OSError as e:
                 raise InputError(f"read failed: {e}", source=str(self.path)) from None
             if not chunk:

@@ -4,6 +4,7 @@ tests and tools)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -21,6 +22,36 @@ _CHUNK = 1 << 16  # bytes read from a file at a time
 def partition_file(directory: Path, partition: int, fmt: str = "jsonl") -> Path:
     """The file of one partition: ``<directory>/partition-<N>.jsonl`` (or ``.txt``, ``.msgpack``)."""
     return directory / f"partition-{partition}{_EXTENSIONS[fmt]}"
+
+
+def committed_file(path: Path) -> Path:
+    """The file where an exactly-once job publishes ``path``'s committed length (rule 41):
+    ``.partition-N.jsonl.committed`` beside it (a dot file: no stream scan sees it)."""
+    return path.with_name(f".{path.name}.committed")
+
+
+def committed_length(path: Path) -> int | None:
+    """The committed length an exactly-once job last published for output file ``path``
+    (None: the file has none, so every byte of it counts). Only records below it are
+    committed; the job writes it after each commit that grows the file, never ahead."""
+    try:
+        text = committed_file(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"bad committed length {text[:40]!r}", source=str(committed_file(path))) from None
+
+
+def publish_committed(path: Path, length: int) -> None:
+    """Publish ``length`` as ``path``'s committed length (a rename: a reader sees the old or
+    the new value whole). Not fsynced: after a crash it may read an earlier length, never a
+    later one, and the next start publishes it again."""
+    final = committed_file(path)
+    tmp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(b"%d\n" % length)
+    os.replace(tmp, final)
 
 
 def scan_stream(directory: Path) -> tuple[int, str]:
@@ -103,15 +134,19 @@ def write_stream(
 
 
 def read_stream(directory: str | os.PathLike[str]) -> list[list[Any]]:
-    """Every message of an output (or input) JSON Lines stream, per partition (for tests and tools)."""
+    """Every message of an output (or input) stream, per partition (for tests and tools); of an
+    exactly-once output, the committed messages only (``committed_length``)."""
     d = Path(directory)
     n, fmt = scan_stream(d)
     out: list[list[Any]] = []
     for p in range(n):
-        with open(partition_file(d, p, fmt), "rb") as f:
-            if fmt == "msgpack":
-                out.append(list(_msgpack().Unpacker(f, raw=False, strict_map_key=False)))
-                continue
-            lines = f.read().splitlines()
+        path = partition_file(d, p, fmt)
+        limit = committed_length(path)
+        with open(path, "rb") as f:
+            data = f.read() if limit is None else f.read(limit)
+        if fmt == "msgpack":
+            out.append(list(_msgpack().Unpacker(io.BytesIO(data), raw=False, strict_map_key=False)))
+            continue
+        lines = data.splitlines()
         out.append([line.decode() if fmt == "text" else json.loads(line) for line in lines])
     return out

@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 
 from ..errors import CheckpointError, FencedError
-from ..interfaces import CheckpointStore, StateChanges
+from ..interfaces import CheckpointStore, CommitOutputs, StateChanges
 from ..types import Offset, Offsets, SystemStreamPartition
 from .system import KafkaSystem, _kafka
 
@@ -81,7 +81,15 @@ class KafkaCheckpointStore(CheckpointStore):
             return loaded
         return {s: (_offset_of_id(s, o) if s.system in self.systems else o) for s, o in loaded.items()}
 
-    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Offsets,
+        state: StateChanges | None = None,
+        outputs: CommitOutputs | None = None,
+    ) -> None:
+        if outputs:  # (refused at start-up: KafkaProducer.hold)
+            raise CheckpointError("the Kafka checkpoint store cannot commit held outputs")
         self._check_owned(task_name, offsets)
         for system in self.systems.values():
             mine = {s: o for s, o in offsets.items() if s.system == system.name}

@@ -63,7 +63,7 @@ from .._stopping import StopDeadline
 from ..buffered import BufferedPartition
 from ..config import options_checked
 from ..errors import ConfigError, InputError, TailraceError
-from ..interfaces import PartitionCounts, PartitionReader, Producer, System
+from ..interfaces import CheckpointStore, HeldProducer, PartitionCounts, PartitionReader, Producer, System
 from ..serdes import Serde, SerdeError, serde
 from ..types import BadInput, Offset, SystemStreamPartition
 
@@ -842,6 +842,20 @@ class _KafkaProducer(Producer):
         self._sends += 1
         if self._sends % self.POLL_EVERY == 0:
             self._producer.poll(0)
+
+    def hold(self, task_name: str, store: CheckpointStore) -> HeldProducer:
+        """Refused (rule 41): exactly-once Kafka outputs need a transactional producer whose
+        transaction commits the job's offsets with it (``send_offsets_to_transaction``),
+        which tailrace does not drive; see docs/outputs.md."""
+        raise ConfigError(
+            f"Kafka system {self._system.name!r} cannot give exactly-once outputs: that needs a "
+            "transactional producer whose transaction also commits the job's offsets (Kafka "
+            "transactions with send_offsets_to_transaction), which tailrace does not implement; "
+            "use at-least-once (readers dedupe by key), or write exactly-once outputs to files or "
+            "a standalone Redis",
+            key="task.output.guarantee",
+            allowed="at-least-once with a Kafka system in the job",
+        )
 
     def flush(self) -> None:
         """Wait until Kafka acknowledged everything sent so far (rule 21); raise the first

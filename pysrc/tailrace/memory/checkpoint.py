@@ -4,12 +4,12 @@ examples (survives container restarts within one process)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..config import options_checked
-from ..errors import ConfigError
-from ..interfaces import CheckpointStore, StateChanges
+from ..errors import CheckpointError, ConfigError
+from ..interfaces import CheckpointStore, CommitOutputs, StateChanges
 from ..types import Offset, Offsets, SystemStreamPartition
 
 
@@ -54,6 +54,7 @@ class MemoryCheckpointStore(CheckpointStore):
         self._data: dict[str, dict[str, dict[SystemStreamPartition, Offset]]] = {}
         # job -> (task, store) -> encoded key -> encoded value
         self._state: dict[str, dict[tuple[str, str], dict[bytes, bytes]]] = {}
+        self._marks: dict[str, dict[str, int]] = {}  # job -> exactly-once output file -> committed length
         self._lock = threading.Lock()
         self._job: str | None = None
         self.history_limit = history_limit
@@ -72,9 +73,19 @@ class MemoryCheckpointStore(CheckpointStore):
     def load(self, task_name: str) -> dict[SystemStreamPartition, Offset]:
         return dict(self._data[self._require_job()].get(task_name, {}))
 
-    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Offsets,
+        state: StateChanges | None = None,
+        outputs: CommitOutputs | None = None,
+    ) -> None:
         job = self._require_job()
+        if outputs is not None and outputs.records:
+            raise CheckpointError("the memory checkpoint store cannot append Redis entries")
         with self._lock:
+            if outputs is not None:
+                self._marks.setdefault(job, {}).update(outputs.marks)
             self._data[job].setdefault(task_name, {}).update(offsets)
             if state:
                 stores = self._state[job]
@@ -91,6 +102,14 @@ class MemoryCheckpointStore(CheckpointStore):
             history.append((task_name, dict(offsets)))
             if limit is not None and len(history) >= 2 * limit:
                 del history[:limit]  # trimmed in chunks: amortised O(1) per write
+
+    def output_marks(self, paths: Iterable[str] | None = None) -> dict[str, int]:
+        job = self._require_job()
+        with self._lock:
+            marks = self._marks.get(job, {})
+            if paths is None:
+                return dict(marks)
+            return {p: marks[p] for p in paths if p in marks}
 
     def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
         job = self._require_job()

@@ -12,7 +12,15 @@ from typing import Any
 from .._core import make_envelopes
 from ..config import options_checked
 from ..errors import ConfigError, InputError
-from ..interfaces import PartitionReader, Producer, System
+from ..interfaces import (
+    CheckpointStore,
+    CommitOutputs,
+    HeldProducer,
+    PartitionReader,
+    Producer,
+    System,
+    Write,
+)
 from ..types import Offset, SystemStreamPartition
 
 _TEXT = (str, bytes, bytearray)  # sequences, but never a partition or a list of partitions
@@ -164,6 +172,48 @@ class _MemoryProducer(Producer):
 
     def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
         self._system._output(stream, partition).append((key, message))
+
+    def hold(self, task_name: str, store: CheckpointStore) -> HeldProducer:
+        return _HeldMemoryProducer(self._system)
+
+
+HELD_RECORDS = 100_000
+"""Records a task's held memory outputs reach before its commit falls due early (rule 41)."""
+
+
+class _HeldMemoryProducer(HeldProducer):
+    """A task's memory outputs under exactly-once (rule 41): held in a list, appended to the
+    system's outputs right after the commit's write (one process: a crash loses both)."""
+
+    def __init__(self, system: MemorySystem) -> None:
+        self._system = system
+        self._held: list[tuple[str, int, Any, Any]] = []
+
+    def partitions(self, stream: str) -> int:
+        return self._system.output_partitions(stream)
+
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:
+        held = self._held
+        held.append((stream, partition, key, message))
+        if len(held) == HELD_RECORDS and self.on_full is not None:
+            self.on_full()
+
+    def pending(self) -> bool:
+        return bool(self._held)
+
+    def take(self) -> Callable[[Write, CommitOutputs], None] | None:
+        held = self._held
+        if not held:
+            return None
+        self._held = []
+        system = self._system
+
+        def publish(write: Write, outputs: CommitOutputs) -> None:
+            write(outputs)
+            for stream, partition, key, message in held:
+                system._output(stream, partition).append((key, message))
+
+        return publish
 
 
 def _check_partition_count(n: object, key: str) -> None:

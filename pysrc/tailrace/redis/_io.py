@@ -11,7 +11,9 @@ script can check the lease and write the checkpoint atomically::
     P:{stream:p}:fence:JOB      fencing counter (INCR on every acquisition)
     P:{stream:p}:done:JOB       set once JOB processed the partition to its end
     P:{a}:tckpt:JOB:TASK        hash "stream:p" -> id: committed ids of a task's
-                                partitions outside its anchor's slot (cluster only)
+                                partitions outside its anchor's slot (cluster only);
+                                field "~outputs": the number of the task's last
+                                exactly-once output batch (OUTPUT_COMMIT)
     P:{a}:state:JOB:TASK:STORE:k  sorted set (score 0) of a store's encoded keys
     P:{a}:state:JOB:TASK:STORE:v  hash: encoded key -> encoded value
     P:{job:JOB}:anchors         hash TASK -> "stream:p", the anchor its state was written under
@@ -338,9 +340,7 @@ return {0}
 # Every check runs before any write. A large commit is several calls of this
 # script in one MULTI/EXEC, each making the same checks (nothing runs between
 # them, so they all pass or all refuse) and writing the same offsets.
-STATE_COMMIT = (
-    _LUA_CMP
-    + """
+_LUA_TASK_CHECKS = """
 local L, C, R, S = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local a = 5
 for i = 1, L do
@@ -360,6 +360,12 @@ for j = 1, R do
   if behind(ARGV[a + 1], old) then return {2, C + j, old} end
   a = a + 2
 end
+"""
+
+STATE_COMMIT = (
+    _LUA_CMP
+    + _LUA_TASK_CHECKS
+    + """
 local CHUNK = 1000
 for s = 1, S do
   local zkey, hkey = KEYS[L + C + 2 * s], KEYS[L + C + 2 * s + 1]
@@ -393,6 +399,44 @@ for j = 1, R do
   local f = fields + 2 * (j - 1)
   redis.call('HSET', tckpt, ARGV[f], ARGV[f + 1])
 end
+return {0}
+"""
+)
+
+# One batch of a task's held outputs (exactly-once, rule 41), in the MULTI/EXEC of its
+# commit, before the STATE_COMMIT calls: the same KEYS and checks as STATE_COMMIT (so all
+# calls of the commit pass or all refuse), then the S output streams.
+# ARGV after the checks' part: the batch's sequence number, then per stream: n, then n
+# (message, key) pairs (key '-': none; '=' and the key's bytes).
+# -> {0} appended; {0, 1} appended by an earlier call (a retry after a lost reply: the
+# task's field '~outputs' of tckpt already holds this batch's number); {1, i} / {2, j,
+# stored} as STATE_COMMIT; {3, stored}: the task's last batch is not the one before this
+# (another owner appended since).
+OUTPUT_COMMIT = (
+    _LUA_CMP
+    + _LUA_TASK_CHECKS
+    + """
+a = fields + 2 * R
+local seq = tonumber(ARGV[a])
+a = a + 1
+local last = tonumber(redis.call('HGET', tckpt, '~outputs') or '0')
+if last == seq then return {0, 1} end
+if last ~= seq - 1 then return {3, last} end
+for s = 1, S do
+  local stream = KEYS[L + C + 1 + s]
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  for i = 1, n do
+    local k = ARGV[a + 1]
+    if k == '-' then
+      redis.call('XADD', stream, '*', 'm', ARGV[a])
+    else
+      redis.call('XADD', stream, '*', 'm', ARGV[a], 'k', string.sub(k, 2))
+    end
+    a = a + 2
+  end
+end
+redis.call('HSET', tckpt, '~outputs', seq)
 return {0}
 """
 )
@@ -495,6 +539,7 @@ class Scripts:
         self.members = client.register_script(MEMBERS)
         self.xadd_batch = client.register_script(XADD_BATCH)
         self.state_commit = client.register_script(STATE_COMMIT)
+        self.output_commit = client.register_script(OUTPUT_COMMIT)
         self.state_get = client.register_script(STATE_GET)
         self.state_scan = client.register_script(STATE_SCAN)
 

@@ -727,6 +727,29 @@ cdef class Batch:
         self.count = 0
         return bytes(out)
 
+    def take_body(self):
+        """The waiting entries as ``(stream keys, argument count, arguments)``: per stream key
+        in order, its entry count then its (message, key) pairs, encoded as RESP bulk strings
+        (the tail of a command whose header the caller writes), emptying the batch; None when
+        nothing waits. The exactly-once commit's OUTPUT_COMMIT call ends with them."""
+        cdef bytearray out
+        cdef _Dest d
+        cdef Py_ssize_t nargs = 0
+        cdef list keys = []
+        if not self._active:
+            return None
+        out = bytearray()
+        for d in self._active:
+            keys.append(d.key)
+            nargs += 1 + 2 * d.count
+            _put_arg(out, str(d.count))
+            _put(out, d.data, d.size)
+            d.size = 0
+            d.count = 0
+        self._active = []
+        self.count = 0
+        return keys, nargs, bytes(out)
+
 
 cdef int _put_prefixed(_Dest d, char prefix, const char* p, Py_ssize_t n) except -1:
     """Append one bulk string: the byte prefix, then p[0:n]."""

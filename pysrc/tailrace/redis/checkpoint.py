@@ -44,12 +44,13 @@ from typing import Any
 from .._stopping import StopDeadline
 from ..config import options_checked
 from ..errors import CheckpointError, ConfigError, FencedError
-from ..interfaces import CheckpointStore, StateChanges
+from ..interfaces import CheckpointStore, CommitOutputs, StateChanges
 from ..types import Offset, Offsets, SystemStreamPartition
 from ._io import (
     DEFAULT_URL,
     SCAN_LIMIT,
     Keys,
+    RespConnection,
     Scripts,
     check,
     connect,
@@ -262,6 +263,10 @@ class RedisCheckpointStore(CheckpointStore):
         self._renewer: threading.Thread | None = None
         self._layouts: dict[str, _TaskLayout] | None = None
         self._anchored: set[str] = set()  # tasks whose anchor matched the registry (this open)
+        # (task, its anchor's lease value) -> the task's last appended output batch (rule 41):
+        # read once per lease, so a lease lost and taken again reads it afresh
+        self._output_seq: dict[tuple[str, str], int] = {}
+        self._conn: Any = None  # exactly-once transactions' connection (``_connection``)
         # partitions whose commit was fenced during the last open (a member reads it after the
         # container stopped, so it is kept past close and emptied by the next open)
         self.fenced: set[SystemStreamPartition] = set()
@@ -315,6 +320,7 @@ class RedisCheckpointStore(CheckpointStore):
         self._values = {}
         self._layouts = None
         self._anchored = set()
+        self._output_seq = {}
 
     def _renew_loop(self) -> None:
         assert self._own_leases is not None
@@ -362,16 +368,29 @@ class RedisCheckpointStore(CheckpointStore):
             self._committed = self.read_committed()
         return dict(self._committed)
 
-    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Offsets,
+        state: StateChanges | None = None,
+        outputs: CommitOutputs | None = None,
+    ) -> None:
         job = self._require_job()
-        layout = self._layout(task_name) if state or self.cluster else None
-        if state and layout is None:
+        if outputs is not None and outputs.marks:
+            raise CheckpointError(
+                "the Redis checkpoint store cannot record file outputs' committed lengths "
+                "(exactly-once file outputs need a sqlite checkpoint store)"
+            )
+        records = outputs.records if outputs is not None else []
+        layout = self._layout(task_name) if state or records or self.cluster else None
+        if (state or records) and layout is None:
             raise CheckpointError(
                 f"task {task_name!r} has no input partitions in this Redis checkpoint store "
-                f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'}); cannot place its state"
+                f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'}); cannot place its "
+                f"{'state' if state else 'outputs'}"
             )
-        if layout is not None and (state or layout.remote):
-            self._write_task(job, task_name, layout, offsets, state or {})
+        if layout is not None and (state or records or layout.remote):
+            self._write_task(job, task_name, layout, offsets, state or {}, records)
             return
         items: list[tuple[SystemStreamPartition, str, str]] = []
         for ssp, offset in offsets.items():
@@ -546,8 +565,11 @@ class RedisCheckpointStore(CheckpointStore):
         layout: _TaskLayout,
         offsets: Mapping[SystemStreamPartition, Offset],
         state: StateChanges,
+        records: list[Any],
     ) -> None:
-        """One atomic, fenced write of a task's offsets and state changes (rules 26, 28)."""
+        """One atomic, fenced write of a task's offsets, state changes and held outputs
+        (rules 26, 28, 41): OUTPUT_COMMIT calls for the outputs, then STATE_COMMIT calls,
+        in one MULTI/EXEC when there are several, each making the same checks."""
         k = self.keys
         leases: list[SystemStreamPartition] = []
         lease_values: list[str] = []
@@ -578,9 +600,12 @@ class RedisCheckpointStore(CheckpointStore):
         for s, i in remote_ids:
             tail += [f"{s.stream}:{s.partition}", i]
         calls = self._state_calls(job, task_name, state)
+        outs = self._output_calls(job, task_name, layout, records)
         a = layout.anchor
 
         def run() -> list[Any]:
+            if outs:
+                return self._transaction(outs, keys, head, tail, calls)
             if len(calls) == 1:
                 store_keys, store_args = calls[0]
                 return [
@@ -614,7 +639,15 @@ class RedisCheckpointStore(CheckpointStore):
         if code == 0:
             if self._committed is not None:
                 self._committed.update({s: i for s, i in local_ids + remote_ids})
+            if outs:
+                self._output_seq[task_name, self._values[a]] += len(outs)
             return
+        if code == 3:
+            raise FencedError(
+                f"job {job!r} task {task_name!r}: its outputs were appended by another owner since "
+                f"(batch {text(reply[1])}); refusing to commit",
+                partition=str(a),
+            )
         if code == 1:
             ssp = leases[int(reply[1]) - 1]
             self.fenced.add(ssp)
@@ -670,6 +703,94 @@ class RedisCheckpointStore(CheckpointStore):
         if keys or not calls:
             calls.append((keys, args))
         return calls
+
+    def _output_calls(
+        self, job: str, task_name: str, layout: _TaskLayout, records: list[Any]
+    ) -> list[tuple[int, list[bytes], int, bytes]]:
+        """A commit's held outputs as OUTPUT_COMMIT calls, one per held batch (``(stream
+        keys, argument count, encoded arguments)``, ``_resp.Batch.take_body``): (batch
+        number, stream keys, argument count, arguments), numbered on from the task's last
+        appended batch (read from Redis once per task and lease)."""
+        if not records:
+            return []
+        held = (task_name, self._values.get(layout.anchor, ""))
+        if held not in self._output_seq:
+            raw = retrying(
+                partial(self.client.hget, layout.tckpt, "~outputs"),
+                f"reading the output batches of {task_name}",
+                deadline_s=self.retry_s,
+                stop=self._giving_up,
+            )
+            self._output_seq[held] = 0 if raw is None else int(text(raw))
+        seq = self._output_seq[held]
+        return [(seq + i + 1, keys, nargs, body) for i, (keys, nargs, body) in enumerate(records)]
+
+    def _transaction(
+        self,
+        outs: list[tuple[int, list[bytes], int, bytes]],
+        keys: list[str],
+        head: list[Any],
+        tail: list[Any],
+        calls: list[tuple[list[str], list[Any]]],
+    ) -> list[Any]:
+        """One MULTI/EXEC of the OUTPUT_COMMIT calls, then the STATE_COMMIT calls, written as
+        RESP bytes on a connection of the store's own (the held entries are already encoded:
+        redis-py would pack every argument again); the EXEC reply."""
+        from ._resp import pack
+
+        commands = [pack(("MULTI",))]
+        for seq, stream_keys, nargs, body in outs:
+            prefix = (
+                "EVAL",
+                self._scripts.output_commit.script,
+                len(keys) + len(stream_keys),
+                *keys,
+                *stream_keys,
+                *head,
+                len(stream_keys),
+                *tail,
+                seq,
+            )
+            packed = pack(prefix)
+            header = b"*%d\r\n" % len(prefix)
+            commands.append(b"*%d\r\n" % (len(prefix) + nargs) + packed[len(header) :] + body)
+        for store_keys, store_args in calls:
+            commands.append(
+                pack(
+                    (
+                        "EVAL",
+                        self._scripts.state_commit.script,
+                        len(keys) + len(store_keys),
+                        *keys,
+                        *store_keys,
+                        *head,
+                        len(store_keys) // 2,
+                        *tail,
+                        *store_args,
+                    )
+                )
+            )
+        commands.append(pack(("EXEC",)))
+        conn = self._connection()
+        try:
+            conn.send_packed_command(commands)
+            for _ in range(len(commands) - 1):  # OK, then QUEUED per call
+                conn.read_response()
+            return list(conn.read_response())
+        except BaseException:
+            conn.disconnect()  # the server drops a transaction whose connection closes
+            raise
+
+    def _connection(self) -> Any:
+        """The store's own connection for its exactly-once transactions (made on first use)."""
+        if self._conn is None:
+            params = RespConnection.usable_for(self.client)
+            self._conn = (
+                RespConnection(params)
+                if params is not None
+                else self.client.connection_pool.make_connection()
+            )
+        return self._conn
 
     def _read_fence(
         self, job: str, task_name: str
@@ -779,6 +900,9 @@ class RedisCheckpointStore(CheckpointStore):
             self._own_leases = None
         self._job = None
         self._forget_run()  # (``fenced`` stays readable until the next open: see __init__)
+        if self._conn is not None:
+            self._conn.disconnect()
+            self._conn = None
         if self._own_client:
             try:
                 self.client.close()

@@ -31,7 +31,16 @@ from .._stopping import StopDeadline
 from ..buffered import BufferedPartition
 from ..config import options_checked
 from ..errors import ConfigError, InputError
-from ..interfaces import PartitionCounts, PartitionReader, Producer, System
+from ..interfaces import (
+    CheckpointStore,
+    CommitOutputs,
+    HeldProducer,
+    PartitionCounts,
+    PartitionReader,
+    Producer,
+    System,
+    Write,
+)
 from ..serdes import SerdeError, _json_encode, serde
 from ..types import BadInput, Offset, SystemStreamPartition
 from . import _resp
@@ -460,6 +469,40 @@ class _RedisProducer(Producer):
         with self._lock:
             self._flush_locked(wait=True)
 
+    def hold(self, task_name: str, store: CheckpointStore) -> HeldProducer:
+        """Exactly-once (rule 41): the task's entries are appended by its commit's fenced
+        script, with its offsets and state (``_HeldRedisProducer``); refused unless the
+        checkpoint store is this Redis's, and on a Redis Cluster."""
+        from .checkpoint import RedisCheckpointStore  # (imports this module)
+
+        system = self._system
+        same = isinstance(store, RedisCheckpointStore) and (
+            store.client is system.client or store.url == system.url
+        )
+        if not same:
+            raise ConfigError(
+                f"exactly-once outputs to Redis system {system.name!r} are appended by the commit's "
+                f"fenced script, so they need the job's checkpoints in that same Redis ({system.where}); "
+                f"the checkpoint store is {type(store).__name__}"
+                + (f" at {store.where}" if isinstance(store, RedisCheckpointStore) else ""),
+                key="task.output.guarantee",
+                allowed="at-least-once with this store, or the redis checkpoint store of this system",
+            )
+        if system.cluster:
+            k = system.keys
+            raise ConfigError(
+                f"Redis Cluster: a commit's script may only touch keys of one hash slot, but a task's "
+                f"checkpoint keys ({k.checkpoint('STREAM', 0, 'JOB')}, ...) and its output streams "
+                f"({k.stream('OUTPUT', 0)}, ...) each carry a hash tag of their own partition, so they "
+                f"lie in different slots: exactly-once outputs to system {system.name!r} are refused",
+                key="task.output.guarantee",
+                allowed="at-least-once on a Redis Cluster (exactly-once needs a standalone Redis)",
+            )
+        # its commits carry the task's entries: written on the commit writer's thread while
+        # the loop goes on (as SQLite's are), not on the loop thread
+        store.background_writes = True
+        return _HeldRedisProducer(self)
+
     def _key(self, dest: tuple[str, int]) -> str:
         skey = self._keys.get(dest)
         if skey is None:
@@ -576,6 +619,54 @@ class _RedisProducer(Producer):
             if self._conn is not None:
                 self._conn.disconnect()
                 self._conn = None
+
+
+HELD_ENTRIES = 2_000
+"""Entries a task's exactly-once Redis outputs hold before its commit falls due early (rule 41)."""
+
+
+class _HeldRedisProducer(HeldProducer):
+    """A task's Redis outputs under exactly-once (rule 41): encoded as they are sent into a
+    batch of the task's own (``_resp.Batch``, compiled: an entry that cannot be encoded fails
+    in ``send``, not at the commit) and held; the commit's publication hands the encoded
+    entries to the checkpoint store, whose fenced MULTI/EXEC appends them with the offsets and
+    state (``RedisCheckpointStore``, OUTPUT_COMMIT), so a container past its lease appends
+    none of them (rule 28)."""
+
+    def __init__(self, producer: _RedisProducer) -> None:
+        system = producer._system
+        self._producer = producer
+        encode = producer._encode if _KINDS[system.codec] == _resp.CALL else None
+        self._batch = _resp.Batch(_KINDS[system.codec], encode, system.keys.stream, HELD_ENTRIES, self._full)
+        self._asked = False  # on_full called since the last take
+        self.send = self._batch.send  # type: ignore[method-assign]
+
+    def partitions(self, stream: str) -> int:
+        return self._producer.partitions(stream)
+
+    def send(self, stream: str, partition: int, key: Any, message: Any) -> None:  # (the batch's send)
+        self._batch.send(stream, partition, key, message)
+
+    def _full(self) -> None:
+        if not self._asked and self.on_full is not None:
+            self._asked = True
+            self.on_full()
+
+    def pending(self) -> bool:
+        return self._batch.count > 0
+
+    def take(self) -> Callable[[Write, CommitOutputs], None] | None:
+        with self._batch:
+            body = self._batch.take_body()
+        self._asked = False
+        if body is None:
+            return None
+
+        def publish(write: Write, outputs: CommitOutputs) -> None:
+            outputs.records.append(body)
+            write(outputs)
+
+        return publish
 
 
 def _as_bytes(v: bytes | str) -> bytes:

@@ -10,16 +10,16 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..config import options_checked
 from ..errors import CheckpointError
-from ..interfaces import CheckpointStore, StateChanges
+from ..interfaces import CheckpointStore, CommitOutputs, StateChanges
 from ..stores import split_changes
 from ..types import Offset, Offsets, SystemStreamPartition
-from .database import _STATE_SCHEMA, _access_hint, _bump_generation, _open_checked, connect
+from .database import _OUTPUT_SCHEMA, _STATE_SCHEMA, _access_hint, _bump_generation, _open_checked, connect
 from .locks import (
     _claim_name,
     _holder,
@@ -112,6 +112,7 @@ class SqliteCheckpointStore(CheckpointStore):
             self._take_inode_lock(job_name, self._lock_key)
             self._conn, self._marker = _open_checked(self.path, create=True)
             self._conn.executescript(_STATE_SCHEMA)  # stores created before state existed
+            self._conn.executescript(_OUTPUT_SCHEMA)  # and before exactly-once outputs
             # a commit's state flush touches many pages in one transaction: pages past the
             # default 2 MiB cache spill to the WAL before the commit (written twice)
             self._conn.execute(f"PRAGMA cache_size = {_WRITER_CACHE_KIB}")
@@ -310,8 +311,16 @@ class SqliteCheckpointStore(CheckpointStore):
             raise CheckpointError(f"checkpoint store {self.path}: cannot read task {task_name!r}: {e}") from e
         return {SystemStreamPartition(s, st, p): _offset(self.path, off) for s, st, p, off in rows}
 
-    def write(self, task_name: str, offsets: Offsets, state: StateChanges | None = None) -> None:
+    def write(
+        self,
+        task_name: str,
+        offsets: Offsets,
+        state: StateChanges | None = None,
+        outputs: CommitOutputs | None = None,
+    ) -> None:
         db = self._db()
+        if outputs is not None and outputs.records:
+            raise CheckpointError(f"checkpoint store {self.path} cannot append Redis entries")
         now = time.time()
         rows = []
         for ssp, off in offsets.items():
@@ -332,6 +341,12 @@ class SqliteCheckpointStore(CheckpointStore):
                 self._new_scopes.clear()
                 if state:
                     self._write_state(db, task_name, state)
+                if outputs is not None and outputs.marks:
+                    db.executemany(
+                        "INSERT INTO output_marks (job, path, length) VALUES (?, ?, ?)"
+                        " ON CONFLICT (job, path) DO UPDATE SET length = excluded.length",
+                        [(self._job, path, length) for path, length in outputs.marks.items()],
+                    )
                 generation = _bump_generation(db)
                 self._test_stall()
         except sqlite3.Error as e:
@@ -342,6 +357,23 @@ class SqliteCheckpointStore(CheckpointStore):
             self._scopes.update(self._new_scopes)
         self._writes += 1
         self._record_generation(generation)
+
+    def output_marks(self, paths: Iterable[str] | None = None) -> dict[str, int]:
+        db = self._db()
+        try:
+            if paths is None:
+                rows = db.execute(
+                    "SELECT path, length FROM output_marks WHERE job = ?", (self._job,)
+                ).fetchall()
+            else:
+                rows = []
+                for path in paths:
+                    rows += db.execute(
+                        "SELECT path, length FROM output_marks WHERE job = ? AND path = ?", (self._job, path)
+                    ).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise CheckpointError(f"checkpoint store {self.path}: cannot read output lengths: {e}") from e
+        return dict(rows)
 
     def _record_generation(self, generation: int) -> None:
         """After a write is durable: raise the marker's lower bound to it (see ``tailrace.sqlite``)."""

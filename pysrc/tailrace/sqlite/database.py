@@ -56,6 +56,18 @@ CREATE TABLE IF NOT EXISTS state (
 """
 _SCHEMA += _STATE_SCHEMA + ";\n"
 
+# Committed lengths of a job's exactly-once output files (rule 41), by real path, written
+# in the transaction of the checkpoint whose outputs end there. Created on open when missing.
+_OUTPUT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS output_marks (
+    job TEXT NOT NULL,
+    path TEXT NOT NULL,
+    length INTEGER NOT NULL,
+    PRIMARY KEY (job, path)
+)
+"""
+_SCHEMA += _OUTPUT_SCHEMA + ";\n"
+
 
 def _bump_generation(db: sqlite3.Connection) -> int:
     """Count one more write in ``meta`` (inside the write's transaction); the new generation."""
