@@ -51,12 +51,32 @@ class Envelope:
     def key(self) -> Any: ...
     @property
     def message(self) -> Any: ...
+    @property
+    def timestamp(self) -> int | None: ...
     def __init__(
-        self, system: str, stream: str, partition: int, offset: Any, key: Any, message: Any
+        self,
+        system: str,
+        stream: str,
+        partition: int,
+        offset: Any,
+        key: Any,
+        message: Any,
+        timestamp: int | None = None,
     ) -> None: ...
     @property
     def ssp(self) -> SystemStreamPartition: ...
 
+class TimestampReader:
+    def __init__(
+        self, task: str, field: str | None, unit: str, method: Callable[[Envelope], int] | None
+    ) -> None: ...
+    def stamp(self, env: Envelope) -> Envelope: ...
+
+def stamp_envelopes(batch: list[Envelope], reader: TimestampReader | None, now_ms: int) -> int: ...
+def wall_ms(clock: Any) -> int: ...
+def entry_envelope(
+    system: str, stream: str, partition: int, offset: Any, key: Any, message: Any
+) -> Envelope: ...
 def make_envelopes(
     system: str,
     stream: str,
@@ -206,6 +226,7 @@ class _TaskSlot:
     ignored: int
     commits: int
     timers: int
+    timestamps: TimestampReader | None
     policy: Any
     journal: Any
     def __init__(

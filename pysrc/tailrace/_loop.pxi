@@ -93,6 +93,9 @@ cdef class _PartState:
     cdef public long long committed_n
     cdef dict pinned  # id -> offset object, for offsets that are not small ints
     cdef object poll_range  # the reader's _tailrace_poll_range (MemorySystem bounded), or None
+    # wall time (ms since the epoch) of its latest read: the ingestion time of a lazy item
+    # (_take_item), which an envelope without another timestamp gets (rule 32)
+    cdef int64_t read_ms
     # The lists poll_range returned the first time, when they are lists: lazy ring
     # items index them (a later call returning other objects gets eager envelopes).
     cdef list range_messages
@@ -178,6 +181,9 @@ cdef class _TaskSlot:
     # besides failing, else None; journal: a sync task's undo journal (stores), or None
     cdef public object policy
     cdef public object journal  # a tailrace.stores.Journal, or None
+    # where its envelopes' timestamps come from when not from the system or the wall clock
+    # (rule 32): a field or its timestamp method; None: the system's time or ingestion time
+    cdef public TimestampReader timestamps
 
     def __init__(self, str name, plan, process, collector, bint is_async, list parts):
         self.name = name
@@ -244,8 +250,10 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
     if item & 1:
         ps = <_PartState>slot.parts[capi.tr_lazy_partition(item)]
         off = <Py_ssize_t>capi.tr_lazy_offset(item)
-        return new_envelope_at(ps.system, ps.stream, ps.partition, off,
-                               ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
+        env = new_envelope_at(ps.system, ps.stream, ps.partition, off,
+                              ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
+        env._ts = ps.read_ms  # lazy items only without a TimestampReader: ingestion time
+        return env
     env = <Envelope><PyObject *>item  # new reference ...
     Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
     return env
@@ -967,6 +975,7 @@ cdef class LoopRunner:
             return 0
         if n > free_slots:
             raise RuntimeError(f"reader of {ps.ssp} returned {n} messages, asked for at most {free_slots}")
+        stamp_envelopes(<list>batch, slot.timestamps, wall_ms(self._clock))  # rule 32
         i = 0
         while i < n:
             m = n - i if n - i < 256 else 256
@@ -1003,6 +1012,7 @@ cdef class LoopRunner:
         cdef Py_ssize_t start, end, i, j, k, m
         cdef Envelope env
         cdef capi.tr_status st
+        cdef TimestampReader stamper = slot.timestamps
         messages, keys, start, end = ps.poll_range(free_slots)
         if end <= start:
             capi.tr_loop_partition_state(
@@ -1017,7 +1027,8 @@ cdef class LoopRunner:
             ps.range_keyed = keys is not None
             # a lazy item is 16 bytes in the ring and no object: buffer a whole input buffer
             check(capi.tr_loop_partition_fill(self._loop, t, p, self._input_buffer), "partition fill")
-        if (messages is ps.range_messages and (keys is ps.range_keys)
+        ps.read_ms = wall_ms(self._clock)  # rule 32: ingestion time
+        if (stamper is None and messages is ps.range_messages and (keys is ps.range_keys)
                 and capi.tr_lazy_item(<uint64_t>end, p, &items[0])
                 and len(<list>messages) >= end and (keys is None or len(<list>keys) >= end)):
             # lazy items: the envelopes are built at dispatch (_take_item)
@@ -1057,6 +1068,10 @@ cdef class LoopRunner:
                 while j < m:
                     env = new_envelope_at(ps.system, ps.stream, ps.partition, i + j,
                                           None if keys is None else keys[i + j], messages[i + j])
+                    if stamper is None:
+                        env._ts = ps.read_ms
+                    else:
+                        env = stamper.stamp(env)  # or a bad message in its place (rule 39)
                     Py_INCREF(env)  # the ring's pin: see _take_item, _drain
                     items[j] = <uint64_t><PyObject *>env
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT

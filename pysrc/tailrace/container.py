@@ -26,6 +26,7 @@ from .interfaces import CheckpointStore, PartitionReader, Producer, System
 from .memory import MemoryCheckpointStore
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
 from .stores import TaskStores
+from .timestamps import timestamp_reader
 from .types import Offset, SystemStreamPartition, parse_system_stream
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class TaskPlan:
         "start_offsets",
         "stores",
         "task",
+        "timestamps",
     )
 
     def __init__(
@@ -86,6 +88,9 @@ class TaskPlan:
         self.collector = collector
         self.stores = stores
         self.policy = policy
+        # a tailrace._core.TimestampReader (task.timestamp.field or the task's timestamp
+        # method), or None: the system's time or ingestion time (rule 32)
+        self.timestamps: Any = None
 
     def __repr__(self) -> str:
         return f"TaskPlan({self.name!r}, {len(self.partitions)} partitions, {self.kind})"
@@ -539,7 +544,7 @@ class Container:
         try:
             for index, pnum in enumerate(sorted(by_partition)):
                 name = f"Partition {pnum}"
-                instance = self._factory()
+                instance = user_task = self._factory()
                 adapter: AsyncioTask | None = None
                 if index == 0:
                     self._check_task(instance)
@@ -555,6 +560,7 @@ class Container:
                     runner = runner or AsyncioRunner()
                     instance = adapter = AsyncioTask(instance, runner, self.config)
                     kind = "async"
+                stamper = timestamp_reader(self.config, name, user_task)
                 parts = sorted(by_partition[pnum])
                 committed = self._store.load(name)
                 readers = [self.systems[s.system].reader(s) for s in parts]
@@ -564,9 +570,9 @@ class Container:
                 policy = ErrorPolicy(self.config, name, collector, dict(zip(parts, readers)), run_log)
                 if adapter is not None:
                     adapter.policy = policy  # an async def task counts its own retries
-                tasks.append(
-                    TaskPlan(name, index, instance, kind, parts, readers, start, collector, stores, policy)
-                )
+                plan = TaskPlan(name, index, instance, kind, parts, readers, start, collector, stores, policy)
+                plan.timestamps = stamper
+                tasks.append(plan)
         except Exception:
             self._store.close()
             if runner is not None:

@@ -106,6 +106,7 @@ class NativeEngine:
             slot = _TaskSlot(tp.name, tp, process, tp.collector, tp.kind == "async", parts)
             if tp.policy is not None and tp.policy.active:
                 slot.policy = tp.policy
+            slot.timestamps = tp.timestamps
             if tp.stores and tp.kind == "sync":
                 # its store writes are recorded per invocation: a failed message's are undone,
                 # so a skipped one leaves none and a failed one costs no commit (rules 39, 40)

@@ -83,7 +83,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._core import COMMIT_ALL, COMMIT_CURRENT, SHUTDOWN_ALL, SHUTDOWN_CURRENT, Coordinator, Envelope
+from .._core import (
+    COMMIT_ALL,
+    COMMIT_CURRENT,
+    SHUTDOWN_ALL,
+    SHUTDOWN_CURRENT,
+    Coordinator,
+    Envelope,
+    stamp_envelopes,
+    wall_ms,
+)
 from ..api import hook
 from ..clock import Clock
 from ..container import JobPlan, TaskPlan
@@ -318,6 +327,7 @@ class _Task:
         # task.error.policy when it decides anything besides failing (rule 39); a sync task's
         # undo journal of its store writes (one thread runs its messages at a time)
         self.policy = plan.policy if plan.policy is not None and plan.policy.active else None
+        self.timestamps = plan.timestamps  # a TimestampReader, or None (rule 32)
         # a sync task with stores records its store writes per invocation: a failed
         # message's are undone, so a skipped one leaves none and a failed one costs no
         # commit (rules 39, 40)
@@ -845,6 +855,10 @@ class ReferenceEngine:
                 except Exception as e:  # noqa: BLE001 - bad input: stop, committing what was released (rule 18)
                     self._fail(e)
                     return got
+                if batch:  # rule 32: stamped as read (ingestion time: the wall clock now)
+                    if type(batch) is not list:
+                        batch = list(batch)
+                    stamp_envelopes(batch, t.timestamps, wall_ms(self._clock))
                 if t.keyed and not self._keys_ordered(t, p, batch):
                     return got
                 if batch:
