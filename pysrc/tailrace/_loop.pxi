@@ -356,8 +356,10 @@ cdef Envelope _bad_key_envelope(Envelope env, object e, _TaskSlot slot, object s
 
     error = key_error(slot.name, ssp, env.offset, env.key, e)
     error.__cause__ = e
-    return Envelope(env.system, env.stream, env.partition, env.offset, None,
-                    _BAD_INPUT(error, None, env.message))
+    cdef Envelope bad = Envelope(env.system, env.stream, env.partition, env.offset, None,
+                                 _BAD_INPUT(error, None, env.message))
+    bad._ts = env._ts  # its timestamp was read (rule 33 counted it)
+    return bad
 
 
 cdef int _hash_envelope_keys(uint64_t *items, uint64_t *hashes, size_t m,
@@ -469,6 +471,8 @@ cdef class LoopRunner:
         self._cb_timeout_s = config.callback_timeout_ms / 1000.0
         cfg.max_idle_ns = <int64_t>config.max_idle_ms * 1000000
         cfg.shutdown_ns = <int64_t>config.drain_ms * 1000000  # (rule 19: the drain's wait)
+        cfg.event_lag_ms = config.watermark_lag_ms  # rule 33
+        cfg.event_idle_ns = <int64_t>config.watermark_idle_ms * 1000000
         self._wgil = <PyGILState_STATE *>malloc(max(1, cfg.pool_size) * sizeof(PyGILState_STATE))
         self._wts = <PyThreadState **>malloc(max(1, cfg.pool_size) * sizeof(PyThreadState *))
         if self._wgil is NULL or self._wts is NULL:
@@ -976,6 +980,7 @@ cdef class LoopRunner:
         if n > free_slots:
             raise RuntimeError(f"reader of {ps.ssp} returned {n} messages, asked for at most {free_slots}")
         stamp_envelopes(<list>batch, slot.timestamps, wall_ms(self._clock))  # rule 32
+        cdef int64_t newest = TS_UNSET  # the largest timestamp read (rule 33)
         i = 0
         while i < n:
             m = n - i if n - i < 256 else 256
@@ -983,6 +988,8 @@ cdef class LoopRunner:
                 env = <Envelope?>(<list>batch)[i + j]
                 items[j] = <uint64_t><PyObject *>env  # borrowed from batch until the pin below
                 handles[j] = ps.handle_of(env)
+                if env._ts > newest:
+                    newest = env._ts
             if self._keyed:
                 _hash_envelope_keys(items, hashes, <size_t>m, slot, ps.ssp, batch)
                 st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes, <size_t>m)
@@ -993,6 +1000,7 @@ cdef class LoopRunner:
             for j in range(m):
                 Py_INCREF(<object><PyObject *>items[j])  # the ring's pin: see _take_item, _drain
             i += m
+        check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
         ps.read_n += n
         ps.newest_read = envelope_offset(<Envelope>batch[n - 1])
         return 0
@@ -1013,6 +1021,7 @@ cdef class LoopRunner:
         cdef Envelope env
         cdef capi.tr_status st
         cdef TimestampReader stamper = slot.timestamps
+        cdef int64_t newest = TS_UNSET  # the largest timestamp read (rule 33)
         messages, keys, start, end = ps.poll_range(free_slots)
         if end <= start:
             capi.tr_loop_partition_state(
@@ -1028,6 +1037,8 @@ cdef class LoopRunner:
             # a lazy item is 16 bytes in the ring and no object: buffer a whole input buffer
             check(capi.tr_loop_partition_fill(self._loop, t, p, self._input_buffer), "partition fill")
         ps.read_ms = wall_ms(self._clock)  # rule 32: ingestion time
+        if stamper is None:
+            newest = ps.read_ms  # every envelope's timestamp, unless its system gave one
         if (stamper is None and messages is ps.range_messages and (keys is ps.range_keys)
                 and capi.tr_lazy_item(<uint64_t>end, p, &items[0])
                 and len(<list>messages) >= end and (keys is None or len(<list>keys) >= end)):
@@ -1049,6 +1060,7 @@ cdef class LoopRunner:
                     check(st, f"input ring of {ps.ssp}")
                 i += m
             if i >= end:
+                check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
                 ps.read_n += end - start
                 ps.newest_read = end - 1
                 return 0
@@ -1072,6 +1084,8 @@ cdef class LoopRunner:
                         env._ts = ps.read_ms
                     else:
                         env = stamper.stamp(env)  # or a bad message in its place (rule 39)
+                    if env._ts > newest:
+                        newest = env._ts
                     Py_INCREF(env)  # the ring's pin: see _take_item, _drain
                     items[j] = <uint64_t><PyObject *>env
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT
@@ -1092,6 +1106,7 @@ cdef class LoopRunner:
                     Py_DECREF(<object><PyObject *>items[j])
                 check(st, f"input ring of {ps.ssp}")
             i += m
+        check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
         ps.read_n += end - start
         ps.newest_read = end - 1
         return 0
@@ -1235,6 +1250,16 @@ cdef class LoopRunner:
         """A manual clock moved to ``ns``: the loop reads it and runs what became due (any thread)."""
         capi.tr_manual_clock_set(&self._manual_clock, ns)
         capi.tr_loop_clock_moved(self._loop)
+
+    def event_watermark(self, uint32_t task):
+        """The task's event-time watermark in ms (rule 33): -2**63 for none yet, 2**63 - 1
+        once every input ended (tailrace/event_time.h). Any thread."""
+        return capi.tr_loop_event_watermark(self._loop, task)
+
+    def event_floor(self, uint32_t task, int64_t floor):
+        """The task's event-time watermark is at least ``floor`` (its committed value, rule
+        33). Before run, or on the loop thread."""
+        capi.tr_loop_event_floor(self._loop, task, floor)
 
     def idle(self):
         """True when the loop is parked with nothing queued for it (any thread)."""

@@ -259,6 +259,21 @@ KEYS: tuple[_Key, ...] = (
         "unit of task.timestamp.field: ms, s, us, ns (numbers since the epoch) or iso8601 (a string)",
     ),
     _Key(
+        "task.watermark.lag.ms",
+        "watermark_lag_ms",
+        0,
+        _ranged(0, _MAXI),
+        "bounded out-of-orderness: subtracted from a partition's largest timestamp (rule 33)",
+    ),
+    _Key(
+        "task.watermark.idle.ms",
+        "watermark_idle_ms",
+        60000,
+        _ranged(_MINI, _MAXI, "; <= 0: a partition is never idle"),
+        "wall time after which a partition with nothing to read stops holding the event-time "
+        "watermark (rule 33)",
+    ),
+    _Key(
         "task.input.buffer.size",
         "input_buffer_size",
         1024,
@@ -412,6 +427,8 @@ class Config:
     input_buffer_size: int = 1024
     timestamp_field: str = ""
     timestamp_unit: str = "ms"
+    watermark_lag_ms: int = 0
+    watermark_idle_ms: int = 60000
     stores: Mapping[str, StoreSpec] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
     # not a config key: the part of task.shutdown.ms a graceful stop keeps for its final

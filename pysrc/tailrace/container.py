@@ -101,8 +101,9 @@ class TaskPlan:
         timers: TimerService,
         metrics: Callable[[], TaskMetrics],
         loop: Any = None,
+        watermark: Callable[[], int] | None = None,
     ) -> TaskContext:
-        return TaskContext(self.name, self.partitions, config, timers, metrics, loop, self.stores)
+        return TaskContext(self.name, self.partitions, config, timers, metrics, loop, self.stores, watermark)
 
     def state_dirty(self) -> bool:
         """True when the task's stores hold writes no commit has carried yet."""

@@ -5,6 +5,7 @@ loop's lazy ranges) and live ones (its envelopes from ``poll``)."""
 
 from __future__ import annotations
 
+import math
 import pickle
 from typing import Any
 
@@ -180,3 +181,108 @@ def test_timestamp_config_is_checked(config: dict[str, Any], allowed: str) -> No
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as info:
         Container(Stamps, inputs=["mem.in"], systems=[bounded([[1]])], config=config)
     assert allowed in str(info.value)
+
+
+# -- the event-time watermark (rules 33, 37) ---------------------------------------
+
+
+class Marks(StreamTask):
+    """Sends (stream, n, its timestamp, the task's watermark when it is processed)."""
+
+    def init(self, context: Any) -> None:
+        self.context = context
+        self.first = context.watermark()
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        m = envelope.message
+        collector.send("mem.out", [envelope.stream, m["n"], envelope.timestamp, self.context.watermark()])
+
+    def end_of_stream(self, collector: Any, coordinator: Any) -> None:
+        collector.send("mem.out", ["eos", self.first, None, self.context.watermark()])
+
+
+def _watermark(d: TestDriver) -> Any:
+    return d.metrics()[0]["Partition 0"].event_time_watermark
+
+
+def test_rule33_out_of_order_within_the_lag(engine: str) -> None:
+    # one message read at a time: the watermark is the largest timestamp so far minus the lag
+    config = {"task.timestamp.field": "t", "task.watermark.lag.ms": 1000}
+    with TestDriver(Marks, inputs={"in": 1}, config=config, engine=engine) as d:  # type: ignore[arg-type]
+        assert _watermark(d) == -math.inf
+        for n, t in enumerate([1000, 3000, 2500, 2000, 4000]):
+            d.send("in", {"n": n, "t": t})
+        assert [(o[2], o[3]) for o in d.outputs("out")] == [
+            (1000, 0),
+            (3000, 2000),
+            (2500, 2000),  # out of order, within the lag: the watermark stays
+            (2000, 2000),
+            (4000, 3000),
+        ]
+        m = d.metrics()[0]["Partition 0"]
+        assert m.event_time_watermark == 3000
+        assert m.event_time_lag_ms == round(d.now * 1000) - 3000
+
+
+def test_rule33_an_idle_partition_is_released_and_rejoins_without_moving_it_back(engine: str) -> None:
+    # one task reading a[0] and b[0]; b stays silent, then comes back behind
+    config = {"task.timestamp.field": "t", "task.watermark.idle.ms": 1000}
+    with TestDriver(Marks, inputs={"a": 1, "b": 1}, config=config, engine=engine) as d:  # type: ignore[arg-type]
+        d.send("a", {"n": 0, "t": 5000})
+        assert _watermark(d) == -math.inf  # b never read, not idle yet: it holds the watermark
+        d.advance(999)
+        assert _watermark(d) == -math.inf
+        d.advance(501)  # both idle now (b since the start, a since its empty poll)
+        assert _watermark(d) == 5000  # every partition idle: the largest of theirs
+        d.send("a", {"n": 1, "t": 6000})
+        assert _watermark(d) == 6000  # b still idle: skipped
+        d.send("b", {"n": 2, "t": 2000})  # b rejoins behind the watermark
+        d.send("a", {"n": 3, "t": 7000})
+        assert _watermark(d) == 6000  # never backwards (b holds the minimum at 2000)
+        d.send("b", {"n": 4, "t": 8000})
+        assert _watermark(d) == 7000
+        assert [o[3] for o in d.outputs("out")] == [-math.inf, 6000, 6000, 6000, 7000]
+
+
+def test_rule33_idle_off_a_silent_partition_holds_the_watermark(engine: str) -> None:
+    config = {"task.timestamp.field": "t", "task.watermark.idle.ms": 0}
+    with TestDriver(Marks, inputs={"a": 1, "b": 1}, config=config, engine=engine) as d:  # type: ignore[arg-type]
+        d.send("a", {"n": 0, "t": 5000})
+        d.advance(3_600_000)
+        assert _watermark(d) == -math.inf
+
+
+def test_rule37_end_of_input_is_plus_infinity_before_end_of_stream(engine: str) -> None:
+    msgs = [[{"n": i, "t": 100 * i} for i in range(5)], [{"n": 9, "t": 50}]]
+    result, system, _ = _run(engine, Marks, msgs, task_timestamp_field="t", stores=[])
+    # one task per partition: each one's end_of_stream sees +infinity; init saw none yet
+    eos = [o for o in system.messages("out") if o[0] == "eos"]
+    assert eos == [["eos", -math.inf, None, math.inf]] * 2
+    for m in result.tasks.values():
+        assert (m.event_time_watermark, m.event_time_lag_ms) == (math.inf, 0.0)
+
+
+def test_rule33_a_bad_message_does_not_move_the_watermark(engine: str) -> None:
+    config = {"task.timestamp.field": "t", "task.error.policy": "skip"}
+    with TestDriver(Marks, inputs={"in": 1}, config=config, engine=engine) as d:  # type: ignore[arg-type]
+        d.send_all("in", [{"n": 0, "t": 10}, {"n": 1, "t": "late"}])
+        assert _watermark(d) == 10
+        assert d.metrics()[0]["Partition 0"].skipped == 1
+
+
+def test_rule33_ingestion_time_watermark_follows_the_clock(engine: str) -> None:
+    with TestDriver(Stamps, inputs={"in": 1}, engine=engine) as d:  # type: ignore[arg-type]
+        d.send("in", "a")
+        t0 = round(d.now * 1000)
+        assert _watermark(d) == t0
+        d.advance(250)
+        d.send("in", "b")
+        assert _watermark(d) == t0 + 250
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("task.watermark.lag.ms", -1), ("task.watermark.idle.ms", "soon")]
+)
+def test_watermark_config_is_checked(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        Container(Stamps, inputs=["mem.in"], systems=[bounded([[1]])], config={key: value})

@@ -23,13 +23,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartState, _TaskSlot
+from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartState, _TaskSlot, wall_ms
 from ..api import hook
 from ..clock import Clock, ManualClock
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..stores import Journal
+from .event_time import watermark_lag_ms, watermark_value
 from .failures import FurtherErrors
 from .timers import TimerHeap, before_window
 from .watchdog import StuckCallWatch
@@ -179,7 +180,10 @@ class NativeEngine:
             if init is None:
                 continue
             context = s.plan.make_context(
-                self.config, self._timers[i], functools.partial(self._task_metrics, i)
+                self.config,
+                self._timers[i],
+                functools.partial(self._task_metrics, i),
+                watermark=functools.partial(runner.event_watermark, i),
             )
             try:
                 init(context)
@@ -378,6 +382,9 @@ class NativeEngine:
             keys_in_flight=keys_in_flight,
             head_of_line_ms=head_of_line_ms,
         )
+        raw = self._runner.event_watermark(i)
+        m.event_time_watermark = watermark_value(raw)
+        m.event_time_lag_ms = watermark_lag_ms(raw, wall_ms(self._clock))
         policy = s.plan.policy
         if policy is not None:
             m.skipped, m.dead_lettered, m.retried = policy.skipped, policy.dead_lettered, policy.retried
