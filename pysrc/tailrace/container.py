@@ -20,9 +20,11 @@ from .api import TaskContext, TimerService, check_task_class, task_kind
 from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
 from .config import Config, parse_config
+from .engine.event_time import END as ET_END
+from .engine.event_time import NONE as ET_NONE
 from .engine.policy import ErrorPolicy, RunLog
 from .errors import ConfigError, InputError, TailraceError, TaskError
-from .interfaces import CheckpointStore, PartitionReader, Producer, System
+from .interfaces import CheckpointStore, PartitionReader, Producer, StateChanges, System
 from .memory import MemoryCheckpointStore
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
 from .stores import TaskStores
@@ -53,6 +55,8 @@ class TaskPlan:
 
     __slots__ = (
         "collector",
+        "event_time_committed",
+        "event_time_floor",
         "index",
         "kind",
         "name",
@@ -91,6 +95,10 @@ class TaskPlan:
         # a tailrace._core.TimestampReader (task.timestamp.field or the task's timestamp
         # method), or None: the system's time or ingestion time (rule 32)
         self.timestamps: Any = None
+        # with timestamps read (a field or a method): the event-time watermark committed
+        # (rule 33), which a restart resumes from (the floor), or None
+        self.event_time_floor: int | None = None
+        self.event_time_committed: int | None = None
 
     def __repr__(self) -> str:
         return f"TaskPlan({self.name!r}, {len(self.partitions)} partitions, {self.kind})"
@@ -105,16 +113,55 @@ class TaskPlan:
     ) -> TaskContext:
         return TaskContext(self.name, self.partitions, config, timers, metrics, loop, self.stores, watermark)
 
+    def event_time_state(self, watermark: int | None) -> StateChanges | None:
+        """What a commit writes of the task's event-time watermark (rule 33): its reserved
+        store's entry, when its timestamps are read (task.timestamp.field or a timestamp
+        method) and the watermark is finite and past what was committed; else None."""
+        if watermark is None or self.timestamps is None or not ET_NONE < watermark < ET_END:
+            return None
+        committed = self.event_time_committed
+        if committed is not None and watermark <= committed:
+            return None
+        return {EVENT_TIME_STORE: {_EVENT_TIME_KEY: str(watermark).encode()}}
+
     def state_dirty(self) -> bool:
         """True when the task's stores hold writes no commit has carried yet."""
         return self.stores is not None and self.stores.dirty()
+
+
+# The task state that holds its committed event-time watermark: a store name no job can
+# declare (a user's store name has no dot), one entry.
+EVENT_TIME_STORE = "tailrace.event-time"
+_EVENT_TIME_KEY = b"watermark"
+
+
+def committed_event_time(store: CheckpointStore, task_name: str) -> int | None:
+    """The event-time watermark a task committed (rule 33), or None."""
+    try:
+        raw = store.state_get(task_name, EVENT_TIME_STORE, _EVENT_TIME_KEY)
+    except NotImplementedError:
+        return None
+    return None if raw is None else int(raw)
+
+
+def _event_time_committed(task: TaskPlan, written: StateChanges | None) -> None:
+    """After a commit that wrote ``written`` durably: the task's committed watermark."""
+    value = written[EVENT_TIME_STORE][_EVENT_TIME_KEY] if written else None
+    if value is not None:
+        task.event_time_committed = int(value)
+
+
+def _merge_state(state: StateChanges | None, extra: StateChanges | None) -> StateChanges | None:
+    if not extra:
+        return state
+    return {**state, **extra} if state else extra
 
 
 class _Commit:
     """One task's commit handed to the writer: its offsets, the producers' syncs and its
     stores' snapshots; ``done`` is set once it is written (or failed: ``error``)."""
 
-    __slots__ = ("done", "error", "offsets", "snapshots", "syncs", "task")
+    __slots__ = ("done", "error", "event_time", "offsets", "snapshots", "syncs", "task")
 
     def __init__(
         self,
@@ -122,8 +169,10 @@ class _Commit:
         offsets: dict[SystemStreamPartition, Offset],
         syncs: list[Callable[[], None]],
         snapshots: dict[str, dict[Any, Any]] | None,
+        event_time: StateChanges | None = None,
     ) -> None:
         self.task = task
+        self.event_time = event_time
         self.offsets = offsets
         self.syncs = syncs
         self.snapshots = snapshots
@@ -203,9 +252,11 @@ class CommitWriter:
             for sync in commit.syncs:
                 sync()
             state = stores.encode(commit.snapshots, yield_gil=True) if stores and commit.snapshots else None
+            state = _merge_state(state, commit.event_time)
             if commit.offsets or state:
                 self._store.write(task.name, commit.offsets, state)
             ok = True
+            _event_time_committed(task, commit.event_time)
             self.keys += sum(map(len, state.values())) if state else 0
             self.busy += time.perf_counter() - started
         except TailraceError:
@@ -259,7 +310,12 @@ class JobPlan:
     def __repr__(self) -> str:
         return f"JobPlan({self.config.job_name!r}, {len(self.tasks)} tasks)"
 
-    def commit(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+    def commit(
+        self,
+        task: TaskPlan,
+        offsets: Mapping[SystemStreamPartition, Offset],
+        event_time: int | None = None,
+    ) -> None:
         """Flush every producer (output covering the commit is durable first), then
         write the task's checkpoint and its store changes in one atomic write (rules
         9, 13, 26). On success the stores' written entries turn clean; on failure they
@@ -268,17 +324,21 @@ class JobPlan:
         With a commit writer (``CommitWriter``), this takes the commit's snapshot and
         hands it over: the write is durable later, before the task's next commit begins
         and before ``drain`` returns; a failure of an earlier commit of the task raises
-        here."""
+        here.
+
+        ``event_time``: the task's event-time watermark, committed with the offsets in its
+        reserved state (rule 33; TaskPlan.event_time_state)."""
         writer = self.writer
+        extra = task.event_time_state(event_time)
         if writer is None:
-            self._commit_now(task, offsets)
+            self._commit_now(task, offsets, extra)
             return
         with self._commit_lock:
             self._settle(task)
             syncs = [sync for p in self.producers.values() if (sync := p.flush_begin()) is not None]
             stores = task.stores
             snapshots = stores.snapshot() if stores else None
-            commit = _Commit(task, dict(offsets), syncs, snapshots)
+            commit = _Commit(task, dict(offsets), syncs, snapshots, extra)
             self._in_flight[task.name] = commit
             writer.submit(commit)
 
@@ -310,23 +370,28 @@ class JobPlan:
         if first is not None:
             raise first
 
-    def _commit_now(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+    def _commit_now(
+        self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset], extra: StateChanges | None
+    ) -> None:
         with self._commit_lock:
             for producer in self.producers.values():
                 producer.flush()
             stores = task.stores
             if not stores:
-                if offsets:
+                if extra:
+                    self.store.write(task.name, dict(offsets), extra)
+                elif offsets:
                     self.store.write(task.name, dict(offsets))
             else:
                 ok = False
                 try:
-                    state = stores.begin_commit()
+                    state = _merge_state(stores.begin_commit(), extra)
                     if offsets or state:
                         self.store.write(task.name, dict(offsets), state)
                     ok = True
                 finally:
                     stores.end_commit(ok)
+            _event_time_committed(task, extra)
             for ssp, reader in zip(task.partitions, task.readers):
                 if ssp in offsets:
                     reader.committed(offsets[ssp])
@@ -573,6 +638,9 @@ class Container:
                     adapter.policy = policy  # an async def task counts its own retries
                 plan = TaskPlan(name, index, instance, kind, parts, readers, start, collector, stores, policy)
                 plan.timestamps = stamper
+                if stamper is not None:  # rule 33: resume from the committed watermark
+                    floor = committed_event_time(self._store, name)
+                    plan.event_time_floor = plan.event_time_committed = floor
                 tasks.append(plan)
         except Exception:
             self._store.close()

@@ -11,7 +11,17 @@ from typing import Any
 
 import pytest
 
-from tailrace import ConfigError, Container, Envelope, MemoryCheckpointStore, StreamTask, TaskError
+from tailrace import (
+    ConfigError,
+    Container,
+    Envelope,
+    MemoryCheckpointStore,
+    MemorySystem,
+    Scope,
+    SqliteCheckpointStore,
+    StreamTask,
+    TaskError,
+)
 from tailrace._core import entry_envelope
 from tailrace.testing import TestDriver
 from tailrace.timestamps import TimestampUnreadable
@@ -286,3 +296,39 @@ def test_rule33_ingestion_time_watermark_follows_the_clock(engine: str) -> None:
 def test_watermark_config_is_checked(key: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         Container(Stamps, inputs=["mem.in"], systems=[bounded([[1]])], config={key: value})
+
+
+class Resumes(Marks):
+    """Marks, stopping the container at the message marked ``stop``."""
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        super().process(envelope, collector, coordinator)
+        if envelope.message.get("stop"):
+            coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+
+@pytest.mark.parametrize("checkpoints", ["memory", "sqlite"])
+def test_rule33_resumes_from_at_least_the_committed_watermark(
+    engine: str, checkpoints: str, tmp_path: Any
+) -> None:
+    store: Any = (
+        MemoryCheckpointStore() if checkpoints == "memory" else SqliteCheckpointStore(tmp_path / "c.db")
+    )
+    system = MemorySystem().add_live_stream("in", 1)
+    config = {"task.timestamp.field": "t", "task.watermark.lag.ms": 100}
+
+    def run() -> None:
+        c = Container(
+            Resumes, inputs=["mem.in"], systems=[system], checkpoints=store, engine=engine, config=config
+        )
+        c.run()
+
+    for n, t in enumerate([1000, 5000, 3000]):
+        system.append("in", 0, {"n": n, "t": t, "stop": n == 2})
+    run()
+    assert [o[3] for o in system.messages("out")] == [4900] * 3  # read in one poll
+    # restarted: it resumes from 4900 (committed with offset 2); a message behind it cannot
+    # move it back
+    system.append("in", 0, {"n": 3, "t": 2000, "stop": True})
+    run()
+    assert system.messages("out")[3:] == [["in", 3, 2000, 4900]]

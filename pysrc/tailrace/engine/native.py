@@ -120,6 +120,9 @@ class NativeEngine:
         self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows], plan.clock)
         for timers in self._timers:
             timers.runner = self._runner
+        for i, tp in enumerate(plan.tasks):
+            if tp.event_time_floor is not None:  # rule 33: at least its committed value
+                self._runner.event_floor(i, tp.event_time_floor)
         if plan.writer is not None:  # a failed commit stops the loop at once (any thread)
             plan.writer.on_error = self._runner.post_error
         self._ran = False
@@ -276,7 +279,7 @@ class NativeEngine:
             return
         offsets = {p.ssp: p.low_watermark for p in parts if p.low_watermark is not None}
         try:
-            self.plan.commit(s.plan, offsets)
+            self.plan.commit(s.plan, offsets, self._runner.event_watermark(i))
         except TailraceError:
             raise
         except Exception as e:

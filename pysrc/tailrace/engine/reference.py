@@ -333,6 +333,8 @@ class _Task:
         self.event_time = EventTime(
             len(self.parts), cfg.watermark_lag_ms, cfg.watermark_idle_ms * 1_000_000, round(now * 1e9)
         )
+        if plan.event_time_floor is not None:  # rule 33: at least its committed value
+            self.event_time.floor(plan.event_time_floor)
         # a sync task with stores records its store writes per invocation: a failed
         # message's are undone, so a skipped one leaves none and a failed one costs no
         # commit (rules 39, 40)
@@ -1051,7 +1053,7 @@ class ReferenceEngine:
         elif not any(p.low_watermark != p.committed for p in t.parts):
             return
         try:
-            self.plan.commit(t.plan, offsets)
+            self.plan.commit(t.plan, offsets, t.event_time.value)
         except TailraceError as e:
             self._fail(e)
             return
