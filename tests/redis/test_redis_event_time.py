@@ -58,3 +58,32 @@ def test_rule33_the_watermark_is_committed_and_resumed(redis_server: RedisServer
     redis.append(stream, 0, {"n": 1, "t": 10, "stop": True})
     run()
     assert out.messages("out") == [[0, 7000], [1, 7000]]  # resumed: not back to 10
+
+
+class Stamps(StreamTask):
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        collector.send("mem.out", [envelope.offset, envelope.timestamp])
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_rule32_an_entrys_timestamp_is_its_ids_milliseconds(redis_server: RedisServer, engine: str) -> None:
+    stream = f"ts-{engine}"
+    redis = RedisSystem("redis", redis_server.url)
+    redis.create_stream(stream, 1)
+    for i in range(3):
+        redis.append(stream, 0, {"i": i})
+    redis.end_stream(stream)
+    out = MemorySystem()
+    ssp = SystemStreamPartition("redis", stream, 0)
+    Container(
+        Stamps,
+        inputs=[f"redis.{stream}"],
+        systems=[RedisSystem("redis", redis_server.url), out],
+        checkpoints=RedisCheckpointStore(redis_server.url, inputs=[ssp]),
+        engine=engine,
+        config={"job.name": f"ts-{engine}"},
+    ).run()
+    got = out.messages("out")
+    assert len(got) == 3
+    for offset, timestamp in got:
+        assert timestamp == int(offset.partition("-")[0])
