@@ -119,6 +119,11 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         st = tr_watermark_create(T->nparts, &T->wm);
         if (st != TR_OK)
             goto fail;
+        /* idleness counts from the task's start (rule 33): now, on the loop's clock */
+        st = tr_event_time_create(T->nparts, cfg->event_lag_ms, cfg->event_idle_ns, trl_now(L),
+                                  &T->et);
+        if (st != TR_OK)
+            goto fail;
         st = TR_ENOMEM;
         uint32_t wsize = pow2_at_least(T->limit);
         T->spart = calloc(wsize, sizeof *T->spart);
@@ -227,6 +232,8 @@ static void loop_free(tr_loop *L) {
                 tr_sequencer_destroy(T->seq);
             if (T->wm)
                 tr_watermark_destroy(T->wm);
+            if (T->et)
+                tr_event_time_destroy(T->et);
             free(T->infl);
             free(T->pitem);
             free(T->spart);
@@ -353,6 +360,17 @@ int tr_loop_idle(tr_loop *L) {
     /* seq_cst: pairs with the stores around wait_for_work's sleep; a claimed ticket counts */
     return atomic_load_explicit(&L->parked, TR_SEQ_CST) && tr_queue_size_approx(L->cq) == 0 &&
            !atomic_load_explicit(&L->error, TR_SEQ_CST);
+}
+
+int64_t tr_loop_event_watermark(const tr_loop *L, uint32_t t) {
+    if (t >= L->cfg.ntasks)
+        return TR_ET_NONE;
+    return tr_event_time_get(L->tasks[t].et);
+}
+
+void tr_loop_event_floor(tr_loop *L, uint32_t t, int64_t floor) {
+    if (t < L->cfg.ntasks)
+        tr_event_time_floor(L->tasks[t].et, floor);
 }
 
 tr_status tr_loop_watermark(tr_loop *L, uint32_t t, uint32_t p, tr_mark *out) {

@@ -136,7 +136,17 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
         return;
     task *T = &L->tasks[t];
     part *P = &T->parts[p];
-    if (P->state == TR_PART_ENDED || P->state == state)
+    if (P->state == TR_PART_ENDED)
+        return;
+    /* every empty poll: idleness is a matter of how long ago its empty streak began */
+    tr_status st = TR_OK;
+    if (state == TR_PART_IDLE)
+        st = tr_event_time_empty(T->et, p, trl_now(L));
+    else if (state == TR_PART_ENDED)
+        st = tr_event_time_ended(T->et, p, trl_now(L));
+    if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK) /* p < nparts: cannot happen */
+        L->internal = st;
+    if (P->state == state)
         return;
     if (P->state == TR_PART_IDLE)
         L->nidle--;
@@ -151,6 +161,12 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
     } else {
         trl_queue_refill(L, t, p);
     }
+}
+
+tr_status tr_loop_event_time_read(tr_loop *L, uint32_t t, uint32_t p, int64_t max_ts) {
+    if (t >= L->cfg.ntasks)
+        return TR_EINVAL;
+    return tr_event_time_read(L->tasks[t].et, p, max_ts, trl_now(L));
 }
 
 tr_status tr_loop_partition_fill(tr_loop *L, uint32_t t, uint32_t p, uint32_t fill) {

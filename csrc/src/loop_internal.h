@@ -171,6 +171,7 @@ typedef struct inflight {
 typedef struct task {
     tr_sequencer *seq;
     tr_watermark *wm;
+    tr_event_time *et; /* its event-time watermark (rule 33), loop thread (get: any) */
     part *parts;
     inflight *infl; /* only with callback timeouts: per seq slot */
     uint64_t infl_mask;

@@ -166,6 +166,8 @@ cdef extern from "tailrace/loop.h" nogil:
         int64_t (*clock_fn)(void *clock_ctx) noexcept nogil
         void *clock_ctx
         int32_t clock_manual
+        int64_t event_lag_ms
+        int64_t event_idle_ns
     ctypedef struct tr_loop_task:
         uint32_t npartitions
         uint32_t flags
@@ -225,6 +227,9 @@ cdef extern from "tailrace/loop.h" nogil:
     void tr_loop_clock_moved(tr_loop *loop)
     int tr_loop_idle(tr_loop *loop)
     tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
+    tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts)
+    int64_t tr_loop_event_watermark(const tr_loop *loop, uint32_t task)
+    void tr_loop_event_floor(tr_loop *loop, uint32_t task, int64_t floor)
     int tr_loop_task_settled(tr_loop *loop, uint32_t task)
     tr_status tr_loop_committed(const tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
     uint64_t tr_loop_read_count(const tr_loop *loop, uint32_t task, uint32_t partition)

@@ -34,10 +34,12 @@ def kafka_envelopes(list messages not None, Py_ssize_t next_offset, int key_kind
     None. A message whose key or value raises ValueError, TypeError or RecursionError on
     decoding keeps its place: its envelope's key is None and its message
     ``bad(offset, field, error, value bytes)`` (``field``: ``"key"`` or ``"value"``).
+    Each envelope's timestamp is the record's (rule 32), where it has one.
     Returns the offset after the last envelope appended.
     """
-    cdef object m, k, v, key, value, off_obj, field
+    cdef object m, k, v, key, value, off_obj, field, ts
     cdef Py_ssize_t off
+    cdef Envelope env
     for m in messages:
         off_obj = m.offset()
         off = off_obj
@@ -53,7 +55,11 @@ def kafka_envelopes(list messages not None, Py_ssize_t next_offset, int key_kind
         except (ValueError, TypeError, RecursionError) as e:
             key = None
             value = bad(off_obj, field, e, v)
-        out.append(new_envelope(system, stream, partition, off_obj, key, value))
+        env = new_envelope(system, stream, partition, off_obj, key, value)
+        ts_type, ts = m.timestamp()
+        if ts_type and type(ts) is int and 0 <= ts < 0x7FFFFFFFFFFFFFFF:
+            env._ts = <int64_t>ts  # the record's own time (rule 32): create or log-append time
+        out.append(env)
         next_offset = off + 1
     return next_offset
 

@@ -93,6 +93,9 @@ cdef class _PartState:
     cdef public long long committed_n
     cdef dict pinned  # id -> offset object, for offsets that are not small ints
     cdef object poll_range  # the reader's _tailrace_poll_range (MemorySystem bounded), or None
+    # wall time (ms since the epoch) of its latest read: the ingestion time of a lazy item
+    # (_take_item), which an envelope without another timestamp gets (rule 32)
+    cdef int64_t read_ms
     # The lists poll_range returned the first time, when they are lists: lazy ring
     # items index them (a later call returning other objects gets eager envelopes).
     cdef list range_messages
@@ -178,6 +181,9 @@ cdef class _TaskSlot:
     # besides failing, else None; journal: a sync task's undo journal (stores), or None
     cdef public object policy
     cdef public object journal  # a tailrace.stores.Journal, or None
+    # where its envelopes' timestamps come from when not from the system or the wall clock
+    # (rule 32): a field or its timestamp method; None: the system's time or ingestion time
+    cdef public TimestampReader timestamps
 
     def __init__(self, str name, plan, process, collector, bint is_async, list parts):
         self.name = name
@@ -244,8 +250,10 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
     if item & 1:
         ps = <_PartState>slot.parts[capi.tr_lazy_partition(item)]
         off = <Py_ssize_t>capi.tr_lazy_offset(item)
-        return new_envelope_at(ps.system, ps.stream, ps.partition, off,
-                               ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
+        env = new_envelope_at(ps.system, ps.stream, ps.partition, off,
+                              ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
+        env._ts = ps.read_ms  # lazy items only without a TimestampReader: ingestion time
+        return env
     env = <Envelope><PyObject *>item  # new reference ...
     Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
     return env
@@ -348,8 +356,10 @@ cdef Envelope _bad_key_envelope(Envelope env, object e, _TaskSlot slot, object s
 
     error = key_error(slot.name, ssp, env.offset, env.key, e)
     error.__cause__ = e
-    return Envelope(env.system, env.stream, env.partition, env.offset, None,
-                    _BAD_INPUT(error, None, env.message))
+    cdef Envelope bad = Envelope(env.system, env.stream, env.partition, env.offset, None,
+                                 _BAD_INPUT(error, None, env.message))
+    bad._ts = env._ts  # its timestamp was read (rule 33 counted it)
+    return bad
 
 
 cdef int _hash_envelope_keys(uint64_t *items, uint64_t *hashes, size_t m,
@@ -461,6 +471,8 @@ cdef class LoopRunner:
         self._cb_timeout_s = config.callback_timeout_ms / 1000.0
         cfg.max_idle_ns = <int64_t>config.max_idle_ms * 1000000
         cfg.shutdown_ns = <int64_t>config.drain_ms * 1000000  # (rule 19: the drain's wait)
+        cfg.event_lag_ms = config.watermark_lag_ms  # rule 33
+        cfg.event_idle_ns = <int64_t>config.watermark_idle_ms * 1000000
         self._wgil = <PyGILState_STATE *>malloc(max(1, cfg.pool_size) * sizeof(PyGILState_STATE))
         self._wts = <PyThreadState **>malloc(max(1, cfg.pool_size) * sizeof(PyThreadState *))
         if self._wgil is NULL or self._wts is NULL:
@@ -970,6 +982,8 @@ cdef class LoopRunner:
             return 0
         if n > free_slots:
             raise RuntimeError(f"reader of {ps.ssp} returned {n} messages, asked for at most {free_slots}")
+        stamp_envelopes(<list>batch, slot.timestamps, wall_ms(self._clock))  # rule 32
+        cdef int64_t newest = TS_UNSET  # the largest timestamp read (rule 33)
         i = 0
         while i < n:
             m = n - i if n - i < 256 else 256
@@ -977,6 +991,8 @@ cdef class LoopRunner:
                 env = <Envelope?>(<list>batch)[i + j]
                 items[j] = <uint64_t><PyObject *>env  # borrowed from batch until the pin below
                 handles[j] = ps.handle_of(env)
+                if env._ts > newest:
+                    newest = env._ts
             if self._keyed:
                 _hash_envelope_keys(items, hashes, <size_t>m, slot, ps.ssp, batch)
                 st = capi.tr_loop_push_inputs_keyed(self._loop, t, p, items, handles, hashes, <size_t>m)
@@ -987,6 +1003,7 @@ cdef class LoopRunner:
             for j in range(m):
                 Py_INCREF(<object><PyObject *>items[j])  # the ring's pin: see _take_item, _drain
             i += m
+        check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
         ps.read_n += n
         ps.newest_read = envelope_offset(<Envelope>batch[n - 1])
         return 0
@@ -1006,6 +1023,8 @@ cdef class LoopRunner:
         cdef Py_ssize_t start, end, i, j, k, m
         cdef Envelope env
         cdef capi.tr_status st
+        cdef TimestampReader stamper = slot.timestamps
+        cdef int64_t newest = TS_UNSET  # the largest timestamp read (rule 33)
         messages, keys, start, end = ps.poll_range(free_slots)
         if end <= start:
             capi.tr_loop_partition_state(
@@ -1020,7 +1039,10 @@ cdef class LoopRunner:
             ps.range_keyed = keys is not None
             # a lazy item is 16 bytes in the ring and no object: buffer a whole input buffer
             check(capi.tr_loop_partition_fill(self._loop, t, p, self._input_buffer), "partition fill")
-        if (messages is ps.range_messages and (keys is ps.range_keys)
+        ps.read_ms = wall_ms(self._clock)  # rule 32: ingestion time
+        if stamper is None:
+            newest = ps.read_ms  # every envelope's timestamp, unless its system gave one
+        if (stamper is None and messages is ps.range_messages and (keys is ps.range_keys)
                 and capi.tr_lazy_item(<uint64_t>end, p, &items[0])
                 and len(<list>messages) >= end and (keys is None or len(<list>keys) >= end)):
             # lazy items: the envelopes are built at dispatch (_take_item)
@@ -1041,6 +1063,7 @@ cdef class LoopRunner:
                     check(st, f"input ring of {ps.ssp}")
                 i += m
             if i >= end:
+                check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
                 ps.read_n += end - start
                 ps.newest_read = end - 1
                 return 0
@@ -1060,6 +1083,12 @@ cdef class LoopRunner:
                 while j < m:
                     env = new_envelope_at(ps.system, ps.stream, ps.partition, i + j,
                                           None if keys is None else keys[i + j], messages[i + j])
+                    if stamper is None:
+                        env._ts = ps.read_ms
+                    else:
+                        env = stamper.stamp(env)  # or a bad message in its place (rule 39)
+                    if env._ts > newest:
+                        newest = env._ts
                     Py_INCREF(env)  # the ring's pin: see _take_item, _drain
                     items[j] = <uint64_t><PyObject *>env
                     capi.tr_handle_int(<uint64_t>(i + j), &handles[j])  # fits: end < TR_HANDLE_LIMIT
@@ -1080,6 +1109,7 @@ cdef class LoopRunner:
                     Py_DECREF(<object><PyObject *>items[j])
                 check(st, f"input ring of {ps.ssp}")
             i += m
+        check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
         ps.read_n += end - start
         ps.newest_read = end - 1
         return 0
@@ -1223,6 +1253,16 @@ cdef class LoopRunner:
         """A manual clock moved to ``ns``: the loop reads it and runs what became due (any thread)."""
         capi.tr_manual_clock_set(&self._manual_clock, ns)
         capi.tr_loop_clock_moved(self._loop)
+
+    def event_watermark(self, uint32_t task):
+        """The task's event-time watermark in ms (rule 33): -2**63 for none yet, 2**63 - 1
+        once every input ended (tailrace/event_time.h). Any thread."""
+        return capi.tr_loop_event_watermark(self._loop, task)
+
+    def event_floor(self, uint32_t task, int64_t floor):
+        """The task's event-time watermark is at least ``floor`` (its committed value, rule
+        33). Before run, or on the loop thread."""
+        capi.tr_loop_event_floor(self._loop, task, floor)
 
     def idle(self):
         """True when the loop is parked with nothing queued for it (any thread)."""

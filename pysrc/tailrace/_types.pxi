@@ -26,6 +26,9 @@ cdef extern from "Python.h":
     bint _p_is_float "PyFloat_CheckExact"(PyObject *o)
     bint _p_is_bool "PyBool_Check"(PyObject *o)
 
+# Envelope._ts before any source stamped it (no timestamp is that far before the epoch)
+DEF TS_UNSET = -0x7FFFFFFFFFFFFFFF - 1
+
 from tailrace.types import Scope as _Scope
 from tailrace.types import SystemStreamPartition as _SSP
 
@@ -52,6 +55,9 @@ cdef class Envelope:
         message: the message itself, decoded (a str for text lines, the JSON value for JSON
             Lines).
         ssp: its :class:`SystemStreamPartition` (system, stream, partition).
+        timestamp: its event time in ms since the epoch, an int (rule 32: from
+            ``task.timestamp.field``, the task's ``timestamp`` method, the system's own record
+            time, or the time it was read); None for an envelope no engine has read yet.
     """
 
     cdef readonly str system
@@ -65,8 +71,12 @@ cdef class Envelope:
     cdef bint _int
     cdef readonly object key
     cdef readonly object message
+    # the event time (rule 32) in ms since the epoch; TS_UNSET until a system or an engine
+    # stamps it (an engine stamps every envelope it reads before dispatching it)
+    cdef int64_t _ts
 
-    def __init__(self, str system, str stream, Py_ssize_t partition, offset, key, message):
+    def __init__(self, str system, str stream, Py_ssize_t partition, offset, key, message,
+                 timestamp=None):
         self.system = system
         self.stream = stream
         self.partition = partition
@@ -74,7 +84,13 @@ cdef class Envelope:
         self._int = False
         self.key = key
         self.message = message
+        self._ts = TS_UNSET if timestamp is None else _timestamp_arg(timestamp)
         _settle(self)
+
+    @property
+    def timestamp(self):
+        """Its event time (rule 32): an int, ms since the epoch; None before an engine read it."""
+        return None if self._ts == TS_UNSET else self._ts
 
     @property
     def offset(self):
@@ -103,7 +119,15 @@ cdef class Envelope:
         return hash((self.system, self.stream, self.partition, self.offset))
 
     def __reduce__(self):
-        return (Envelope, self._astuple())
+        return (Envelope, self._astuple() + (self.timestamp,))
+
+
+cdef int64_t _timestamp_arg(object value) except? -1:
+    if type(value) is not int:
+        raise TypeError(f"timestamp must be an int (ms since the epoch), got {value!r}")
+    if value <= TS_UNSET or value > 0x7FFFFFFFFFFFFFFF:
+        raise OverflowError(f"timestamp {value} is out of range")
+    return <int64_t>value
 
 
 # Envelope's object fields as member descriptors (slots) instead of the properties
@@ -184,6 +208,7 @@ cdef inline Envelope new_envelope(str system, str stream, Py_ssize_t partition,
     e._int = False
     e.key = key
     e.message = message
+    e._ts = TS_UNSET
     _settle_new(e)
     return e
 
@@ -199,6 +224,7 @@ cdef inline Envelope new_envelope_at(str system, str stream, Py_ssize_t partitio
     e._int = True
     e.key = key
     e.message = message
+    e._ts = TS_UNSET
     _settle_new(e)
     return e
 
@@ -237,6 +263,18 @@ cdef inline void _settle(Envelope e) noexcept:
             PyObject_GC_UnTrack(e)
     elif not PyObject_GC_IsTracked(e):
         PyObject_GC_Track(e)
+
+
+def entry_envelope(str system, str stream, Py_ssize_t partition, offset, key, message):
+    """The Envelope of a Redis stream entry: its timestamp is the milliseconds part of its id
+    ``"<ms>-<seq>"`` (rule 32: the system's own record time)."""
+    cdef Envelope e = new_envelope(system, stream, partition, offset, key, message)
+    cdef Py_ssize_t dash
+    if type(offset) is str:
+        dash = (<str>offset).find("-")
+        if 0 < dash <= 18 and (<str>offset)[:dash].isascii() and (<str>offset)[:dash].isdigit():
+            e._ts = <int64_t>int((<str>offset)[:dash])
+    return e
 
 
 def make_envelopes(str system, str stream, Py_ssize_t partition, Py_ssize_t first_offset,

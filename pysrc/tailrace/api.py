@@ -100,6 +100,7 @@ class TaskContext:
         metrics: Callable[[], TaskMetrics],
         loop: asyncio.AbstractEventLoop | None = None,
         stores: TaskStores | None = None,
+        watermark: Callable[[], int] | None = None,
     ) -> None:
         self.task_name = task_name
         self.partitions: tuple[SystemStreamPartition, ...] = tuple(partitions)
@@ -108,6 +109,7 @@ class TaskContext:
         self._timers = timers
         self._metrics = metrics
         self._stores = stores
+        self._watermark = watermark
 
     def store(self, name: str) -> KeyValueStore[Any, Any]:
         """The task's store ``name`` (declared with ``[stores.NAME]`` / ``stores.NAME.*``).
@@ -152,6 +154,14 @@ class TaskContext:
         """The run's clock in epoch seconds: ``time.time()``, or the virtual time of a test
         driver. Compute ``schedule`` times from it (``context.now() + 5``)."""
         return self._timers.now()
+
+    def watermark(self) -> int | float:
+        """The task's event-time watermark (rules 33, 37; docs/event-time.md): an int of ms
+        since the epoch, ``-math.inf`` before there is one, ``math.inf`` once every input has
+        ended. It never moves backwards. Any thread."""
+        from .engine.event_time import NONE, watermark_value
+
+        return watermark_value(NONE if self._watermark is None else self._watermark())
 
     def __repr__(self) -> str:
         return f"TaskContext(task_name={self.task_name!r}, partitions={list(map(str, self.partitions))})"

@@ -101,6 +101,27 @@ def _error_policy(key: str, value: Any) -> str:
     raise ConfigError(f"expected one of {allowed}, got {value!r}", key=key, allowed=allowed)
 
 
+TIMESTAMP_UNITS = ("ms", "s", "us", "ns", "iso8601")
+
+
+def _timestamp_unit(key: str, value: Any) -> str:
+    allowed = ", ".join(TIMESTAMP_UNITS)
+    if isinstance(value, str):
+        v = value.strip().lower().replace("-", "")
+        if v in TIMESTAMP_UNITS:
+            return v
+    raise ConfigError(f"expected one of {allowed}, got {value!r}", key=key, allowed=allowed)
+
+
+def _timestamp_field(key: str, value: Any) -> str:
+    allowed = 'the name of a field of the messages (JSON objects), or "" for none'
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"expected a field name, got {value!r}", key=key, allowed=allowed)
+
+
 def _error_stream(key: str, value: Any) -> str:
     allowed = '"system.stream" (a system of the job and a stream in it), or "" for none'
     if value is None or value == "":
@@ -235,6 +256,36 @@ KEYS: tuple[_Key, ...] = (
         100,
         _ranged(0, 600_000),
         "wait before the first retry; doubled for each further one",
+    ),
+    _Key(
+        "task.timestamp.field",
+        "timestamp_field",
+        "",
+        _timestamp_field,
+        "message field holding the event time (rule 32); empty: the task's timestamp method, "
+        "the system's record time or ingestion time",
+    ),
+    _Key(
+        "task.timestamp.unit",
+        "timestamp_unit",
+        "ms",
+        _timestamp_unit,
+        "unit of task.timestamp.field: ms, s, us, ns (numbers since the epoch) or iso8601 (a string)",
+    ),
+    _Key(
+        "task.watermark.lag.ms",
+        "watermark_lag_ms",
+        0,
+        _ranged(0, _MAXI),
+        "bounded out-of-orderness: subtracted from a partition's largest timestamp (rule 33)",
+    ),
+    _Key(
+        "task.watermark.idle.ms",
+        "watermark_idle_ms",
+        60000,
+        _ranged(_MINI, _MAXI, "; <= 0: a partition is never idle"),
+        "wall time after which a partition with nothing to read stops holding the event-time "
+        "watermark (rule 33)",
     ),
     _Key(
         "task.input.buffer.size",
@@ -389,6 +440,10 @@ class Config:
     error_retries: int = 0
     error_retry_backoff_ms: int = 100
     input_buffer_size: int = 1024
+    timestamp_field: str = ""
+    timestamp_unit: str = "ms"
+    watermark_lag_ms: int = 0
+    watermark_idle_ms: int = 60000
     stores: Mapping[str, StoreSpec] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
     # not a config key: the part of task.shutdown.ms a graceful stop keeps for its final
@@ -513,6 +568,14 @@ def parse_config(
             "a store commit must not include the effect of a message above the low watermark",
             key="task.async.commit",
             allowed="false while stores.* are declared (or declare no stores.NAME.*)",
+            source=source,
+        )
+    if values.get("timestamp_unit", "ms") != "ms" and not values.get("timestamp_field"):
+        raise ConfigError(
+            f"task.timestamp.unit is {values['timestamp_unit']!r} but task.timestamp.field is not set: "
+            "the unit applies to that field only",
+            key="task.timestamp.unit",
+            allowed="ms (the default) unless task.timestamp.field names a field",
             source=source,
         )
     policy = values.get("error_policy", "fail")

@@ -20,6 +20,8 @@ from .api import TaskContext, TimerService, check_task_class, task_kind
 from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
 from .config import Config, parse_config
+from .engine.event_time import END as ET_END
+from .engine.event_time import NONE as ET_NONE
 from .engine.policy import ErrorPolicy, RunLog
 from .errors import ConfigError, InputError, TailraceError, TaskError
 from .interfaces import (
@@ -35,6 +37,7 @@ from .interfaces import (
 from .memory import MemoryCheckpointStore
 from .metrics import ContainerMetrics, RunResult, TaskMetrics
 from .stores import TaskStores
+from .timestamps import timestamp_reader
 from .types import Offset, SystemStreamPartition, parse_system_stream
 
 if TYPE_CHECKING:
@@ -61,6 +64,8 @@ class TaskPlan:
 
     __slots__ = (
         "collector",
+        "event_time_committed",
+        "event_time_floor",
         "held",
         "index",
         "kind",
@@ -71,6 +76,7 @@ class TaskPlan:
         "start_offsets",
         "stores",
         "task",
+        "timestamps",
     )
 
     def __init__(
@@ -98,6 +104,13 @@ class TaskPlan:
         self.stores = stores
         self.policy = policy
         self.held = held
+        # a tailrace._core.TimestampReader (task.timestamp.field or the task's timestamp
+        # method), or None: the system's time or ingestion time (rule 32)
+        self.timestamps: Any = None
+        # with timestamps read (a field or a method): the event-time watermark committed
+        # (rule 33), which a restart resumes from (the floor), or None
+        self.event_time_floor: int | None = None
+        self.event_time_committed: int | None = None
 
     def __repr__(self) -> str:
         return f"TaskPlan({self.name!r}, {len(self.partitions)} partitions, {self.kind})"
@@ -108,8 +121,20 @@ class TaskPlan:
         timers: TimerService,
         metrics: Callable[[], TaskMetrics],
         loop: Any = None,
+        watermark: Callable[[], int] | None = None,
     ) -> TaskContext:
-        return TaskContext(self.name, self.partitions, config, timers, metrics, loop, self.stores)
+        return TaskContext(self.name, self.partitions, config, timers, metrics, loop, self.stores, watermark)
+
+    def event_time_state(self, watermark: int | None) -> StateChanges | None:
+        """What a commit writes of the task's event-time watermark (rule 33): its reserved
+        store's entry, when its timestamps are read (task.timestamp.field or a timestamp
+        method) and the watermark is finite and past what was committed; else None."""
+        if watermark is None or self.timestamps is None or not ET_NONE < watermark < ET_END:
+            return None
+        committed = self.event_time_committed
+        if committed is not None and watermark <= committed:
+            return None
+        return {EVENT_TIME_STORE: {_EVENT_TIME_KEY: str(watermark).encode()}}
 
     def state_dirty(self) -> bool:
         """True when the task's stores hold writes, or its producers outputs (exactly-once),
@@ -168,12 +193,40 @@ def write_commit(
     step(0)(CommitOutputs())
 
 
+# The task state that holds its committed event-time watermark: a store name no job can
+# declare (a user's store name has no dot), one entry.
+EVENT_TIME_STORE = "tailrace.event-time"
+_EVENT_TIME_KEY = b"watermark"
+
+
+def committed_event_time(store: CheckpointStore, task_name: str) -> int | None:
+    """The event-time watermark a task committed (rule 33), or None."""
+    try:
+        raw = store.state_get(task_name, EVENT_TIME_STORE, _EVENT_TIME_KEY)
+    except NotImplementedError:
+        return None
+    return None if raw is None else int(raw)
+
+
+def _event_time_committed(task: TaskPlan, written: StateChanges | None) -> None:
+    """After a commit that wrote ``written`` durably: the task's committed watermark."""
+    value = written[EVENT_TIME_STORE][_EVENT_TIME_KEY] if written else None
+    if value is not None:
+        task.event_time_committed = int(value)
+
+
+def _merge_state(state: StateChanges | None, extra: StateChanges | None) -> StateChanges | None:
+    if not extra:
+        return state
+    return {**state, **extra} if state else extra
+
+
 class _Commit:
     """One task's commit handed to the writer: its offsets, the producers' syncs, its
     stores' snapshots and its held outputs' publications; ``done`` is set once it is written
     (or failed: ``error``)."""
 
-    __slots__ = ("done", "error", "offsets", "publications", "snapshots", "syncs", "task")
+    __slots__ = ("done", "error", "event_time", "offsets", "publications", "snapshots", "syncs", "task")
 
     def __init__(
         self,
@@ -182,8 +235,10 @@ class _Commit:
         syncs: list[Callable[[], None]],
         snapshots: dict[str, dict[Any, Any]] | None,
         publications: list[Publication],
+        event_time: StateChanges | None = None,
     ) -> None:
         self.task = task
+        self.event_time = event_time
         self.offsets = offsets
         self.syncs = syncs
         self.snapshots = snapshots
@@ -264,8 +319,10 @@ class CommitWriter:
             for sync in commit.syncs:
                 sync()
             state = stores.encode(commit.snapshots, yield_gil=True) if stores and commit.snapshots else None
+            state = _merge_state(state, commit.event_time)
             write_commit(self._store, task.name, commit.offsets, state, commit.publications)
             ok = True
+            _event_time_committed(task, commit.event_time)
             self.keys += sum(map(len, state.values())) if state else 0
             self.busy += time.perf_counter() - started
         except TailraceError:
@@ -319,7 +376,12 @@ class JobPlan:
     def __repr__(self) -> str:
         return f"JobPlan({self.config.job_name!r}, {len(self.tasks)} tasks)"
 
-    def commit(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+    def commit(
+        self,
+        task: TaskPlan,
+        offsets: Mapping[SystemStreamPartition, Offset],
+        event_time: int | None = None,
+    ) -> None:
         """Flush every producer (output covering the commit is durable first), then
         write the task's checkpoint and its store changes in one atomic write (rules
         9, 13, 26). On success the stores' written entries turn clean; on failure they
@@ -328,17 +390,21 @@ class JobPlan:
         With a commit writer (``CommitWriter``), this takes the commit's snapshot and
         hands it over: the write is durable later, before the task's next commit begins
         and before ``drain`` returns; a failure of an earlier commit of the task raises
-        here."""
+        here.
+
+        ``event_time``: the task's event-time watermark, committed with the offsets in its
+        reserved state (rule 33; TaskPlan.event_time_state)."""
         writer = self.writer
+        extra = task.event_time_state(event_time)
         if writer is None:
-            self._commit_now(task, offsets)
+            self._commit_now(task, offsets, extra)
             return
         with self._commit_lock:
             self._settle(task)
             syncs = [sync for p in self.producers.values() if (sync := p.flush_begin()) is not None]
             stores = task.stores
             snapshots = stores.snapshot() if stores else None
-            commit = _Commit(task, dict(offsets), syncs, snapshots, task.take_held())
+            commit = _Commit(task, dict(offsets), syncs, snapshots, task.take_held(), extra)
             self._in_flight[task.name] = commit
             writer.submit(commit)
 
@@ -370,22 +436,25 @@ class JobPlan:
         if first is not None:
             raise first
 
-    def _commit_now(self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset]) -> None:
+    def _commit_now(
+        self, task: TaskPlan, offsets: Mapping[SystemStreamPartition, Offset], extra: StateChanges | None
+    ) -> None:
         with self._commit_lock:
             for producer in self.producers.values():
                 producer.flush()
             stores = task.stores
             publications = task.take_held()
             if not stores:
-                write_commit(self.store, task.name, dict(offsets), None, publications)
+                write_commit(self.store, task.name, dict(offsets), extra, publications)
             else:
                 ok = False
                 try:
-                    state = stores.begin_commit()
+                    state = _merge_state(stores.begin_commit(), extra)
                     write_commit(self.store, task.name, dict(offsets), state, publications)
                     ok = True
                 finally:
                     stores.end_commit(ok)
+            _event_time_committed(task, extra)
             for ssp, reader in zip(task.partitions, task.readers):
                 if ssp in offsets:
                     reader.committed(offsets[ssp])
@@ -604,7 +673,7 @@ class Container:
         try:
             for index, pnum in enumerate(sorted(by_partition)):
                 name = f"Partition {pnum}"
-                instance = self._factory()
+                instance = user_task = self._factory()
                 adapter: AsyncioTask | None = None
                 if index == 0:
                     self._check_task(instance)
@@ -620,6 +689,7 @@ class Container:
                     runner = runner or AsyncioRunner()
                     instance = adapter = AsyncioTask(instance, runner, self.config)
                     kind = "async"
+                stamper = timestamp_reader(self.config, name, user_task)
                 parts = sorted(by_partition[pnum])
                 committed = self._store.load(name)
                 readers = [self.systems[s.system].reader(s) for s in parts]
@@ -630,11 +700,14 @@ class Container:
                 policy = ErrorPolicy(self.config, name, collector, dict(zip(parts, readers)), run_log)
                 if adapter is not None:
                     adapter.policy = policy  # an async def task counts its own retries
-                tasks.append(
-                    TaskPlan(
-                        name, index, instance, kind, parts, readers, start, collector, stores, policy, held
-                    )
+                plan = TaskPlan(
+                    name, index, instance, kind, parts, readers, start, collector, stores, policy, held
                 )
+                plan.timestamps = stamper
+                if stamper is not None:  # rule 33: resume from the committed watermark
+                    floor = committed_event_time(self._store, name)
+                    plan.event_time_floor = plan.event_time_committed = floor
+                tasks.append(plan)
         except Exception:
             self._store.close()
             if runner is not None:

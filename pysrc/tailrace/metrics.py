@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,11 @@ class TaskMetrics:
     # age in ms of the oldest invoked message not yet released: what holds the
     # low watermark back (head-of-line time; 0.0 when nothing is outstanding)
     head_of_line_ms: float = 0.0
+    # the event-time watermark (rules 33, 37): ms since the epoch, -inf before there is one,
+    # inf once every input ended (as context.watermark()); its lag behind the wall clock in
+    # ms (inf while there is none, 0 once every input ended)
+    event_time_watermark: int | float = -math.inf
+    event_time_lag_ms: float = math.inf
     committed: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
     low_watermark: dict[SystemStreamPartition, Offset] = field(default_factory=dict)
     newest_read: dict[SystemStreamPartition, Offset] = field(default_factory=dict)

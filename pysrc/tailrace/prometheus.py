@@ -74,6 +74,22 @@ class ContainerCollector(Collector):
             hol.add_metric([t.task], t.head_of_line_ms / 1000.0)
         yield keys
         yield hol
+        # event time (rules 33, 37): -Inf before a watermark exists, +Inf once every input ended
+        ewm = GaugeMetricFamily(
+            "tailrace_task_event_time_watermark_seconds",
+            "the task's event-time watermark, seconds since the epoch",
+            labels=["task"],
+        )
+        elag = GaugeMetricFamily(
+            "tailrace_task_event_time_lag_seconds",
+            "wall clock minus the event-time watermark (+Inf before there is one, 0 once inputs ended)",
+            labels=["task"],
+        )
+        for t in tasks.values():
+            ewm.add_metric([t.task], t.event_time_watermark / 1000.0)
+            elag.add_metric([t.task], t.event_time_lag_ms / 1000.0)
+        yield ewm
+        yield elag
         lag = GaugeMetricFamily(
             "tailrace_partition_lag", "newest offset read minus committed", labels=["task", "partition"]
         )

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
-SOURCES = ["status.c", "clock.c", "notifier.c", "queue.c", "sequencer.c", "watermark.c"]
+SOURCES = ["status.c", "clock.c", "notifier.c", "queue.c", "sequencer.c", "watermark.c", "event_time.c"]
 
 CDEF = """
 typedef enum tr_status {
@@ -85,11 +85,25 @@ tr_status tr_watermark_get(const tr_watermark *w, uint32_t partition, tr_mark *o
 tr_status tr_watermark_mark_committed(tr_watermark *w, uint32_t partition, tr_mark mark);
 tr_status tr_watermark_committed(const tr_watermark *w, uint32_t partition, tr_mark *out);
 int tr_watermark_dirty(const tr_watermark *w);
+
+#define TR_ET_NONE ...
+#define TR_ET_END ...
+typedef struct tr_event_time tr_event_time;
+tr_status tr_event_time_create(uint32_t npartitions, int64_t lag_ms, int64_t idle_ns,
+                               int64_t start_ns, tr_event_time **out);
+void tr_event_time_destroy(tr_event_time *et);
+tr_status tr_event_time_read(tr_event_time *et, uint32_t partition, int64_t max_ts,
+                             int64_t now_ns);
+tr_status tr_event_time_empty(tr_event_time *et, uint32_t partition, int64_t now_ns);
+tr_status tr_event_time_ended(tr_event_time *et, uint32_t partition, int64_t now_ns);
+int64_t tr_event_time_update(tr_event_time *et, int64_t now_ns);
+void tr_event_time_floor(tr_event_time *et, int64_t floor);
+int64_t tr_event_time_get(const tr_event_time *et);
+int64_t tr_event_time_partition(const tr_event_time *et, uint32_t partition);
 """
 
-SOURCE = "\n".join(
-    f'#include "tailrace/{h}.h"' for h in ("status", "clock", "notifier", "queue", "sequencer", "watermark")
-)
+HEADERS = ("status", "clock", "notifier", "queue", "sequencer", "watermark", "event_time")
+SOURCE = "\n".join(f'#include "tailrace/{h}.h"' for h in HEADERS)
 
 
 def _build(tmpdir: Path):

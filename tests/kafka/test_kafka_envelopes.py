@@ -141,3 +141,24 @@ def test_a_reader_gets_nothing_fetched_before_its_position_is_applied() -> None:
         fetcher._unpositioned.discard(("t", 3))
     fetcher.deliver({("t", 3): [_msg(o, b"k", b"1") for o in range(274, 280)]})
     assert [e.offset for e in r.poll(100)] == list(range(274, 280))
+
+
+def test_rule32_an_envelope_has_its_records_timestamp_on_both_paths() -> None:
+    plain = KafkaSystem("kafka", "127.0.0.1:1", value_serde="json")
+    with_headers = KafkaSystem("kafka", "127.0.0.1:1", value_serde="json", headers=True)
+    batch = [
+        ck.Message(
+            topic="t", partition=3, offset=0, key=None, value=b"1", timestamp=(ck.TIMESTAMP_CREATE_TIME, 1234)
+        ),
+        ck.Message(
+            topic="t",
+            partition=3,
+            offset=1,
+            key=None,
+            value=b"2",
+            timestamp=(ck.TIMESTAMP_LOG_APPEND_TIME, 99),
+        ),
+        ck.Message(topic="t", partition=3, offset=2, key=None, value=b"3"),  # no timestamp
+    ]
+    for system in (plain, with_headers):
+        assert [e.timestamp for e in _read(system, [batch])] == [1234, 99, None]

@@ -79,6 +79,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tailrace/event_time.h"
 #include "tailrace/status.h"
 #include "tailrace/watermark.h"
 
@@ -177,6 +178,11 @@ typedef struct tr_loop_config {
     int64_t (*clock_fn)(void *clock_ctx);
     void *clock_ctx;
     int32_t clock_manual;
+    /* Event time (rules 33, 37; tailrace/event_time.h): each task's watermark is coalesced
+     * from its partitions' timestamps (tr_loop_event_time_read), their empty polls and
+     * ends (tr_loop_partition_state), on the loop's clock. */
+    int64_t event_lag_ms;  /* task.watermark.lag.ms, >= 0 */
+    int64_t event_idle_ns; /* task.watermark.idle.ms in ns; <= 0: no partition is ever idle */
 } tr_loop_config;
 
 typedef struct tr_loop_hooks {
@@ -273,7 +279,8 @@ tr_status tr_loop_push_inputs(tr_loop *loop, uint32_t task, uint32_t partition,
 tr_status tr_loop_push_inputs_keyed(tr_loop *loop, uint32_t task, uint32_t partition,
                                     const uint64_t *items, const uint64_t *handles,
                                     const uint64_t *hashes, size_t n);
-/* Loop thread, inside run_batch: TR_PART_IDLE or TR_PART_ENDED after a poll. */
+/* Loop thread, inside run_batch: TR_PART_IDLE or TR_PART_ENDED after a poll (for
+ * event time: an empty poll, every time, or the partition's end). */
 void tr_loop_partition_state(tr_loop *loop, uint32_t task, uint32_t partition, int state);
 /* Loop thread, inside run_batch: refill this partition up to `fill` items from now on
  * (clamped to 1..input_buffer). The loop starts every partition at a share of a
@@ -351,6 +358,17 @@ void tr_loop_clock_moved(tr_loop *loop);
 /* Any thread: 1 when the loop is parked with nothing to do (no completion, wake-up or stop
  * queued for it): what a test driver on a manual clock waits for. */
 int tr_loop_idle(tr_loop *loop);
+
+/* Loop thread, inside run_batch (REFILL), after pushing a poll's messages: max_ts is the
+ * largest of their event timestamps (ms; TR_ET_NONE when none has one). Moves the task's
+ * event-time watermark (rule 33). TR_EINVAL for an unknown task or partition. */
+tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts);
+/* Any thread: the task's event-time watermark (ms; TR_ET_NONE: none yet; TR_ET_END: every
+ * input ended), as last computed; TR_ET_NONE for an unknown task. */
+int64_t tr_loop_event_watermark(const tr_loop *loop, uint32_t task);
+/* The owning thread before run, or the loop thread: the task's watermark is at least
+ * `floor` (its committed value: a restart resumes from it, rule 33). */
+void tr_loop_event_floor(tr_loop *loop, uint32_t task, int64_t floor);
 
 /* Loop thread: the task partition's low watermark / record a durable commit. */
 tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out);

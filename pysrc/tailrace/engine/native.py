@@ -23,13 +23,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartState, _TaskSlot
+from .._core import COMMIT_ALL, COMMIT_CURRENT, Coordinator, LoopRunner, _PartState, _TaskSlot, wall_ms
 from ..api import hook
 from ..clock import Clock, ManualClock
 from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..stores import Journal
+from .event_time import watermark_lag_ms, watermark_value
 from .failures import FurtherErrors
 from .timers import TimerHeap, before_window, early_commit
 from .watchdog import StuckCallWatch
@@ -106,6 +107,7 @@ class NativeEngine:
             slot = _TaskSlot(tp.name, tp, process, tp.collector, tp.kind == "async", parts)
             if tp.policy is not None and tp.policy.active:
                 slot.policy = tp.policy
+            slot.timestamps = tp.timestamps
             if tp.stores and tp.kind == "sync":
                 # its store writes are recorded per invocation: a failed message's are undone,
                 # so a skipped one leaves none and a failed one costs no commit (rules 39, 40)
@@ -119,6 +121,9 @@ class NativeEngine:
         for tp, timers in zip(plan.tasks, self._timers):
             timers.runner = self._runner
             tp.early_commit(early_commit(timers.schedule))
+        for i, tp in enumerate(plan.tasks):
+            if tp.event_time_floor is not None:  # rule 33: at least its committed value
+                self._runner.event_floor(i, tp.event_time_floor)
         if plan.writer is not None:  # a failed commit stops the loop at once (any thread)
             plan.writer.on_error = self._runner.post_error
         self._ran = False
@@ -179,7 +184,10 @@ class NativeEngine:
             if init is None:
                 continue
             context = s.plan.make_context(
-                self.config, self._timers[i], functools.partial(self._task_metrics, i)
+                self.config,
+                self._timers[i],
+                functools.partial(self._task_metrics, i),
+                watermark=functools.partial(runner.event_watermark, i),
             )
             try:
                 init(context)
@@ -273,7 +281,7 @@ class NativeEngine:
             return
         offsets = {p.ssp: p.low_watermark for p in parts if p.low_watermark is not None}
         try:
-            self.plan.commit(s.plan, offsets)
+            self.plan.commit(s.plan, offsets, self._runner.event_watermark(i))
         except TailraceError:
             raise
         except Exception as e:
@@ -379,6 +387,9 @@ class NativeEngine:
             keys_in_flight=keys_in_flight,
             head_of_line_ms=head_of_line_ms,
         )
+        raw = self._runner.event_watermark(i)
+        m.event_time_watermark = watermark_value(raw)
+        m.event_time_lag_ms = watermark_lag_ms(raw, wall_ms(self._clock))
         policy = s.plan.policy
         if policy is not None:
             m.skipped, m.dead_lettered, m.retried = policy.skipped, policy.dead_lettered, policy.retried

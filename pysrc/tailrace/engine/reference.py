@@ -83,7 +83,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._core import COMMIT_ALL, COMMIT_CURRENT, SHUTDOWN_ALL, SHUTDOWN_CURRENT, Coordinator, Envelope
+from .._core import (
+    COMMIT_ALL,
+    COMMIT_CURRENT,
+    SHUTDOWN_ALL,
+    SHUTDOWN_CURRENT,
+    Coordinator,
+    Envelope,
+    stamp_envelopes,
+    wall_ms,
+)
 from ..api import hook
 from ..clock import Clock
 from ..container import JobPlan, TaskPlan
@@ -92,6 +101,7 @@ from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..ordering import key_error, key_identity
 from ..stores import Journal, journal_bind, journal_undo
 from ..types import BadInput, Offset, SystemStreamPartition
+from .event_time import NONE, EventTime, watermark_lag_ms, watermark_value
 from .failures import FurtherErrors
 from .policy import FAIL, IGNORED
 from .timers import TimerHeap, before_window, early_commit
@@ -318,6 +328,13 @@ class _Task:
         # task.error.policy when it decides anything besides failing (rule 39); a sync task's
         # undo journal of its store writes (one thread runs its messages at a time)
         self.policy = plan.policy if plan.policy is not None and plan.policy.active else None
+        self.timestamps = plan.timestamps  # a TimestampReader, or None (rule 32)
+        # its event-time watermark (rules 33, 37), on the run's monotonic clock in ns
+        self.event_time = EventTime(
+            len(self.parts), cfg.watermark_lag_ms, cfg.watermark_idle_ms * 1_000_000, round(now * 1e9)
+        )
+        if plan.event_time_floor is not None:  # rule 33: at least its committed value
+            self.event_time.floor(plan.event_time_floor)
         # a sync task with stores records its store writes per invocation: a failed
         # message's are undone, so a skipped one leaves none and a failed one costs no
         # commit (rules 39, 40)
@@ -605,7 +622,12 @@ class ReferenceEngine:
             init = hook(t.instance, "init")
             if init is None:
                 continue
-            context = t.plan.make_context(self.config, t.timers, functools.partial(self._task_metrics, t))
+            context = t.plan.make_context(
+                self.config,
+                t.timers,
+                functools.partial(self._task_metrics, t),
+                watermark=functools.partial(getattr, t.event_time, "value"),
+            )
             try:
                 init(context)
             except Exception as e:  # noqa: BLE001 - user code
@@ -829,7 +851,7 @@ class ReferenceEngine:
             if t.done:
                 continue
             fill = min(cap, _RUN_FILL) if t.inline and self._runs else cap
-            for p in t.parts:
+            for i, p in enumerate(t.parts):
                 if t.keyed:
                     # rule 31: counted from the watermark, and read on up to the whole buffer
                     # (a keyed task's buffer may hold only busy keys: no dispatch frees it)
@@ -846,6 +868,20 @@ class ReferenceEngine:
                 except Exception as e:  # noqa: BLE001 - bad input: stop, committing what was released (rule 18)
                     self._fail(e)
                     return got
+                if batch:  # rule 32: stamped as read (ingestion time: the wall clock now)
+                    if type(batch) is not list:
+                        batch = list(batch)
+                    stamp_envelopes(batch, t.timestamps, wall_ms(self._clock))
+                # rule 33: its largest timestamp, an empty poll, or its end (C: tr_loop_event_time_read,
+                # tr_loop_partition_state)
+                now_ns = round(self._clock.monotonic() * 1e9)
+                if batch:
+                    stamps = [e.timestamp for e in batch]
+                    t.event_time.read(i, max([NONE, *(ts for ts in stamps if ts is not None)]), now_ns)
+                elif ended:
+                    t.event_time.ended(i, now_ns)
+                else:
+                    t.event_time.empty(i, now_ns)
                 if t.keyed and not self._keys_ordered(t, p, batch):
                     return got
                 if batch:
@@ -876,6 +912,7 @@ class ReferenceEngine:
                     env.offset,
                     None,
                     BadInput(error, None, env.message),
+                    env.timestamp,
                 )
         return True
 
@@ -1018,7 +1055,7 @@ class ReferenceEngine:
         elif not any(p.low_watermark != p.committed for p in t.parts):
             return
         try:
-            self.plan.commit(t.plan, offsets)
+            self.plan.commit(t.plan, offsets, t.event_time.value)
         except TailraceError as e:
             self._fail(e)
             return
@@ -1600,6 +1637,8 @@ class ReferenceEngine:
             windows=t.windows,
             commits=t.commits,
             timers=t.timer_runs,
+            event_time_watermark=watermark_value(t.event_time.value),
+            event_time_lag_ms=watermark_lag_ms(t.event_time.value, wall_ms(self._clock)),
         )
         policy = t.plan.policy
         if policy is not None:

@@ -711,8 +711,9 @@ class _KafkaReader(BufferedPartition):
                     self._next = off + 1
                     continue
                 ts_type, ts = m.timestamp()
-                value = KafkaRecord(value, list(m.headers() or ()), ts if ts_type else None)
-                out.append(Envelope(s.system, s.stream, s.partition, off, key, value))
+                stamp = ts if ts_type and ts >= 0 else None  # the record's time (rule 32)
+                value = KafkaRecord(value, list(m.headers() or ()), stamp)
+                out.append(Envelope(s.system, s.stream, s.partition, off, key, value, stamp))
                 self._next = off + 1
         with self._cond:
             if out:

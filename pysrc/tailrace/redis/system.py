@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from .._core import Envelope
+from .._core import entry_envelope
 from .._stopping import StopDeadline
 from ..buffered import BufferedPartition
 from ..config import options_checked
@@ -393,7 +393,9 @@ class _RedisReader(BufferedPartition):
         s = self.ssp
         out: list[Any] = []
         for (ids, keys, messages), first, end in taken:
-            _resp.envelopes(out, Envelope, s.system, s.stream, s.partition, ids, keys, messages, first, end)
+            _resp.envelopes(
+                out, entry_envelope, s.system, s.stream, s.partition, ids, keys, messages, first, end
+            )
         return out
 
     def at_end(self) -> bool:

@@ -1,0 +1,133 @@
+/* event_time.c: the event-time watermark of one task (see tailrace/event_time.h). */
+#include "tailrace/event_time.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "tailrace/atomics.h"
+
+typedef struct et_part {
+    int64_t max_ts;      /* largest timestamp read, TR_ET_NONE before the first */
+    int64_t empty_since; /* when its current empty streak began (valid while empty) */
+    uint8_t empty;       /* its last poll found nothing (or it was never read) */
+    uint8_t ended;
+} et_part;
+
+struct tr_event_time {
+    uint32_t n;
+    int64_t lag_ms, idle_ns;
+    int64_t value; /* the largest watermark computed (loop thread) */
+    /* `value` for any thread (tr_event_time_get): a single word, relaxed on both sides,
+     * since a reader needs the number only, nothing written before it */
+    _Atomic int64_t pub;
+    et_part parts[];
+};
+
+tr_status tr_event_time_create(uint32_t npartitions, int64_t lag_ms, int64_t idle_ns,
+                               int64_t start_ns, tr_event_time **out) {
+    if (out == NULL || lag_ms < 0)
+        return TR_EINVAL;
+    tr_event_time *et = calloc(1, sizeof(*et) + (size_t)npartitions * sizeof(et_part));
+    if (et == NULL)
+        return TR_ENOMEM;
+    et->n = npartitions;
+    et->lag_ms = lag_ms;
+    et->idle_ns = idle_ns;
+    et->value = TR_ET_NONE;
+    atomic_store_explicit(&et->pub, TR_ET_NONE, TR_RELAXED); /* before any reader has et */
+    for (uint32_t p = 0; p < npartitions; p++) {
+        /* never read: idle counted from the task's start (rule 33) */
+        et->parts[p] = (et_part){.max_ts = TR_ET_NONE, .empty_since = start_ns, .empty = 1};
+    }
+    *out = et;
+    return TR_OK;
+}
+
+void tr_event_time_destroy(tr_event_time *et) {
+    free(et);
+}
+
+static int64_t part_mark(const tr_event_time *et, const et_part *P) {
+    if (P->ended)
+        return TR_ET_END;
+    if (P->max_ts == TR_ET_NONE)
+        return TR_ET_NONE;
+    /* saturating: a timestamp near INT64_MIN minus the lag stays above TR_ET_NONE */
+    return P->max_ts < TR_ET_NONE + 1 + et->lag_ms ? TR_ET_NONE + 1 : P->max_ts - et->lag_ms;
+}
+
+int64_t tr_event_time_update(tr_event_time *et, int64_t now_ns) {
+    int64_t min_active = TR_ET_END, max_idle = TR_ET_NONE;
+    int any_open = 0, any_active = 0;
+    for (uint32_t p = 0; p < et->n; p++) {
+        const et_part *P = &et->parts[p];
+        if (P->ended)
+            continue;
+        any_open = 1;
+        int64_t m = part_mark(et, P);
+        if (et->idle_ns > 0 && P->empty && now_ns - P->empty_since >= et->idle_ns) {
+            if (m > max_idle)
+                max_idle = m;
+        } else {
+            any_active = 1;
+            if (m < min_active)
+                min_active = m;
+        }
+    }
+    int64_t v = !any_open ? TR_ET_END : any_active ? min_active : max_idle;
+    if (v > et->value) {
+        et->value = v;
+        atomic_store_explicit(&et->pub, v, TR_RELAXED); /* pairs with tr_event_time_get */
+    }
+    return et->value;
+}
+
+tr_status tr_event_time_read(tr_event_time *et, uint32_t partition, int64_t max_ts,
+                             int64_t now_ns) {
+    if (partition >= et->n)
+        return TR_EINVAL;
+    et_part *P = &et->parts[partition];
+    if (max_ts > P->max_ts)
+        P->max_ts = max_ts;
+    P->empty = 0;
+    tr_event_time_update(et, now_ns);
+    return TR_OK;
+}
+
+tr_status tr_event_time_empty(tr_event_time *et, uint32_t partition, int64_t now_ns) {
+    if (partition >= et->n)
+        return TR_EINVAL;
+    et_part *P = &et->parts[partition];
+    if (!P->empty) {
+        P->empty = 1;
+        P->empty_since = now_ns;
+    }
+    tr_event_time_update(et, now_ns);
+    return TR_OK;
+}
+
+tr_status tr_event_time_ended(tr_event_time *et, uint32_t partition, int64_t now_ns) {
+    if (partition >= et->n)
+        return TR_EINVAL;
+    et->parts[partition].ended = 1;
+    tr_event_time_update(et, now_ns);
+    return TR_OK;
+}
+
+void tr_event_time_floor(tr_event_time *et, int64_t floor) {
+    if (floor > et->value) {
+        et->value = floor;
+        atomic_store_explicit(&et->pub, floor, TR_RELAXED); /* pairs with tr_event_time_get */
+    }
+}
+
+int64_t tr_event_time_get(const tr_event_time *et) {
+    /* relaxed: pairs with the stores in update/floor; a number only, nothing else read */
+    return atomic_load_explicit(&et->pub, TR_RELAXED);
+}
+
+int64_t tr_event_time_partition(const tr_event_time *et, uint32_t partition) {
+    if (partition >= et->n)
+        return TR_ET_NONE;
+    return part_mark(et, &et->parts[partition]);
+}
