@@ -370,9 +370,14 @@ def test_tasks_that_share_a_pool_thread_take_short_turns(engine: str) -> None:
     n = 300
     run_job(engine, Task, bounded([list(range(n)) for _ in range(3)]), job_container_thread_pool_size=1)
     assert sorted(order) == [p for p in range(3) for _ in range(n)]
+    # while every task has input: from the first call of the last task to start (before it, on
+    # a loaded machine, the loop thread may not have filled that task's ring yet, and the pool
+    # rightly keeps to the tasks that have input) until the first task runs out
+    begun = max(order.index(p) for p in range(3))
+    assert begun <= 3 * 48, begun  # each task starts within a few turns
     longest = run = 0
-    for i, p in enumerate(order[: 2 * n]):  # while every task still has input
-        run = run + 1 if i and order[i - 1] == p else 1
+    for i in range(begun, 2 * n):
+        run = run + 1 if order[i - 1] == order[i] else 1
         longest = max(longest, run)
     assert longest <= 32, longest
 
