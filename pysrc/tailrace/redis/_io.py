@@ -403,6 +403,29 @@ return {0}
 """
 )
 
+
+def _lua_append(streams: str, stream: str) -> str:
+    """Lua that appends, per stream ``s`` in ``1..streams`` (``stream``: its key), the entries
+    ARGV holds from ``a`` on: n, then n (message, key) pairs, a key '-' (none) or '=' and the
+    encoded key. One loop for a producer's batch (XADD_BATCH) and a commit's held outputs
+    (OUTPUT_COMMIT)."""
+    return f"""for s = 1, {streams} do
+  local stream = {stream}
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  for i = 1, n do
+    local k = ARGV[a + 1]
+    if k == '-' then
+      redis.call('XADD', stream, '*', 'm', ARGV[a])
+    else
+      redis.call('XADD', stream, '*', 'm', ARGV[a], 'k', string.sub(k, 2))
+    end
+    a = a + 2
+  end
+end
+"""
+
+
 # One batch of a task's held outputs (exactly-once, rule 41), in the MULTI/EXEC of its
 # commit, before the STATE_COMMIT calls: the same KEYS and checks as STATE_COMMIT (so all
 # calls of the commit pass or all refuse), then the S output streams.
@@ -422,21 +445,9 @@ a = a + 1
 local last = tonumber(redis.call('HGET', tckpt, '~outputs') or '0')
 if last == seq then return {0, 1} end
 if last ~= seq - 1 then return {3, last} end
-for s = 1, S do
-  local stream = KEYS[L + C + 1 + s]
-  local n = tonumber(ARGV[a])
-  a = a + 1
-  for i = 1, n do
-    local k = ARGV[a + 1]
-    if k == '-' then
-      redis.call('XADD', stream, '*', 'm', ARGV[a])
-    else
-      redis.call('XADD', stream, '*', 'm', ARGV[a], 'k', string.sub(k, 2))
-    end
-    a = a + 2
-  end
-end
-redis.call('HSET', tckpt, '~outputs', seq)
+"""
+    + _lua_append("S", "KEYS[L + C + 1 + s]")
+    + """redis.call('HSET', tckpt, '~outputs', seq)
 return {0}
 """
 )
@@ -506,24 +517,14 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 # a key is "-" (none) or "=" followed by the encoded key. Appends every entry in
 # order, in one command: a producer's flush costs one round trip and one command
 # parse for all its partitions (on a cluster, one per partition: one slot per call).
-XADD_BATCH = """
+XADD_BATCH = (
+    """
 local a = 1
-for s = 1, #KEYS do
-  local stream = KEYS[s]
-  local n = tonumber(ARGV[a])
-  a = a + 1
-  for i = 1, n do
-    local k = ARGV[a + 1]
-    if k == '-' then
-      redis.call('XADD', stream, '*', 'm', ARGV[a])
-    else
-      redis.call('XADD', stream, '*', 'm', ARGV[a], 'k', string.sub(k, 2))
-    end
-    a = a + 2
-  end
-end
-return (#ARGV - #KEYS) / 2
 """
+    + _lua_append("#KEYS", "KEYS[s]")
+    + """return (#ARGV - #KEYS) / 2
+"""
+)
 
 
 class Scripts:
