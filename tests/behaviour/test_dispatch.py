@@ -365,14 +365,20 @@ def test_tasks_that_share_a_pool_thread_take_short_turns(engine: str) -> None:
 
     class Task(StreamTask):
         def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            if not order:
+                # the first call waits (GIL released) while the loop thread buffers all 900
+                # messages (the input buffer holds 1,024 a partition): from then on every task
+                # has input, and a long run can only come from the dispatch. Without the wait,
+                # a loaded machine's loop thread may refill one partition late, and the pool
+                # rightly keeps to the tasks that have input (a run of 48 in one CI run)
+                time.sleep(0.5)
             order.append(envelope.partition)
 
     n = 300
     run_job(engine, Task, bounded([list(range(n)) for _ in range(3)]), job_container_thread_pool_size=1)
     assert sorted(order) == [p for p in range(3) for _ in range(n)]
-    # while every task has input: from the first call of the last task to start (before it, on
-    # a loaded machine, the loop thread may not have filled that task's ring yet, and the pool
-    # rightly keeps to the tasks that have input) until the first task runs out
+    # while every task has input: from the first call of the last task to start until the
+    # first task runs out
     begun = max(order.index(p) for p in range(3))
     assert begun <= 3 * 48, begun  # each task starts within a few turns
     longest = run = 0

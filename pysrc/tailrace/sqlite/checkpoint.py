@@ -630,20 +630,20 @@ def _offset(path: Path, value: Any) -> Offset:
 
 
 _MAX_ROWS = 8192  # rows per statement of a state write, at most (parameters permitting)
-_UPSERT = "INSERT OR REPLACE INTO state (scope, key, value) VALUES (?1,?,?)"
-_DELETE = "DELETE FROM state WHERE scope = ?1 AND key IN (?)"
+# Plain ``?`` only: the scope is the first, then the values. A numbered ``?1`` reads as a named
+# parameter to the sqlite3 module, which warns on 3.12 and 3.13 when given a sequence and
+# refuses it from 3.14.
+_UPSERT = "INSERT OR REPLACE INTO state (scope, key, value) SELECT ?, column1, column2 FROM (VALUES (?,?))"
+_DELETE = "DELETE FROM state WHERE scope = ? AND key IN (?)"
 _statements: dict[tuple[str, int], str] = {}  # (template, rows) -> SQL text
 
 
 def _statement(template: str, rows: int) -> str:
-    """The SQL text of ``rows`` rows of ``template`` (``?1`` the scope, then ``?`` per value:
-    SQLite numbers each plain ``?`` after the largest number used so far)."""
+    """The SQL text of ``rows`` rows of ``template`` (the scope, then ``?`` per value)."""
     sql = _statements.get((template, rows))
     if sql is None:
-        if template is _UPSERT:
-            sql = template + ",(?1,?,?)" * (rows - 1)
-        else:
-            sql = template[:-1] + ",?" * (rows - 1) + ")"
+        more = ",(?,?)" if template is _UPSERT else ",?"
+        sql = template[:-1] + more * (rows - 1) + ")"
         _statements[template, rows] = sql
     return sql
 
