@@ -181,7 +181,7 @@ class NativeEngine:
                 p.reader.start(p.committed, runner.waker(i, j))
         for i, s in enumerate(self._slots):
             init = hook(s.plan.task, "init")
-            if init is None:
+            if init is None and not s.plan.has_windows:  # windows bind to the context
                 continue
             context = s.plan.make_context(
                 self.config,
@@ -190,7 +190,8 @@ class NativeEngine:
                 watermark=functools.partial(runner.event_watermark, i),
             )
             try:
-                init(context)
+                if init is not None:
+                    init(context)
             except Exception as e:  # noqa: BLE001 - user code
                 self._fail(TaskError(s.name, original=e, phase="init"))
                 return False
@@ -393,6 +394,7 @@ class NativeEngine:
         policy = s.plan.policy
         if policy is not None:
             m.skipped, m.dead_lettered, m.retried = policy.skipped, policy.dead_lettered, policy.retried
+        m.late = s.plan.late
         for j, p in enumerate(list(s.parts)):
             mark = self._runner.watermark(i, j)
             low = p.low_watermark if mark is None or mark[1] is None else mark[1]

@@ -620,7 +620,7 @@ class ReferenceEngine:
                 p.reader.start(p.committed, self._wakeup)
         for t in self._tasks:
             init = hook(t.instance, "init")
-            if init is None:
+            if init is None and not t.plan.has_windows:  # windows bind to the context
                 continue
             context = t.plan.make_context(
                 self.config,
@@ -629,7 +629,8 @@ class ReferenceEngine:
                 watermark=functools.partial(getattr, t.event_time, "value"),
             )
             try:
-                init(context)
+                if init is not None:
+                    init(context)
             except Exception as e:  # noqa: BLE001 - user code
                 self._fail(TaskError(t.name, original=e, phase="init"))
                 return
@@ -1643,6 +1644,7 @@ class ReferenceEngine:
         policy = t.plan.policy
         if policy is not None:
             m.skipped, m.dead_lettered, m.retried = policy.skipped, policy.dead_lettered, policy.retried
+        m.late = t.plan.late
         for p in list(t.parts):
             if p.committed is not None:
                 m.committed[p.ssp] = p.committed
