@@ -9,10 +9,10 @@
 typedef struct et_part {
     int64_t max_ts;      /* largest timestamp read, TR_ET_NONE before the first */
     /* tracking (tr_event_time_track): the largest timestamp handed to the task and how
-     * many messages were handed to it, from the invoking thread (any), relaxed: numbers
-     * only; read_n: messages read (loop thread) */
+     * many of its messages' calls returned, from the invoking thread (any), relaxed:
+     * numbers only; read_n: messages read (loop thread) */
     _Atomic int64_t seen;
-    _Atomic uint64_t seen_n;
+    _Atomic uint64_t done_n;
     uint64_t read_n;
     int64_t empty_since; /* when its current empty streak began (valid while empty) */
     uint8_t empty;       /* its last poll found nothing (or it was never read) */
@@ -49,7 +49,7 @@ tr_status tr_event_time_create(uint32_t npartitions, int64_t lag_ms, int64_t idl
         P->empty_since = start_ns;
         P->empty = 1;
         atomic_store_explicit(&P->seen, TR_ET_NONE, TR_RELAXED); /* before any reader has et */
-        atomic_store_explicit(&P->seen_n, 0, TR_RELAXED);
+        atomic_store_explicit(&P->done_n, 0, TR_RELAXED);
     }
     *out = et;
     return TR_OK;
@@ -59,9 +59,9 @@ void tr_event_time_destroy(tr_event_time *et) {
     free(et);
 }
 
-/* tracking: every message read from P has been handed to the task */
+/* tracking: every message read from P has been handed to the task and its call returned */
 static int drained(const et_part *P) {
-    return atomic_load_explicit(&P->seen_n, TR_RELAXED) >= P->read_n; /* relaxed: a count */
+    return atomic_load_explicit(&P->done_n, TR_RELAXED) >= P->read_n; /* relaxed: a count */
 }
 
 static int part_ended(const tr_event_time *et, const et_part *P) {
@@ -180,6 +180,12 @@ tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts) 
     while (ts > seen &&
            !atomic_compare_exchange_weak_explicit(&P->seen, &seen, ts, TR_RELAXED, TR_RELAXED)) {
     }
-    atomic_fetch_add_explicit(&P->seen_n, 1, TR_RELAXED);
+    return TR_OK;
+}
+
+tr_status tr_event_time_done(tr_event_time *et, uint32_t partition) {
+    if (partition >= et->n)
+        return TR_EINVAL;
+    atomic_fetch_add_explicit(&et->parts[partition].done_n, 1, TR_RELAXED); /* a count */
     return TR_OK;
 }

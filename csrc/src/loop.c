@@ -362,12 +362,10 @@ void tr_loop_set_event_timer(tr_loop *L, uint32_t t, int64_t at_ms) {
     et_poke(L, t);
 }
 
-int tr_loop_event_seen(tr_loop *L, uint32_t t, uint32_t p, int64_t ts) {
-    if (t >= L->cfg.ntasks)
-        return 0;
+/* After tr_event_time_seen / _done: recompute on the loop thread, or have the loop
+ * thread do it (a pool worker); 1 when the task's event-time timer is due now. */
+static int et_moved(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
-    if (tr_event_time_seen(T->et, p, ts) != TR_OK)
-        return 0;
     if (T->flags & TR_TASK_POOL) {
         et_poke(L, t); /* the loop thread computes the watermark (and checks the timer) */
         return 0;
@@ -379,6 +377,18 @@ int tr_loop_event_seen(tr_loop *L, uint32_t t, uint32_t p, int64_t ts) {
         return 0;
     et_poke(L, t); /* popped before the loop hands this task anything more */
     return 1;
+}
+
+int tr_loop_event_seen(tr_loop *L, uint32_t t, uint32_t p, int64_t ts) {
+    if (t >= L->cfg.ntasks || tr_event_time_seen(L->tasks[t].et, p, ts) != TR_OK)
+        return 0;
+    return et_moved(L, t);
+}
+
+int tr_loop_event_done(tr_loop *L, uint32_t t, uint32_t p) {
+    if (t >= L->cfg.ntasks || tr_event_time_done(L->tasks[t].et, p) != TR_OK)
+        return 0;
+    return et_moved(L, t);
 }
 
 void tr_loop_stop(tr_loop *L) {

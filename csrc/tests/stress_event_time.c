@@ -114,6 +114,7 @@ static void *worker(void *arg) {
         if (ts > m) /* one writer: a plain max */
             atomic_store_explicit(&handed_max, ts, memory_order_seq_cst);
         CHECK_EQ(tr_event_time_seen(et, q_part[h % QCAP], ts), TR_OK);
+        CHECK_EQ(tr_event_time_done(et, q_part[h % QCAP]), TR_OK); /* its call returned */
         atomic_store_explicit(&q_head, h + 1, memory_order_release);
     }
 }

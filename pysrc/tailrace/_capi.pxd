@@ -231,6 +231,7 @@ cdef extern from "tailrace/loop.h" nogil:
     tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts,
                                       uint64_t count)
     int tr_loop_event_seen(tr_loop *loop, uint32_t task, uint32_t partition, int64_t ts) nogil
+    int tr_loop_event_done(tr_loop *loop, uint32_t task, uint32_t partition) nogil
     void tr_loop_set_event_timer(tr_loop *loop, uint32_t task, int64_t at_ms) nogil
     int64_t tr_loop_event_watermark(const tr_loop *loop, uint32_t task)
     void tr_loop_event_floor(tr_loop *loop, uint32_t task, int64_t floor)

@@ -595,6 +595,8 @@ cdef class LoopRunner:
                                 self._jbind(None)
                                 slot.journal.clear()
                         self._call_ends()
+                        if slot.et_track:  # after its call; the loop acts before its next op
+                            self._done(slot, op.task, env)
                         if t0 and self._returned_late(slot, env, coord, t0):
                             check(capi.tr_loop_fail(loop, op.task, op.seq), "callback failure")
                             continue
@@ -634,6 +636,8 @@ cdef class LoopRunner:
                             finally:
                                 self._calling = None
                                 cb._late_after = 0
+                            if slot.et_track:  # a CQ_ETIMER queued: next_of_task hands out no more
+                                self._done(slot, op.task, env)
                             if cb._held:  # completed during the call: with what the call asked
                                 cb._held = False
                                 req = cb._coordinator._requests
@@ -713,6 +717,8 @@ cdef class LoopRunner:
                             raise (<object>env.message).error
                         process(env, collector, coord)
                         calling = False
+                        if track and self._done(slot, t, env):
+                            et_due = True
                         if self._after_call(slot, env, coord, t0, timed):
                             break
                         completed = consumed
@@ -744,6 +750,8 @@ cdef class LoopRunner:
                         break
                     if verdict == V_IGNORED:
                         slot.ignored += 1
+                    if track and self._done(slot, t, env):
+                        et_due = True
                     if self._after_call(slot, env, coord, t0, timed):
                         break
                     completed = consumed
@@ -814,6 +822,8 @@ cdef class LoopRunner:
                     cb._coordinator._requests = 0
                 finally:
                     cb._late_after = 0
+                if slot.et_track and self._done(slot, t, env):
+                    et_due = True
                 if cb._rstate == RUN_ABANDONED:
                     completed = consumed
                     continue
@@ -867,13 +877,22 @@ cdef class LoopRunner:
             return e
         return _TaskError(slot.name, env.ssp, env.offset, e)
 
+    cdef inline uint32_t _part_of(self, _TaskSlot slot, Envelope env) except? 0xffffffff:
+        if len(slot.parts) == 1:
+            return 0
+        return <uint32_t>slot.part_index[(env.stream, env.partition)]
+
     cdef int _seen(self, _TaskSlot slot, uint32_t t, Envelope env) except -1:
-        """The message is handed to the task (TR_TASK_EVENT_TRACK): 1 when its watermark now
-        reaches its event-time timer, so the run ends after this message (rules 35, 38)."""
-        cdef uint32_t p = 0
-        if len(slot.parts) > 1:
-            p = <uint32_t>slot.part_index[(env.stream, env.partition)]
-        return capi.tr_loop_event_seen(self._loop, t, p, env._ts)
+        """The message is handed to the task (TR_TASK_EVENT_TRACK), before its call: the
+        task's watermark counts it (rule 33). 1 when the watermark now reaches the task's
+        event-time timer, so the run ends after this message (rules 35, 38)."""
+        return capi.tr_loop_event_seen(self._loop, t, self._part_of(slot, env), env._ts)
+
+    cdef int _done(self, _TaskSlot slot, uint32_t t, Envelope env) except -1:
+        """The task's call with the message returned (TR_TASK_EVENT_TRACK): a partition at
+        its end counts as +infinity only once its last message was processed (rule 37); 1
+        as for _seen."""
+        return capi.tr_loop_event_done(self._loop, t, self._part_of(slot, env))
 
     cdef double _call_begins(self, _TaskSlot slot, Envelope env):
         """A sync call on the loop thread starts: its start time, or 0 with timeouts off."""
@@ -976,6 +995,8 @@ cdef class LoopRunner:
             finally:
                 if journal is not None:
                     self._jbind(None)
+            if slot.et_track:  # the loop thread checks the watermark
+                self._done(slot, op.task, env)
             req = coord._requests
             coord._requests = 0
             # a rejected completion would freeze the task: it stops the container instead

@@ -568,6 +568,25 @@ class _LoopTimers:
     def now(self) -> float:
         return self._inner.now()
 
+    def schedule_event_time(self, key: Any, when_ms: int | float, fn: Callable[..., Any] | None) -> None:
+        if fn is None:  # the task's on_event_time (the container made it wait for a coroutine)
+            self._inner.schedule_event_time(key, when_ms, None)  # type: ignore[attr-defined]
+            return
+        self._inner.schedule_event_time(key, when_ms, sync_hook(self._runner, fn))  # type: ignore[attr-defined]
+
+    def cancel_event_time(self, key: Any) -> bool:
+        return bool(self._inner.cancel_event_time(key))  # type: ignore[attr-defined]
+
+
+def sync_hook(runner: AsyncioRunner, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a plain function for an engine thread: a coroutine it returns runs to its end
+    on the loop while the engine waits (a timer is a barrier, rule 23)."""
+
+    def call(*args: Any) -> Any:
+        return _finish(runner, fn(*args))
+
+    return call
+
 
 def _finish(runner: AsyncioRunner, result: Any) -> Any:
     """A hook's result: a coroutine (or other awaitable) is run to completion on

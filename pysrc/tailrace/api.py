@@ -179,8 +179,11 @@ class TaskContext:
         ``end_of_stream`` (rule 37). docs/event-time.md."""
         if fn is not None and not callable(fn):
             raise TypeError(f"event-time timer callback for key {key!r} is not callable: {fn!r}")
-        if fn is not None and _is_coroutine_function(fn):
-            raise TypeError(f"event-time timer callback for key {key!r} is an async def; make it a plain function")
+        if fn is not None and self.loop is None and _is_coroutine_function(fn):
+            raise TypeError(
+                f"event-time timer callback for key {key!r} is an async def, which only a task with "
+                "async def process() runs (docs/asyncio.md); make it a plain function"
+            )
         schedule = getattr(self._timers, "schedule_event_time", None)
         if schedule is None:
             raise TypeError(f"task {self.task_name!r}: this engine has no event-time timers")

@@ -729,6 +729,11 @@ class Container:
                 name = f"Partition {pnum}"
                 instance = user_task = self._factory()
                 adapter: AsyncioTask | None = None
+                if type(instance).__name__ == "AsyncioTask" and type(instance).__module__ == "tailrace.aio":
+                    # adapted by its maker already (tailrace.testing runs async def tasks on
+                    # a loop of its virtual clock): the user's task is inside
+                    adapter = instance
+                    user_task = instance.task
                 if index == 0:
                     self._check_task(instance)
                     windows = self._check_windows(type(user_task))
@@ -767,6 +772,10 @@ class Container:
                 plan.timestamps = stamper
                 plan.event_tracking = stamper is not None or needs_event_tracking(user_task)
                 plan.on_event_time = hook(user_task, "on_event_time")
+                if adapter is not None and plan.on_event_time is not None:
+                    from .aio import sync_hook  # an async def on_event_time runs on the task's loop
+
+                    plan.on_event_time = sync_hook(adapter.runner, plan.on_event_time)
                 plan.user_task = user_task
                 if stamper is not None:  # rule 33: resume from the committed watermark
                     floor = committed_event_time(self._store, name)

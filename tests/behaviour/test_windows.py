@@ -110,7 +110,9 @@ class Sessions(StreamTask):
 
 
 def test_rule34_a_bridging_message_merges_two_sessions(engine: str) -> None:
-    with TestDriver(Sessions, inputs={"in": 1}, config=STAMPED, engine=engine) as d:
+    # a lag of 30 minutes: the first session is still open when the bridging message comes
+    config = {**STAMPED, "task.watermark.lag.ms": 30 * MIN}
+    with TestDriver(Sessions, inputs={"in": 1}, config=config, engine=engine) as d:
         d.send("in", {"user": "ann", "ts": 0, "page": "a"})
         d.send("in", {"user": "ann", "ts": 50 * MIN, "page": "c"})  # 50 minutes later: a second session
         d.send("in", {"user": "ann", "ts": 25 * MIN, "page": "b"})  # within 30 of both: one session
@@ -154,7 +156,9 @@ class EndOfStream(PerUser):
 
 
 def test_rule37_the_end_of_input_closes_every_window_before_end_of_stream(engine: str) -> None:
-    with TestDriver(EndOfStream, inputs={"in": 1}, config=STAMPED, engine=engine) as d:
+    # a lag of 5 minutes: every window stays open until the end of the input
+    config = {**STAMPED, "task.watermark.lag.ms": 5 * MIN}
+    with TestDriver(EndOfStream, inputs={"in": 1}, config=config, engine=engine) as d:
         _send(d, ("bob", 5 * MIN), ("ann", MIN + 1), ("ann", 1))
         d.end_input()
         out = d.outputs("counts")

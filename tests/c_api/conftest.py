@@ -105,6 +105,7 @@ tr_status tr_event_time_read_n(tr_event_time *et, uint32_t partition, int64_t ma
 void tr_event_time_track(tr_event_time *et);
 int tr_event_time_tracking(const tr_event_time *et);
 tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts);
+tr_status tr_event_time_done(tr_event_time *et, uint32_t partition);
 """
 
 HEADERS = ("status", "clock", "notifier", "queue", "sequencer", "watermark", "event_time")

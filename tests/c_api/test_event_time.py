@@ -175,22 +175,28 @@ def test_rule35_tracking_follows_messages_handed_over_not_read(capi: Any, make: 
     lib.tr_event_time_read_n(et, 1, 500, 1, 0)
     assert lib.tr_event_time_get(et) == NONE  # nothing handed over yet
     lib.tr_event_time_seen(et, 0, 1000)
+    lib.tr_event_time_done(et, 0)
     lib.tr_event_time_seen(et, 1, 500)
     assert lib.tr_event_time_update(et, 0) == 500
-    lib.tr_event_time_ended(et, 1, 0)  # drained: +infinity
-    assert lib.tr_event_time_get(et) == 1000
+    lib.tr_event_time_ended(et, 1, 0)  # its message is in its call: not ended yet
+    assert lib.tr_event_time_get(et) == 500
+    lib.tr_event_time_done(et, 1)  # drained: +infinity
+    assert lib.tr_event_time_update(et, 0) == 1000
     lib.tr_event_time_seen(et, 0, 9000)
+    lib.tr_event_time_done(et, 0)
     assert lib.tr_event_time_update(et, 0) == 9000
     lib.tr_event_time_empty(et, 0, 0)
     lib.tr_event_time_ended(et, 0, 0)  # one message (2000) still buffered: not ended yet
     assert lib.tr_event_time_update(et, 10**12) == 9000
     lib.tr_event_time_seen(et, 0, 2000)
+    assert lib.tr_event_time_update(et, 10**12) == 9000  # in its call
+    lib.tr_event_time_done(et, 0)
     assert lib.tr_event_time_update(et, 10**12) == END
 
 
 _tracked_ops = st.lists(
     st.tuples(
-        st.sampled_from(["read", "read", "seen", "seen", "seen", "empty", "ended", "update"]),
+        st.sampled_from(["read", "read", "seen", "seen", "done", "done", "empty", "ended", "update"]),
         st.integers(0, 3),  # partition
         st.integers(-50, 10_000),  # timestamp
         st.integers(0, 3),  # messages read
@@ -222,6 +228,10 @@ def test_rule35_tracking_in_c_is_the_reference_engines(
                 lib.tr_event_time_seen(et, p, ts)
                 lib.tr_event_time_update(et, now)
                 model.seen(p, ts, now)
+            elif op == "done":
+                lib.tr_event_time_done(et, p)
+                lib.tr_event_time_update(et, now)
+                model.done(p, now)
             elif op == "empty":
                 lib.tr_event_time_empty(et, p, now)
                 model.empty(p, now)

@@ -59,13 +59,19 @@ tr_status tr_event_time_read_n(tr_event_time *et, uint32_t partition, int64_t ma
  * ahead into the input buffer moves nothing until the task gets it, so windows and
  * event-time timers never close over messages still buffered (rule 35). A partition
  * at end of stream counts as +infinity, and an empty one as idle, only once every
- * message read from it was handed to the task. */
+ * message read from it was handed to the task and its call returned
+ * (tr_event_time_done): the last message of an input is processed before the
+ * watermark it leaves behind becomes +infinity. */
 void tr_event_time_track(tr_event_time *et);
 int tr_event_time_tracking(const tr_event_time *et);
 /* Any thread (the one invoking the task): a message of `partition` with timestamp ts
- * (TR_ET_NONE: it has none) was handed to the task. The loop thread's next
+ * (TR_ET_NONE: it has none) is handed to the task (before its call: the task's
+ * watermark in the call counts it, as a message read counts). The loop thread's next
  * tr_event_time_update sees it. TR_EINVAL. */
 tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts);
+/* Any thread (the one invoking the task): the call with a message of `partition`
+ * returned. TR_EINVAL. */
+tr_status tr_event_time_done(tr_event_time *et, uint32_t partition);
 /* Loop thread: a poll of `partition` at now_ns found nothing to read (starts an idle
  * streak unless one is running); recomputes. TR_EINVAL. */
 tr_status tr_event_time_empty(tr_event_time *et, uint32_t partition, int64_t now_ns);

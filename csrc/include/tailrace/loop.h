@@ -369,11 +369,13 @@ int tr_loop_idle(tr_loop *loop);
 tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts,
                                   uint64_t count);
 /* The thread invoking the task (TR_TASK_EVENT_TRACK): a message of `partition` with
- * timestamp ts (TR_ET_NONE: none) is being handed to the task. Returns 1 when, on the
- * loop thread, the task's watermark now reaches its event-time timer: the caller ends
- * its run there, so the timer runs (a barrier) before the task's next message (rules
- * 35, 38). A pool worker's call returns 0: the loop thread checks. */
+ * timestamp ts (TR_ET_NONE: none) is being handed to the task (before its call), and
+ * tr_loop_event_done: that call returned. Each returns 1 when, on the loop thread, the
+ * task's watermark now reaches its event-time timer: the caller ends its run after
+ * this message, so the timer runs (a barrier) before the task's next message (rules 35,
+ * 38). A pool worker's call returns 0: the loop thread checks. */
 int tr_loop_event_seen(tr_loop *loop, uint32_t task, uint32_t partition, int64_t ts);
+int tr_loop_event_done(tr_loop *loop, uint32_t task, uint32_t partition);
 /* Any thread: the task's earliest event-time timer (ms; INT64_MAX: none). When the
  * task's watermark reaches it, the task's timer barrier falls due (a TR_OP_TIMER, as
  * for tr_loop_set_user_timer), whose handler runs the event-time timers due and sets

@@ -27,12 +27,12 @@ def watermark_lag_ms(raw: int, wall_ms: int) -> float:
 
 
 class _Part:
-    __slots__ = ("empty", "empty_since", "ended", "max_ts", "read_n", "seen", "seen_n")
+    __slots__ = ("empty", "empty_since", "ended", "max_ts", "read_n", "seen", "done_n")
 
     def __init__(self, start_ns: int) -> None:
         self.max_ts = NONE  # the largest timestamp read
         self.seen = NONE  # tracking: the largest handed to the task
-        self.seen_n = self.read_n = 0  # tracking: messages handed to the task, read
+        self.done_n = self.read_n = 0  # tracking: messages whose call returned, read
         self.empty_since = start_ns  # never read: idle counted from the task's start
         self.empty = True  # its last poll found nothing (or it was never read)
         self.ended = False
@@ -58,7 +58,7 @@ class EventTime:
         self.track = track
 
     def _ended(self, p: _Part) -> bool:
-        return p.ended and (not self.track or p.seen_n >= p.read_n)
+        return p.ended and (not self.track or p.done_n >= p.read_n)
 
     def _mark(self, p: _Part) -> int:
         if self._ended(p):
@@ -69,12 +69,17 @@ class EventTime:
         return max(m - self.lag_ms, NONE + 1)
 
     def seen(self, partition: int, ts: int | None, now_ns: int) -> int:
-        """A message of ``partition`` with timestamp ``ts`` (None: none) is handed to the task
-        (tracking); the task's watermark."""
+        """A message of ``partition`` with timestamp ``ts`` (None: none) is handed to the task,
+        before its call (tracking); the task's watermark."""
         p = self.parts[partition]
         if ts is not None and ts > p.seen:
             p.seen = ts
-        p.seen_n += 1
+        return self.update(now_ns)
+
+    def done(self, partition: int, now_ns: int) -> int:
+        """The task's call with a message of ``partition`` returned (tracking: a partition at
+        its end counts once drained); the task's watermark."""
+        self.parts[partition].done_n += 1
         return self.update(now_ns)
 
     def update(self, now_ns: int) -> int:
@@ -90,7 +95,7 @@ class EventTime:
                 self.idle_ns > 0
                 and p.empty
                 and now_ns - p.empty_since >= self.idle_ns
-                and (not self.track or p.seen_n >= p.read_n)
+                and (not self.track or p.done_n >= p.read_n)
             ):
                 max_idle = max(max_idle, m)
             else:

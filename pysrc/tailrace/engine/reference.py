@@ -564,8 +564,9 @@ class ReferenceEngine:
                     self._failing = True
             self._cv.notify()
 
-    def _run_sync(self, t: _Task, cb: _Callback, env: Envelope, coordinator: Coordinator) -> None:
-        """A sync process call (loop thread or pool): completes when it returns (rule 3)."""
+    def _run_sync(self, t: _Task, cb: _Callback, env: Envelope, coordinator: Coordinator) -> bool:
+        """A sync process call (loop thread or pool): completes when it returns (rule 3).
+        True when it completed (ignored, skipped or dead-lettered included)."""
         error: BaseException | None = None
         watch = self._watch if not self._workers else None  # the loop thread's own calls
         if watch is not None:
@@ -604,9 +605,10 @@ class ReferenceEngine:
                     cb._done = True
                 t.unresolved.pop(cb.seq, None)
                 self._fail_late(cb, "process returned", took)
-                return
+                return False
         cb.requests = coordinator.take()
         self._resolve(cb, error)
+        return error is None
 
     def _worker_main(self, i: int, q: queue.SimpleQueue[Any]) -> None:
         busy = self._busy
@@ -761,6 +763,8 @@ class ReferenceEngine:
                 continue
             if cb.raised:
                 continue  # completed, then its process_async raised: it failed (_raised)
+            if t.track and t.kind == "sync" and self._workers:
+                self._done(t, cb)  # its pool thread's call returned
             if cb.ignored:
                 t.ignored += 1
             if cb.coordinator is not None:
@@ -1514,7 +1518,7 @@ class ReferenceEngine:
         t.processed += 1
         cb = _Callback(self, t, seq, part, env.offset)
         cb.started = self._clock.monotonic()
-        if t.track:  # handed to the task: its watermark moves (rules 35, 38)
+        if t.track:  # handed to the task: its watermark counts it (rules 33, 35, 38)
             t.event_time.seen(t.parts.index(part), env.timestamp, round(cb.started * 1e9))
             if t.timers.event_due(t.event_time.value):
                 self._poke = True  # its timers run before its next message
@@ -1534,7 +1538,8 @@ class ReferenceEngine:
         t.unresolved[seq] = cb
         if t.kind == "sync":
             if not self._workers:
-                self._run_sync(t, cb, env, t.coordinator)
+                if self._run_sync(t, cb, env, t.coordinator) and t.track:
+                    self._done(t, cb)
                 return cb
             assert t.worker is not None
             self._workers[t.worker].put((t, cb, env, t.coordinator))
@@ -1553,7 +1558,17 @@ class ReferenceEngine:
             self._raised(t, cb, e, env)
         finally:
             cb.late_after = 0.0
+        if t.track and not cb.raised:
+            self._done(t, cb)
         return cb
+
+    def _done(self, t: _Task, cb: _Callback) -> None:
+        """The task's call with ``cb``'s message returned (a tracking task; C:
+        tr_loop_event_done): an ended partition counts as +infinity once its last message
+        was processed (rule 37); a timer that makes due runs before the task's next message."""
+        t.event_time.done(t.parts.index(cb.part), round(self._clock.monotonic() * 1e9))
+        if t.timers.event_due(t.event_time.value):
+            self._poke = True
 
     def _raised(self, t: _Task, cb: _Callback, e: BaseException, env: Envelope) -> None:
         """process_async raised: its message failed (rule 16), even when the call completed
