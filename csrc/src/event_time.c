@@ -8,6 +8,12 @@
 
 typedef struct et_part {
     int64_t max_ts;      /* largest timestamp read, TR_ET_NONE before the first */
+    /* tracking (tr_event_time_track): the largest timestamp handed to the task and how
+     * many messages were handed to it, from the invoking thread (any), relaxed: numbers
+     * only; read_n: messages read (loop thread) */
+    _Atomic int64_t seen;
+    _Atomic uint64_t seen_n;
+    uint64_t read_n;
     int64_t empty_since; /* when its current empty streak began (valid while empty) */
     uint8_t empty;       /* its last poll found nothing (or it was never read) */
     uint8_t ended;
@@ -15,6 +21,7 @@ typedef struct et_part {
 
 struct tr_event_time {
     uint32_t n;
+    int track;
     int64_t lag_ms, idle_ns;
     int64_t value; /* the largest watermark computed (loop thread) */
     /* `value` for any thread (tr_event_time_get): a single word, relaxed on both sides,
@@ -37,7 +44,12 @@ tr_status tr_event_time_create(uint32_t npartitions, int64_t lag_ms, int64_t idl
     atomic_store_explicit(&et->pub, TR_ET_NONE, TR_RELAXED); /* before any reader has et */
     for (uint32_t p = 0; p < npartitions; p++) {
         /* never read: idle counted from the task's start (rule 33) */
-        et->parts[p] = (et_part){.max_ts = TR_ET_NONE, .empty_since = start_ns, .empty = 1};
+        et_part *P = &et->parts[p];
+        P->max_ts = TR_ET_NONE;
+        P->empty_since = start_ns;
+        P->empty = 1;
+        atomic_store_explicit(&P->seen, TR_ET_NONE, TR_RELAXED); /* before any reader has et */
+        atomic_store_explicit(&P->seen_n, 0, TR_RELAXED);
     }
     *out = et;
     return TR_OK;
@@ -47,13 +59,23 @@ void tr_event_time_destroy(tr_event_time *et) {
     free(et);
 }
 
+/* tracking: every message read from P has been handed to the task */
+static int drained(const et_part *P) {
+    return atomic_load_explicit(&P->seen_n, TR_RELAXED) >= P->read_n; /* relaxed: a count */
+}
+
+static int part_ended(const tr_event_time *et, const et_part *P) {
+    return P->ended && (!et->track || drained(P));
+}
+
 static int64_t part_mark(const tr_event_time *et, const et_part *P) {
-    if (P->ended)
+    if (part_ended(et, P))
         return TR_ET_END;
-    if (P->max_ts == TR_ET_NONE)
+    int64_t m = et->track ? atomic_load_explicit(&P->seen, TR_RELAXED) : P->max_ts;
+    if (m == TR_ET_NONE)
         return TR_ET_NONE;
     /* saturating: a timestamp near INT64_MIN minus the lag stays above TR_ET_NONE */
-    return P->max_ts < TR_ET_NONE + 1 + et->lag_ms ? TR_ET_NONE + 1 : P->max_ts - et->lag_ms;
+    return m < TR_ET_NONE + 1 + et->lag_ms ? TR_ET_NONE + 1 : m - et->lag_ms;
 }
 
 int64_t tr_event_time_update(tr_event_time *et, int64_t now_ns) {
@@ -61,11 +83,13 @@ int64_t tr_event_time_update(tr_event_time *et, int64_t now_ns) {
     int any_open = 0, any_active = 0;
     for (uint32_t p = 0; p < et->n; p++) {
         const et_part *P = &et->parts[p];
-        if (P->ended)
+        if (part_ended(et, P))
             continue;
         any_open = 1;
         int64_t m = part_mark(et, P);
-        if (et->idle_ns > 0 && P->empty && now_ns - P->empty_since >= et->idle_ns) {
+        /* tracking: idle only once what was read has been handed to the task */
+        if (et->idle_ns > 0 && P->empty && now_ns - P->empty_since >= et->idle_ns &&
+            (!et->track || drained(P))) {
             if (m > max_idle)
                 max_idle = m;
         } else {
@@ -84,11 +108,17 @@ int64_t tr_event_time_update(tr_event_time *et, int64_t now_ns) {
 
 tr_status tr_event_time_read(tr_event_time *et, uint32_t partition, int64_t max_ts,
                              int64_t now_ns) {
+    return tr_event_time_read_n(et, partition, max_ts, 0, now_ns);
+}
+
+tr_status tr_event_time_read_n(tr_event_time *et, uint32_t partition, int64_t max_ts,
+                               uint64_t count, int64_t now_ns) {
     if (partition >= et->n)
         return TR_EINVAL;
     et_part *P = &et->parts[partition];
     if (max_ts > P->max_ts)
         P->max_ts = max_ts;
+    P->read_n += count;
     P->empty = 0;
     tr_event_time_update(et, now_ns);
     return TR_OK;
@@ -130,4 +160,26 @@ int64_t tr_event_time_partition(const tr_event_time *et, uint32_t partition) {
     if (partition >= et->n)
         return TR_ET_NONE;
     return part_mark(et, &et->parts[partition]);
+}
+
+void tr_event_time_track(tr_event_time *et) {
+    et->track = 1;
+}
+
+int tr_event_time_tracking(const tr_event_time *et) {
+    return et->track;
+}
+
+tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts) {
+    if (partition >= et->n)
+        return TR_EINVAL;
+    et_part *P = &et->parts[partition];
+    /* relaxed: numbers only. One task's messages are handed out one at a time (rule 21),
+     * so the CAS loop rarely runs twice */
+    int64_t seen = atomic_load_explicit(&P->seen, TR_RELAXED);
+    while (ts > seen &&
+           !atomic_compare_exchange_weak_explicit(&P->seen, &seen, ts, TR_RELAXED, TR_RELAXED)) {
+    }
+    atomic_fetch_add_explicit(&P->seen_n, 1, TR_RELAXED);
+    return TR_OK;
 }

@@ -49,14 +49,14 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         nlimit += task_window(cfg, &tasks[t], pool_limit);
     /* The completion queue never fills. Its items: CQ_WAKE, at most one per
      * partition (the `woken` flag); CQ_TIMER, at most one per task
-     * (`timer_pending`); CQ_DONE / CQ_UNRUN, at most one per sequence number at a
+     * (`timer_pending`), and CQ_ETIMER likewise (`et_pending`); CQ_DONE / CQ_UNRUN, at most one per sequence number at a
      * time (a seq completes once; one handed back unrun is handed out again only
      * after the loop popped its CQ_UNRUN). Every seq with an item in flight
      * (buffered by a worker or queued) is acquired and not yet popped, so there
      * are at most acquired - popped of them; release_task releases no more seqs
      * than it popped, so acquired - popped <= acquired - released <= the task's
      * window. Summed: windows + partitions + tasks (+ slack). */
-    uint64_t cq_cap = nlimit + total_parts + cfg->ntasks + 16;
+    uint64_t cq_cap = nlimit + total_parts + 2ull * cfg->ntasks + 16; /* + CQ_ETIMER: one a task */
     if (cq_cap > (1ull << 30))
         return TR_EINVAL;
 
@@ -113,6 +113,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         T->worker = cfg->pool_size ? t % cfg->pool_size : 0;
         T->limit = task_window(cfg, &tasks[t], pool_limit);
         atomic_init(&T->timer_when, INT64_MAX);
+        atomic_init(&T->et_timer_at, INT64_MAX);
+        atomic_init(&T->et_pending, 0);
         st = tr_sequencer_create(T->limit, &T->seq);
         if (st != TR_OK)
             goto fail;
@@ -124,6 +126,8 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
                                   &T->et);
         if (st != TR_OK)
             goto fail;
+        if (T->flags & TR_TASK_EVENT_TRACK)
+            tr_event_time_track(T->et);
         st = TR_ENOMEM;
         uint32_t wsize = pow2_at_least(T->limit);
         T->spart = calloc(wsize, sizeof *T->spart);
@@ -343,6 +347,40 @@ void tr_loop_set_user_timer(tr_loop *L, uint32_t t, int64_t when_ns) {
     trl_cq_push(L, (tr_item){kt_word(CQ_TIMER, t), 0});
 }
 
+/* Any thread: queue one CQ_ETIMER for the task (deduped: see et_pending). */
+static void et_poke(tr_loop *L, uint32_t t) {
+    /* acq_rel: pairs with the loop's exchange before it re-reads et_timer_at */
+    if (!atomic_exchange_explicit(&L->tasks[t].et_pending, 1, TR_ACQ_REL))
+        trl_cq_push(L, (tr_item){kt_word(CQ_ETIMER, t), 0});
+}
+
+void tr_loop_set_event_timer(tr_loop *L, uint32_t t, int64_t at_ms) {
+    if (t >= L->cfg.ntasks)
+        return;
+    /* release: the loop's acquire load after its exchange of et_pending */
+    atomic_store_explicit(&L->tasks[t].et_timer_at, at_ms, TR_RELEASE);
+    et_poke(L, t);
+}
+
+int tr_loop_event_seen(tr_loop *L, uint32_t t, uint32_t p, int64_t ts) {
+    if (t >= L->cfg.ntasks)
+        return 0;
+    task *T = &L->tasks[t];
+    if (tr_event_time_seen(T->et, p, ts) != TR_OK)
+        return 0;
+    if (T->flags & TR_TASK_POOL) {
+        et_poke(L, t); /* the loop thread computes the watermark (and checks the timer) */
+        return 0;
+    }
+    /* the loop thread: the watermark as of this message (context.watermark(), metrics) */
+    int64_t w = tr_event_time_update(T->et, trl_now(L));
+    int64_t at = atomic_load_explicit(&T->et_timer_at, TR_RELAXED); /* a hint: see et_poke */
+    if (TR_LIKELY(w < at) || at == INT64_MAX)
+        return 0;
+    et_poke(L, t); /* popped before the loop hands this task anything more */
+    return 1;
+}
+
 void tr_loop_stop(tr_loop *L) {
     /* release: pairs with build_batch's acquire load; seq_cst for the notifier's re-check */
     atomic_store_explicit(&L->stop_requested, 1, TR_SEQ_CST);
@@ -372,6 +410,7 @@ void tr_loop_event_floor(tr_loop *L, uint32_t t, int64_t floor) {
     if (t < L->cfg.ntasks)
         tr_event_time_floor(L->tasks[t].et, floor);
 }
+
 
 tr_status tr_loop_watermark(tr_loop *L, uint32_t t, uint32_t p, tr_mark *out) {
     if (t >= L->cfg.ntasks)

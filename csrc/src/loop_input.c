@@ -146,6 +146,7 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
         st = tr_event_time_ended(T->et, p, trl_now(L));
     if (TR_UNLIKELY(st != TR_OK) && L->internal == TR_OK) /* p < nparts: cannot happen */
         L->internal = st;
+    trl_et_check(L, t); /* idleness or an end may have moved the watermark */
     if (P->state == state)
         return;
     if (P->state == TR_PART_IDLE)
@@ -163,10 +164,13 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
     }
 }
 
-tr_status tr_loop_event_time_read(tr_loop *L, uint32_t t, uint32_t p, int64_t max_ts) {
+tr_status tr_loop_event_time_read(tr_loop *L, uint32_t t, uint32_t p, int64_t max_ts,
+                                  uint64_t count) {
     if (t >= L->cfg.ntasks)
         return TR_EINVAL;
-    return tr_event_time_read(L->tasks[t].et, p, max_ts, trl_now(L));
+    tr_status st = tr_event_time_read_n(L->tasks[t].et, p, max_ts, count, trl_now(L));
+    trl_et_check(L, t);
+    return st;
 }
 
 tr_status tr_loop_partition_fill(tr_loop *L, uint32_t t, uint32_t p, uint32_t fill) {

@@ -106,7 +106,7 @@
 enum { W_RUN = 1, W_RESUME = 2, W_STOP = 3 };
 
 /* Completion-queue items (tailrace/encoding.h): a = kind << 56 | task, b = payload. */
-enum { CQ_DONE = 1, CQ_WAKE = 2, CQ_TIMER = 3, CQ_UNRUN = 4 };
+enum { CQ_DONE = 1, CQ_WAKE = 2, CQ_TIMER = 3, CQ_UNRUN = 4, CQ_ETIMER = 5 };
 
 /* kind << 56 | task for a task index the loop validated (t < ntasks <= TR_ENC_TASK_MAX,
  * tr_loop_create): cannot fail; a broken invariant yields 0, which no reader accepts. */
@@ -227,6 +227,10 @@ typedef struct task {
     _Atomic uint32_t hold;
     _Atomic int64_t timer_when;     /* written by set_user_timer (any thread) */
     _Atomic uint32_t timer_pending; /* 1 while a CQ_TIMER item is queued */
+    /* the earliest event-time timer, ms (INT64_MAX: none; tr_loop_set_event_timer,
+     * any thread) and 1 while a CQ_ETIMER item is queued (rule 38) */
+    _Atomic int64_t et_timer_at;
+    _Atomic uint32_t et_pending;
     /* counters: written by the loop thread, read relaxed by any thread */
     _Atomic uint64_t processed, completed, windows, commits, timers;
     /* TR_TASK_POOL: ops its worker started (written by that worker only, read
@@ -510,6 +514,12 @@ static inline int worker_has_room(const tr_loop *L, const task *T) {
 
 /* May T be dispatched to now? (trl_maybe_ready, and the scheduler before each
  * dispatch.) */
+/* The task's watermark has reached its earliest event-time timer (rule 38). */
+static inline int et_due(const task *T) {
+    int64_t at = atomic_load_explicit(&T->et_timer_at, TR_RELAXED); /* a number only */
+    return at != INT64_MAX && tr_event_time_get(T->et) >= at;
+}
+
 static inline int runnable(const tr_loop *L, const task *T) {
     if (L->phase != PH_RUNNING || T->done || T->in_control || T->window_due || T->timer_due ||
         T->in_run || T->halted)
@@ -580,6 +590,7 @@ void trl_cq_push(tr_loop *L, tr_item it);
 void trl_maybe_ready(tr_loop *L, uint32_t t);
 void trl_carry(tr_loop *L, uint32_t t);
 void trl_maybe_control(tr_loop *L, uint32_t t);
+void trl_et_check(tr_loop *L, uint32_t t);
 void trl_mark_dirty(tr_loop *L, uint32_t t);
 void trl_queue_refill(tr_loop *L, uint32_t t, uint32_t p);
 void trl_repoll_idle(tr_loop *L);

@@ -184,6 +184,11 @@ void trl_drain_completions(tr_loop *L) {
                     L->nidle--;
                     trl_queue_refill(L, t, p);
                 }
+            } else if (kind == CQ_ETIMER) {
+                /* clear the flag before reading et_timer_at (trl_et_check): a newer
+                 * set_event_timer either is seen there or queues another item */
+                atomic_exchange_explicit(&T->et_pending, 0, TR_ACQ_REL);
+                trl_et_check(L, t);
             } else if (kind == CQ_TIMER) {
                 /* clear the flag before reading `when`: a newer set_user_timer
                  * either is seen by the load below or queues another item */
@@ -196,7 +201,7 @@ void trl_drain_completions(tr_loop *L) {
                  * timer due until now, cancelled or moved later (rule 23), holds
                  * back nothing any more: the task dispatches again (rule 8) */
                 if (when > L->now) {
-                    if (T->timer_due && !T->in_control) {
+                    if (T->timer_due && !T->in_control && !et_due(T)) {
                         T->timer_due = 0;
                         trl_maybe_ready(L, t);
                     }

@@ -510,6 +510,9 @@ int tr_loop_next_of_task(tr_loop *L, uint32_t t, tr_op *out) {
     task *T = &L->tasks[t];
     if (T->flags & TR_TASK_POOL || tr_loop_run_yield(L))
         return 0;
+    /* relaxed: its own thread set it (tr_loop_event_seen): its event-time timers first */
+    if (atomic_load_explicit(&T->et_pending, TR_RELAXED))
+        return 0;
     if (T->in_dirty) {
         /* release what it completed (requests included) before deciding */
         trl_release_task(L, t, 0);

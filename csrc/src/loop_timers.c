@@ -170,6 +170,26 @@ void trl_fire_timers(tr_loop *L) {
     }
 }
 
+/* The task's watermark reaches its earliest event-time timer: its timer barrier falls
+ * due (rule 38; windows close there, rule 35). After a CQ_ETIMER, an empty poll, an end
+ * of stream: whatever may have moved the watermark. */
+void trl_et_check(tr_loop *L, uint32_t t) {
+    task *T = &L->tasks[t];
+    /* acquire: pairs with tr_loop_set_event_timer's release store */
+    int64_t at = atomic_load_explicit(&T->et_timer_at, TR_ACQUIRE);
+    if (at == INT64_MAX) {
+        if (tr_event_time_tracking(T->et)) /* what a pool worker handed over, for readers */
+            tr_event_time_update(T->et, trl_now(L));
+        return;
+    }
+    if (tr_event_time_update(T->et, trl_now(L)) < at || T->done || L->phase != PH_RUNNING)
+        return;
+    if (!T->timer_due || L->now < T->timer_due_at)
+        T->timer_due_at = L->now;
+    T->timer_due = 1; /* its timer barrier runs the event-time timers due (rule 38) */
+    trl_maybe_control(L, t);
+}
+
 /* A callback's timeout counts from its invocation (rule 16), not from the
  * build that chose it: the ops before it in the batch may take their time. */
 void tr_loop_invoked_at(tr_loop *L, uint32_t t, uint64_t seq, int64_t ns) {

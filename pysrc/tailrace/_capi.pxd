@@ -119,6 +119,7 @@ cdef extern from "tailrace/loop.h" nogil:
     uint32_t TR_TASK_WINDOW
     uint32_t TR_TASK_INLINE
     uint32_t TR_TASK_KEYED
+    uint32_t TR_TASK_EVENT_TRACK
     uint32_t TR_RUN_MAX
     uint32_t TR_OPF_FINAL
     uint32_t TR_OPF_DISCARD
@@ -227,7 +228,10 @@ cdef extern from "tailrace/loop.h" nogil:
     void tr_loop_clock_moved(tr_loop *loop)
     int tr_loop_idle(tr_loop *loop)
     tr_status tr_loop_watermark(tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)
-    tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts)
+    tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts,
+                                      uint64_t count)
+    int tr_loop_event_seen(tr_loop *loop, uint32_t task, uint32_t partition, int64_t ts) nogil
+    void tr_loop_set_event_timer(tr_loop *loop, uint32_t task, int64_t at_ms) nogil
     int64_t tr_loop_event_watermark(const tr_loop *loop, uint32_t task)
     void tr_loop_event_floor(tr_loop *loop, uint32_t task, int64_t floor)
     int tr_loop_task_settled(tr_loop *loop, uint32_t task)

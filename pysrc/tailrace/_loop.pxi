@@ -184,6 +184,10 @@ cdef class _TaskSlot:
     # where its envelopes' timestamps come from when not from the system or the wall clock
     # (rule 32): a field or its timestamp method; None: the system's time or ingestion time
     cdef public TimestampReader timestamps
+    # event-time timers or windows (rules 35, 38): its watermark follows the messages handed
+    # to it (tr_loop_event_seen, before each call); part_index: (stream, partition) -> index
+    cdef public bint et_track
+    cdef public dict part_index
 
     def __init__(self, str name, plan, process, collector, bint is_async, list parts):
         self.name = name
@@ -507,6 +511,8 @@ cdef class LoopRunner:
                     tasks[i].flags |= capi.TR_TASK_WINDOW
                 if self._keyed:
                     tasks[i].flags |= capi.TR_TASK_KEYED
+                if s.et_track:
+                    tasks[i].flags |= capi.TR_TASK_EVENT_TRACK
             check(capi.tr_loop_create(&cfg, tasks, &self._loop), "dispatch loop")
         finally:
             free(tasks)
@@ -569,6 +575,8 @@ cdef class LoopRunner:
                         self._run_sync(slot, op.task, <const uint64_t *><uintptr_t>op.item, op.count)
                 elif op.kind == capi.TR_OP_PROCESS:
                     env = _take_item(op.item, slot)
+                    if slot.et_track:
+                        self._seen(slot, op.task, env)  # the loop acts before its next op
                     if not slot.is_async:
                         coord = slot.coordinator
                         t0 = self._call_begins(slot, env)
@@ -637,6 +645,8 @@ cdef class LoopRunner:
                             if not cb._inline or not capi.tr_loop_next_of_task(loop, op.task, &op):
                                 break
                             env = _take_item(op.item, slot)
+                            if slot.et_track:  # a CQ_ETIMER queued: next_of_task hands out no more
+                                self._seen(slot, op.task, env)
                 elif op.kind == capi.TR_OP_REFILL:
                     self._refill(slot, op.task, op.partition, <Py_ssize_t>op.handle)
                 else:
@@ -674,6 +684,8 @@ cdef class LoopRunner:
         cdef object journal = slot.journal
         cdef Py_ssize_t mark = 0
         cdef int verdict
+        cdef bint track = slot.et_track
+        cdef bint et_due = False
         process = slot.process
         collector = slot.collector
         if journal is not None:
@@ -690,6 +702,8 @@ cdef class LoopRunner:
                             break  # a barrier is due or a stop was asked: the rest waits (rules 8, 19)
                         env = _take_item(items[consumed], slot)
                         consumed += 1
+                        if track and self._seen(slot, t, env):
+                            et_due = True
                         if timed:
                             t0 = self._call_begins(slot, env)
                         calling = True
@@ -702,7 +716,7 @@ cdef class LoopRunner:
                         if self._after_call(slot, env, coord, t0, timed):
                             break
                         completed = consumed
-                        if coord._requests:
+                        if coord._requests or et_due:
                             break
                     more = False
                 except Exception as e:
@@ -733,7 +747,7 @@ cdef class LoopRunner:
                     if self._after_call(slot, env, coord, t0, timed):
                         break
                     completed = consumed
-                    more = consumed < n and not coord._requests
+                    more = consumed < n and not coord._requests and not et_due
             if coord._requests and completed == consumed:
                 req = coord._requests
                 coord._requests = 0
@@ -767,14 +781,17 @@ cdef class LoopRunner:
         cdef Envelope env
         cdef capi.tr_status st
         cdef Callback cb
+        cdef bint et_due = False
         process = slot.process
         collector = slot.collector
         try:
-            while consumed < n:
+            while consumed < n and not et_due:
                 if capi.tr_loop_run_yield(self._loop):
                     break  # as in _run_sync
                 env = _take_item(items[consumed], slot)
                 consumed += 1
+                if slot.et_track and self._seen(slot, t, env):
+                    et_due = True
                 cb = self._new_callback(env, t)
                 cb._rstate = RUN_PENDING
                 if self._cb_timeout_s > 0:
@@ -849,6 +866,14 @@ cdef class LoopRunner:
         if type(env.message) is _BAD_INPUT and e is (<object>env.message).error:
             return e
         return _TaskError(slot.name, env.ssp, env.offset, e)
+
+    cdef int _seen(self, _TaskSlot slot, uint32_t t, Envelope env) except -1:
+        """The message is handed to the task (TR_TASK_EVENT_TRACK): 1 when its watermark now
+        reaches its event-time timer, so the run ends after this message (rules 35, 38)."""
+        cdef uint32_t p = 0
+        if len(slot.parts) > 1:
+            p = <uint32_t>slot.part_index[(env.stream, env.partition)]
+        return capi.tr_loop_event_seen(self._loop, t, p, env._ts)
 
     cdef double _call_begins(self, _TaskSlot slot, Envelope env):
         """A sync call on the loop thread starts: its start time, or 0 with timeouts off."""
@@ -925,6 +950,8 @@ cdef class LoopRunner:
                     Py_DECREF(<object><PyObject *>op.item)
                 continue
             env = _take_item(op.item, slot)
+            if slot.et_track:
+                self._seen(slot, op.task, env)  # the loop thread checks the watermark
             coord = Coordinator.__new__(Coordinator) if slot.pooled_concurrent else slot.coordinator
             journal = None
             if slot.journal is not None:  # each pool thread records its own invocation
@@ -1003,7 +1030,7 @@ cdef class LoopRunner:
             for j in range(m):
                 Py_INCREF(<object><PyObject *>items[j])  # the ring's pin: see _take_item, _drain
             i += m
-        check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
+        check(capi.tr_loop_event_time_read(self._loop, t, p, newest, <uint64_t>n), "event time")
         ps.read_n += n
         ps.newest_read = envelope_offset(<Envelope>batch[n - 1])
         return 0
@@ -1063,7 +1090,8 @@ cdef class LoopRunner:
                     check(st, f"input ring of {ps.ssp}")
                 i += m
             if i >= end:
-                check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
+                check(capi.tr_loop_event_time_read(self._loop, t, p, newest, <uint64_t>(end - start)),
+                      "event time")
                 ps.read_n += end - start
                 ps.newest_read = end - 1
                 return 0
@@ -1109,7 +1137,8 @@ cdef class LoopRunner:
                     Py_DECREF(<object><PyObject *>items[j])
                 check(st, f"input ring of {ps.ssp}")
             i += m
-        check(capi.tr_loop_event_time_read(self._loop, t, p, newest), "event time")
+        check(capi.tr_loop_event_time_read(self._loop, t, p, newest, <uint64_t>(end - start)),
+              "event time")
         ps.read_n += end - start
         ps.newest_read = end - 1
         return 0
@@ -1258,6 +1287,11 @@ cdef class LoopRunner:
         """The task's event-time watermark in ms (rule 33): -2**63 for none yet, 2**63 - 1
         once every input ended (tailrace/event_time.h). Any thread."""
         return capi.tr_loop_event_watermark(self._loop, task)
+
+    def set_event_timer(self, uint32_t task, int64_t at_ms):
+        """The task's earliest event-time timer (ms; 2**63 - 1: none): its timer barrier falls
+        due when its watermark reaches it (rule 38). Any thread."""
+        capi.tr_loop_set_event_timer(self._loop, task, at_ms)
 
     def event_floor(self, uint32_t task, int64_t floor):
         """The task's event-time watermark is at least ``floor`` (its committed value, rule

@@ -77,6 +77,10 @@ class TimerService(Protocol):
 
     def now(self) -> float: ...
 
+    def schedule_event_time(self, key: Any, when_ms: int | float, fn: Callable[..., Any] | None) -> None: ...
+
+    def cancel_event_time(self, key: Any) -> bool: ...
+
 
 class TaskContext:
     """What a task learns about itself in ``init(context)``.
@@ -155,6 +159,38 @@ class TaskContext:
         driver. Compute ``schedule`` times from it (``context.now() + 5``)."""
         return self._timers.now()
 
+    def schedule_event_time(
+        self,
+        key: Any,
+        when_ms: int | float,
+        fn: Callable[[Any, Collector, Coordinator], Any] | None = None,
+    ) -> None:
+        """An event-time timer (rule 38): once the task's watermark reaches ``when_ms`` (ms
+        since the epoch; ``math.inf``: at the end of the input), as a barrier like
+        ``schedule``'s timers, in time order, run ``fn(key, collector, coordinator)``; without
+        ``fn``, the task's method ``on_event_time(self, key, when_ms, collector,
+        coordinator)``. Re-scheduling a key replaces its timer.
+
+        A timer without ``fn`` survives restarts: it is kept in the task's state and
+        committed with its offsets (a task that defines ``on_event_time`` needs a checkpoint
+        store that keeps state). One with ``fn`` lives as long as the run: set it again in
+        ``init`` after a restart (windows re-arm theirs from their stores). At the end of
+        every input the watermark is +infinity and every timer fires before
+        ``end_of_stream`` (rule 37). docs/event-time.md."""
+        if fn is not None and not callable(fn):
+            raise TypeError(f"event-time timer callback for key {key!r} is not callable: {fn!r}")
+        if fn is not None and _is_coroutine_function(fn):
+            raise TypeError(f"event-time timer callback for key {key!r} is an async def; make it a plain function")
+        schedule = getattr(self._timers, "schedule_event_time", None)
+        if schedule is None:
+            raise TypeError(f"task {self.task_name!r}: this engine has no event-time timers")
+        schedule(key, when_ms, fn)
+
+    def cancel_event_time(self, key: Any) -> bool:
+        """Remove the event-time timer registered under ``key``; True if there was one."""
+        cancel = getattr(self._timers, "cancel_event_time", None)
+        return bool(cancel(key)) if cancel is not None else False
+
     def watermark(self) -> int | float:
         """The task's event-time watermark (rules 33, 37; docs/event-time.md): an int of ms
         since the epoch, ``-math.inf`` before there is one, ``math.inf`` once every input has
@@ -192,6 +228,10 @@ class StreamTask:
 
         def close(self) -> None:
             """Once, when the container stops."""
+
+        def on_event_time(self, key: Any, when_ms: int, collector: Collector, coordinator: Coordinator) -> None:
+            """An event-time timer set with ``context.schedule_event_time(key, when_ms)`` (no
+            callback) fell due: the task's watermark reached ``when_ms`` (rule 38)."""
 
 
 class AsyncStreamTask:

@@ -16,13 +16,14 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from .api import TaskContext, TimerService, check_task_class, task_kind
+from .api import TaskContext, TimerService, check_task_class, hook, task_kind
 from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
-from .config import Config, parse_config
+from .config import Config, StoreSpec, parse_config
 from .engine.event_time import END as ET_END
 from .engine.event_time import NONE as ET_NONE
 from .engine.policy import ErrorPolicy, RunLog
+from .engine.timers import EVENT_TIMERS_STORE, EventTimers
 from .errors import ConfigError, InputError, TailraceError, TaskError
 from .interfaces import (
     CheckpointStore,
@@ -66,6 +67,8 @@ class TaskPlan:
         "collector",
         "event_time_committed",
         "event_time_floor",
+        "event_tracking",
+        "on_event_time",
         "held",
         "index",
         "kind",
@@ -111,9 +114,21 @@ class TaskPlan:
         # (rule 33), which a restart resumes from (the floor), or None
         self.event_time_floor: int | None = None
         self.event_time_committed: int | None = None
+        # its watermark follows the messages handed to it, not those read ahead into its
+        # input buffer (rules 33, 35, 38): a task whose timestamps are read (a field or a
+        # method), or with windows or durable event-time timers (on_event_time)
+        self.event_tracking = False
+        self.on_event_time: Callable[..., Any] | None = None  # the user task's method (rule 38)
 
     def __repr__(self) -> str:
         return f"TaskPlan({self.name!r}, {len(self.partitions)} partitions, {self.kind})"
+
+    def event_timers(self) -> EventTimers:
+        """The task's event-time timers (rule 38): durable ones, which run its
+        ``on_event_time`` method, live in its store ``tailrace.event-timers``."""
+        method = self.on_event_time
+        store = self.stores.get(EVENT_TIMERS_STORE) if method is not None and self.stores else None
+        return EventTimers(store, method)
 
     def make_context(
         self,
@@ -191,6 +206,20 @@ def write_commit(
         return lambda outputs: publications[i](step(i + 1), outputs)
 
     step(0)(CommitOutputs())
+
+
+def needs_event_tracking(task: object) -> bool:
+    """True when ``task`` has event-time timers that survive restarts (an ``on_event_time``
+    method) or declares windows: its watermark must follow the messages handed to it."""
+    return hook(task, "on_event_time") is not None or bool(getattr(type(task), "__tailrace_windows__", None))
+
+
+def reserved_stores(task: object) -> dict[str, StoreSpec]:
+    """The stores the runtime keeps for ``task`` besides the job's: its durable event-time
+    timers (an ``on_event_time`` method, rule 38)."""
+    if hook(task, "on_event_time") is not None:
+        return {EVENT_TIMERS_STORE: StoreSpec()}
+    return {}
 
 
 # The task state that holds its committed event-time watermark: a store name no job can
@@ -649,11 +678,12 @@ class Container:
         by_partition: dict[int, list[SystemStreamPartition]] = {}
         for ssp in ssps:
             by_partition.setdefault(ssp.partition, []).append(ssp)
-        specs = self.config.stores
-        if specs and type(self._store).state_get is CheckpointStore.state_get:
+        job_specs = self.config.stores
+        stateless = type(self._store).state_get is CheckpointStore.state_get
+        if job_specs and stateless:
             raise ConfigError(
                 f"checkpoint store {type(self._store).__name__} keeps no state; stores "
-                f"({', '.join(sorted(specs))}) need one that does",
+                f"({', '.join(sorted(job_specs))}) need one that does",
                 key="checkpoints",
                 allowed="sqlite, memory, redis",
             )
@@ -696,6 +726,16 @@ class Container:
                 start = {s: committed[s] for s in parts if s in committed}
                 held = self._hold(name, producers) if self.config.exactly_once else None
                 collector = Collector(held if held is not None else producers, self._default_output_system)
+                reserved = reserved_stores(user_task)
+                if reserved and stateless:
+                    raise ConfigError(
+                        f"checkpoint store {type(self._store).__name__} keeps no state; the task "
+                        f"{type(user_task).__name__} needs one that does for its "
+                        f"{', '.join(sorted(reserved))} (event-time timers, windows)",
+                        key="checkpoints",
+                        allowed="sqlite, memory, redis",
+                    )
+                specs = {**job_specs, **reserved} if reserved else job_specs
                 stores = TaskStores(name, specs, self._store) if specs else None
                 policy = ErrorPolicy(self.config, name, collector, dict(zip(parts, readers)), run_log)
                 if adapter is not None:
@@ -704,6 +744,8 @@ class Container:
                     name, index, instance, kind, parts, readers, start, collector, stores, policy, held
                 )
                 plan.timestamps = stamper
+                plan.event_tracking = stamper is not None or needs_event_tracking(user_task)
+                plan.on_event_time = hook(user_task, "on_event_time")
                 if stamper is not None:  # rule 33: resume from the committed watermark
                     floor = committed_event_time(self._store, name)
                     plan.event_time_floor = plan.event_time_committed = floor

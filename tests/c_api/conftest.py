@@ -100,6 +100,11 @@ int64_t tr_event_time_update(tr_event_time *et, int64_t now_ns);
 void tr_event_time_floor(tr_event_time *et, int64_t floor);
 int64_t tr_event_time_get(const tr_event_time *et);
 int64_t tr_event_time_partition(const tr_event_time *et, uint32_t partition);
+tr_status tr_event_time_read_n(tr_event_time *et, uint32_t partition, int64_t max_ts,
+                               uint64_t count, int64_t now_ns);
+void tr_event_time_track(tr_event_time *et);
+int tr_event_time_tracking(const tr_event_time *et);
+tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts);
 """
 
 HEADERS = ("status", "clock", "notifier", "queue", "sequencer", "watermark", "event_time")

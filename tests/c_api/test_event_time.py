@@ -161,3 +161,76 @@ def test_rule33_the_c_coalescer_is_the_reference_engines(
             assert marks == [model.partition(i) for i in range(n)]
     finally:
         lib.tr_event_time_destroy(et)
+
+
+def test_rule35_tracking_follows_messages_handed_over_not_read(capi: Any, make: Any) -> None:
+    # tracking (windows, event-time timers): a message read ahead into the buffer moves
+    # nothing until the task gets it; an ended partition counts as +infinity, and an empty
+    # one as idle, only once it is drained
+    lib = capi.lib
+    et = make(2, idle_ms=100)
+    lib.tr_event_time_track(et)
+    assert lib.tr_event_time_tracking(et) == 1
+    lib.tr_event_time_read_n(et, 0, 9000, 3, 0)  # 1000, 9000, 2000 read
+    lib.tr_event_time_read_n(et, 1, 500, 1, 0)
+    assert lib.tr_event_time_get(et) == NONE  # nothing handed over yet
+    lib.tr_event_time_seen(et, 0, 1000)
+    lib.tr_event_time_seen(et, 1, 500)
+    assert lib.tr_event_time_update(et, 0) == 500
+    lib.tr_event_time_ended(et, 1, 0)  # drained: +infinity
+    assert lib.tr_event_time_get(et) == 1000
+    lib.tr_event_time_seen(et, 0, 9000)
+    assert lib.tr_event_time_update(et, 0) == 9000
+    lib.tr_event_time_empty(et, 0, 0)
+    lib.tr_event_time_ended(et, 0, 0)  # one message (2000) still buffered: not ended yet
+    assert lib.tr_event_time_update(et, 10**12) == 9000
+    lib.tr_event_time_seen(et, 0, 2000)
+    assert lib.tr_event_time_update(et, 10**12) == END
+
+
+_tracked_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["read", "read", "seen", "seen", "seen", "empty", "ended", "update"]),
+        st.integers(0, 3),  # partition
+        st.integers(-50, 10_000),  # timestamp
+        st.integers(0, 3),  # messages read
+        st.integers(0, 300),  # ms the clock moves first
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 4), lag=st.integers(0, 500), idle=st.sampled_from([0, 1, 100]), ops=_tracked_ops)
+def test_rule35_tracking_in_c_is_the_reference_engines(
+    capi: Any, n: int, lag: int, idle: int, ops: list[Any]
+) -> None:
+    ffi, lib = capi.ffi, capi.lib
+    out = ffi.new("tr_event_time **")
+    assert lib.tr_event_time_create(n, lag, idle * MS, 0, out) == lib.TR_OK
+    et, model = out[0], EventTime(n, lag, idle * MS, 0, track=True)
+    lib.tr_event_time_track(et)
+    now = 0
+    try:
+        for op, p, ts, count, dt in ops:
+            now += dt * MS
+            p %= n
+            if op == "read":
+                lib.tr_event_time_read_n(et, p, ts, count, now)
+                model.read(p, ts, now, count)
+            elif op == "seen":
+                lib.tr_event_time_seen(et, p, ts)
+                lib.tr_event_time_update(et, now)
+                model.seen(p, ts, now)
+            elif op == "empty":
+                lib.tr_event_time_empty(et, p, now)
+                model.empty(p, now)
+            elif op == "ended":
+                lib.tr_event_time_ended(et, p, now)
+                model.ended(p, now)
+            else:
+                assert lib.tr_event_time_update(et, now) == model.update(now)
+            assert lib.tr_event_time_get(et) == model.value
+            assert [lib.tr_event_time_partition(et, i) for i in range(n)] == [model.partition(i) for i in range(n)]
+    finally:
+        lib.tr_event_time_destroy(et)

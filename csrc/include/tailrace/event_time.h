@@ -22,7 +22,8 @@
  * largest timestamp.
  *
  * Threads: everything from the owning loop thread, except tr_event_time_get (any
- * thread: a relaxed load of the published value; it orders nothing else).
+ * thread: a relaxed load of the published value; it orders nothing else) and
+ * tr_event_time_seen (the thread invoking the task).
  */
 #ifndef TAILRACE_EVENT_TIME_H
 #define TAILRACE_EVENT_TIME_H
@@ -50,6 +51,21 @@ void tr_event_time_destroy(tr_event_time *et);
  * their timestamps (TR_ET_NONE: none had one, e.g. bad messages only). Ends its idle
  * streak and recomputes the task's watermark. TR_EINVAL (partition out of range). */
 tr_status tr_event_time_read(tr_event_time *et, uint32_t partition, int64_t max_ts, int64_t now_ns);
+/* As tr_event_time_read, and `count` messages were read (tracking counts them). */
+tr_status tr_event_time_read_n(tr_event_time *et, uint32_t partition, int64_t max_ts,
+                               uint64_t count, int64_t now_ns);
+/* Loop thread, before any message: from now on a partition's watermark follows the
+ * messages handed to the task (tr_event_time_seen), not those read: a message read
+ * ahead into the input buffer moves nothing until the task gets it, so windows and
+ * event-time timers never close over messages still buffered (rule 35). A partition
+ * at end of stream counts as +infinity, and an empty one as idle, only once every
+ * message read from it was handed to the task. */
+void tr_event_time_track(tr_event_time *et);
+int tr_event_time_tracking(const tr_event_time *et);
+/* Any thread (the one invoking the task): a message of `partition` with timestamp ts
+ * (TR_ET_NONE: it has none) was handed to the task. The loop thread's next
+ * tr_event_time_update sees it. TR_EINVAL. */
+tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts);
 /* Loop thread: a poll of `partition` at now_ns found nothing to read (starts an idle
  * streak unless one is running); recomputes. TR_EINVAL. */
 tr_status tr_event_time_empty(tr_event_time *et, uint32_t partition, int64_t now_ns);

@@ -109,6 +109,10 @@ typedef struct tr_loop tr_loop;
  * tr_loop_push_inputs_keyed. No RUN ops: messages go one by one. Equal hashes
  * (or hashes that share a busy bucket) are serialised, never reordered. */
 #define TR_TASK_KEYED 0x8u
+/* Its event-time watermark follows the messages handed to it (tr_loop_event_seen), not
+ * those read (see tr_event_time_track): set for a task with event-time timers or
+ * windows (rules 35, 38). */
+#define TR_TASK_EVENT_TRACK 0x10u
 
 /* Operation kinds handed to the binding. */
 typedef enum tr_op_kind {
@@ -362,7 +366,19 @@ int tr_loop_idle(tr_loop *loop);
 /* Loop thread, inside run_batch (REFILL), after pushing a poll's messages: max_ts is the
  * largest of their event timestamps (ms; TR_ET_NONE when none has one). Moves the task's
  * event-time watermark (rule 33). TR_EINVAL for an unknown task or partition. */
-tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts);
+tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts,
+                                  uint64_t count);
+/* The thread invoking the task (TR_TASK_EVENT_TRACK): a message of `partition` with
+ * timestamp ts (TR_ET_NONE: none) is being handed to the task. Returns 1 when, on the
+ * loop thread, the task's watermark now reaches its event-time timer: the caller ends
+ * its run there, so the timer runs (a barrier) before the task's next message (rules
+ * 35, 38). A pool worker's call returns 0: the loop thread checks. */
+int tr_loop_event_seen(tr_loop *loop, uint32_t task, uint32_t partition, int64_t ts);
+/* Any thread: the task's earliest event-time timer (ms; INT64_MAX: none). When the
+ * task's watermark reaches it, the task's timer barrier falls due (a TR_OP_TIMER, as
+ * for tr_loop_set_user_timer), whose handler runs the event-time timers due and sets
+ * the next one. */
+void tr_loop_set_event_timer(tr_loop *loop, uint32_t task, int64_t at_ms);
 /* Any thread: the task's event-time watermark (ms; TR_ET_NONE: none yet; TR_ET_END: every
  * input ended), as last computed; TR_ET_NONE for an unknown task. */
 int64_t tr_loop_event_watermark(const tr_loop *loop, uint32_t task);

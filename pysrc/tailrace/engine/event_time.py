@@ -27,10 +27,12 @@ def watermark_lag_ms(raw: int, wall_ms: int) -> float:
 
 
 class _Part:
-    __slots__ = ("empty", "empty_since", "ended", "max_ts")
+    __slots__ = ("empty", "empty_since", "ended", "max_ts", "read_n", "seen", "seen_n")
 
     def __init__(self, start_ns: int) -> None:
         self.max_ts = NONE  # the largest timestamp read
+        self.seen = NONE  # tracking: the largest handed to the task
+        self.seen_n = self.read_n = 0  # tracking: messages handed to the task, read
         self.empty_since = start_ns  # never read: idle counted from the task's start
         self.empty = True  # its last poll found nothing (or it was never read)
         self.ended = False
@@ -42,33 +44,54 @@ class EventTime:
     largest of the idle ones when every partition not at end is idle, ``END`` when all
     ended; never backwards. Loop thread only."""
 
-    __slots__ = ("idle_ns", "lag_ms", "parts", "value")
+    __slots__ = ("idle_ns", "lag_ms", "parts", "track", "value")
 
-    def __init__(self, npartitions: int, lag_ms: int, idle_ns: int, start_ns: int) -> None:
+    def __init__(self, npartitions: int, lag_ms: int, idle_ns: int, start_ns: int, track: bool = False) -> None:
         if lag_ms < 0:
             raise ValueError("lag_ms must be >= 0")
         self.lag_ms = lag_ms
         self.idle_ns = idle_ns
         self.value = NONE
         self.parts = [_Part(start_ns) for _ in range(npartitions)]
+        # tracking (tr_event_time_track): a partition's watermark follows the messages handed
+        # to the task (seen), not those read; its end and idleness count once it is drained
+        self.track = track
+
+    def _ended(self, p: _Part) -> bool:
+        return p.ended and (not self.track or p.seen_n >= p.read_n)
 
     def _mark(self, p: _Part) -> int:
-        if p.ended:
+        if self._ended(p):
             return END
-        if p.max_ts == NONE:
+        m = p.seen if self.track else p.max_ts
+        if m == NONE:
             return NONE
-        return max(p.max_ts - self.lag_ms, NONE + 1)
+        return max(m - self.lag_ms, NONE + 1)
+
+    def seen(self, partition: int, ts: int | None, now_ns: int) -> int:
+        """A message of ``partition`` with timestamp ``ts`` (None: none) is handed to the task
+        (tracking); the task's watermark."""
+        p = self.parts[partition]
+        if ts is not None and ts > p.seen:
+            p.seen = ts
+        p.seen_n += 1
+        return self.update(now_ns)
 
     def update(self, now_ns: int) -> int:
         """Recompute at ``now_ns`` (monotonic clock); the task's watermark."""
         min_active, max_idle = END, NONE
         any_open = any_active = False
         for p in self.parts:
-            if p.ended:
+            if self._ended(p):
                 continue
             any_open = True
             m = self._mark(p)
-            if self.idle_ns > 0 and p.empty and now_ns - p.empty_since >= self.idle_ns:
+            if (
+                self.idle_ns > 0
+                and p.empty
+                and now_ns - p.empty_since >= self.idle_ns
+                and (not self.track or p.seen_n >= p.read_n)
+            ):
                 max_idle = max(max_idle, m)
             else:
                 any_active = True
@@ -78,10 +101,12 @@ class EventTime:
             self.value = v
         return self.value
 
-    def read(self, partition: int, max_ts: int, now_ns: int) -> None:
-        """Messages were read from ``partition``; ``max_ts`` the largest timestamp (NONE: none)."""
+    def read(self, partition: int, max_ts: int, now_ns: int, count: int = 0) -> None:
+        """``count`` messages were read from ``partition``; ``max_ts`` the largest timestamp
+        (NONE: none)."""
         p = self.parts[partition]
         p.max_ts = max(p.max_ts, max_ts)
+        p.read_n += count
         p.empty = False
         self.update(now_ns)
 

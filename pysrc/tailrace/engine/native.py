@@ -30,9 +30,10 @@ from ..container import JobPlan
 from ..errors import CallbackTimeoutError, TailraceError, TaskError
 from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..stores import Journal
+from .event_time import END as ET_END
 from .event_time import watermark_lag_ms, watermark_value
 from .failures import FurtherErrors
-from .timers import TimerHeap, before_window, early_commit
+from .timers import EventTimers, TimerHeap, before_window, check_event_time, early_commit
 from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.native")
@@ -50,9 +51,10 @@ class _Timers:
     earliest due time, which wakes it (tr_loop_set_user_timer).
     """
 
-    def __init__(self, runner: LoopRunner | None, index: int, clock: Clock) -> None:
+    def __init__(self, runner: LoopRunner | None, index: int, clock: Clock, events: EventTimers) -> None:
         self._lock = threading.Lock()
         self._timers = TimerHeap()
+        self.events = events  # event-time timers (rule 38)
         self.runner = runner
         self.index = index
         self._clock = clock
@@ -77,6 +79,32 @@ class _Timers:
             if found:
                 self._publish()
             return found
+
+    def schedule_event_time(self, key: Any, when_ms: int | float, fn: Callable[..., Any] | None) -> None:
+        when_ms = check_event_time(key, when_ms)
+        with self._lock:
+            self.events.schedule(key, when_ms, fn)
+            self._publish_events()
+
+    def cancel_event_time(self, key: Any) -> bool:
+        with self._lock:
+            found = self.events.cancel(key)
+            if found:
+                self._publish_events()
+            return found
+
+    def _publish_events(self) -> None:
+        # lock held, as _publish
+        if self.runner is not None:
+            self.runner.set_event_timer(self.index, self.events.earliest())
+
+    def pop_event_due(self, watermark: int | float) -> list[tuple[Any, float, Callable[..., Any]]]:
+        """Remove and return the event-time timers due at ``watermark``, in time order; the
+        loop then watches for the next one."""
+        with self._lock:
+            due = self.events.pop_due(watermark)
+            self._publish_events()
+        return due
 
     def pop_due(self, now: float, not_before: int = 0) -> list[tuple[Any, Callable[..., Any]]]:
         """Remove and return the timers due at ``now``, in time order; the loop is woken for
@@ -108,13 +136,15 @@ class NativeEngine:
             if tp.policy is not None and tp.policy.active:
                 slot.policy = tp.policy
             slot.timestamps = tp.timestamps
+            slot.et_track = tp.event_tracking
+            slot.part_index = {(s.stream, s.partition): j for j, s in enumerate(tp.partitions)}
             if tp.stores and tp.kind == "sync":
                 # its store writes are recorded per invocation: a failed message's are undone,
                 # so a skipped one leaves none and a failed one costs no commit (rules 39, 40)
                 slot.journal = Journal()
             self._slots.append(slot)
             self._windows.append(hook(tp.task, "window") if cfg.window_ms > 0 else None)
-            self._timers.append(_Timers(None, tp.index, plan.clock))
+            self._timers.append(_Timers(None, tp.index, plan.clock, tp.event_timers()))
         self._clock = plan.clock
         self._timer_slack = 0.0 if plan.clock.manual else _TIMER_SLACK
         self._runner = LoopRunner(self._slots, self, cfg, [w is not None for w in self._windows], plan.clock)
@@ -181,16 +211,21 @@ class NativeEngine:
                 p.reader.start(p.committed, runner.waker(i, j))
         for i, s in enumerate(self._slots):
             init = hook(s.plan.task, "init")
-            if init is None:
-                continue
-            context = s.plan.make_context(
-                self.config,
-                self._timers[i],
-                functools.partial(self._task_metrics, i),
-                watermark=functools.partial(runner.event_watermark, i),
-            )
+            timers = self._timers[i]
             try:
-                init(context)
+                with timers._lock:
+                    timers.events.restore()  # durable event-time timers (rule 38)
+                    timers._publish_events()
+                # every task gets its context before its first message (declared windows
+                # bind to it), init or not
+                context = s.plan.make_context(
+                    self.config,
+                    timers,
+                    functools.partial(self._task_metrics, i),
+                    watermark=functools.partial(runner.event_watermark, i),
+                )
+                if init is not None:
+                    init(context)
             except Exception as e:  # noqa: BLE001 - user code
                 self._fail(TaskError(s.name, original=e, phase="init"))
                 return False
@@ -347,20 +382,48 @@ class NativeEngine:
                 )
                 return 0
             requests |= coordinator.take()
-        return requests
+        more = self._event_timers(i, self._runner.event_watermark(i))
+        return 0 if more < 0 else requests | more
+
+    def _event_timers(self, i: int, raw: int) -> int:
+        """Run task i's event-time timers due at its watermark ``raw`` (C's ms; rules 35, 38),
+        in time order, until none is: a timer may set another that is due already. Their
+        requests, or -1 when one raised (the loop stops)."""
+        s = self._slots[i]
+        watermark = watermark_value(raw)
+        requests = 0
+        while True:
+            due = self._timers[i].pop_event_due(watermark)
+            if not due:
+                return requests
+            for key, when, fn in due:
+                coordinator = Coordinator()
+                s.timers += 1
+                try:
+                    fn(key, when, s.collector, coordinator)
+                except Exception as e:  # noqa: BLE001 - user code
+                    self._runner.post_error(
+                        TaskError(s.name, original=e, phase="timer", detail=f"event-time timer {key!r}: {e!r}")
+                    )
+                    return -1
+                requests |= coordinator.take()
 
     def on_end_of_stream(self, i: int) -> int:
         s = self._slots[i]
+        # rule 37: every input ended, the watermark is +infinity: open windows close and the
+        # event-time timers fire before end_of_stream
+        requests = self._event_timers(i, ET_END)
+        if requests < 0:
+            return 0
         eos = hook(s.plan.task, "end_of_stream")
-        if eos is None:
-            return 0
-        coordinator = Coordinator()
-        try:
-            eos(s.collector, coordinator)
-        except Exception as e:  # noqa: BLE001 - user code
-            self._runner.post_error(TaskError(s.name, original=e, phase="end_of_stream"))
-            return 0
-        requests = coordinator.take()
+        if eos is not None:
+            coordinator = Coordinator()
+            try:
+                eos(s.collector, coordinator)
+            except Exception as e:  # noqa: BLE001 - user code
+                self._runner.post_error(TaskError(s.name, original=e, phase="end_of_stream"))
+                return 0
+            requests |= coordinator.take()
         if requests & (COMMIT_CURRENT | COMMIT_ALL):  # the hook's own commit runs before the task is done
             try:
                 self._commit(i)

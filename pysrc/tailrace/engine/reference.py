@@ -101,10 +101,10 @@ from ..metrics import ContainerMetrics, RunResult, TaskMetrics, partition_lag
 from ..ordering import key_error, key_identity
 from ..stores import Journal, journal_bind, journal_undo
 from ..types import BadInput, Offset, SystemStreamPartition
-from .event_time import NONE, EventTime, watermark_lag_ms, watermark_value
+from .event_time import END, NONE, EventTime, watermark_lag_ms, watermark_value
 from .failures import FurtherErrors
 from .policy import FAIL, IGNORED
-from .timers import TimerHeap, before_window, early_commit
+from .timers import EventTimers, TimerHeap, before_window, check_event_time, early_commit
 from .watchdog import StuckCallWatch
 
 log = logging.getLogger("tailrace.engine.reference")
@@ -271,9 +271,10 @@ class _Timers:
     loop reads due timers with ``next_due``/``pop_due``.
     """
 
-    def __init__(self, wake: Callable[[], None], clock: Clock) -> None:
+    def __init__(self, wake: Callable[[], None], clock: Clock, events: EventTimers) -> None:
         self._lock = threading.Lock()
         self._timers = TimerHeap()
+        self.events = events  # event-time timers (rule 38)
         self._wake = wake  # also ends a run in progress (ReferenceEngine._run)
         self._clock = clock
 
@@ -292,6 +293,30 @@ class _Timers:
         if removed:
             self._wake()  # a due timer it removes holds its task back no more (rules 8, 23)
         return removed
+
+    def schedule_event_time(self, key: Any, when_ms: int | float, fn: Callable[..., Any] | None) -> None:
+        when_ms = check_event_time(key, when_ms)
+        with self._lock:
+            self.events.schedule(key, when_ms, fn)
+        self._wake()
+
+    def cancel_event_time(self, key: Any) -> bool:
+        with self._lock:
+            removed = self.events.cancel(key)
+        if removed:
+            self._wake()
+        return removed
+
+    def event_due(self, watermark: int) -> bool:
+        """True while an event-time timer is due at the task's watermark (rule 38)."""
+        with self._lock:
+            at = self.events.earliest()
+        return at != END and watermark >= at
+
+    def pop_event_due(self, watermark: int | float) -> list[tuple[Any, float, Callable[..., Any]]]:
+        """Remove and return the event-time timers due at ``watermark``, in time order."""
+        with self._lock:
+            return self.events.pop_due(watermark)
 
     def next_due(self) -> float | None:
         """The earliest registered time (epoch seconds, as the clock's ``time()``), or None."""
@@ -330,8 +355,15 @@ class _Task:
         self.policy = plan.policy if plan.policy is not None and plan.policy.active else None
         self.timestamps = plan.timestamps  # a TimestampReader, or None (rule 32)
         # its event-time watermark (rules 33, 37), on the run's monotonic clock in ns
+        # a task with windows or durable event-time timers: it follows the messages handed
+        # to the task (rules 35, 38; C: TR_TASK_EVENT_TRACK)
+        self.track = plan.event_tracking
         self.event_time = EventTime(
-            len(self.parts), cfg.watermark_lag_ms, cfg.watermark_idle_ms * 1_000_000, round(now * 1e9)
+            len(self.parts),
+            cfg.watermark_lag_ms,
+            cfg.watermark_idle_ms * 1_000_000,
+            round(now * 1e9),
+            track=self.track,
         )
         if plan.event_time_floor is not None:  # rule 33: at least its committed value
             self.event_time.floor(plan.event_time_floor)
@@ -339,11 +371,12 @@ class _Task:
         # message's are undone, so a skipped one leaves none and a failed one costs no
         # commit (rules 39, 40)
         self.journal: Journal | None = Journal() if plan.stores and plan.kind == "sync" else None
-        self.timers = _Timers(engine._timer_set, engine._clock)
+        self.timers = _Timers(engine._timer_set, engine._clock, plan.event_timers())
         plan.early_commit(early_commit(self.timers.schedule))
         # a sync task without key ordering: runs of messages on the loop thread when the
         # engine has no pool and no stuck-call watch (ReferenceEngine._run)
-        self.inline = plan.kind == "sync" and cfg.ordering != "key"
+        # (a tracking task's messages go one by one through _invoke, which moves its watermark)
+        self.inline = plan.kind == "sync" and cfg.ordering != "key" and not self.track
         # sequencing (rules 2, 12, 15)
         self.next_seq = 0
         self.next_release = 0
@@ -620,16 +653,19 @@ class ReferenceEngine:
                 p.reader.start(p.committed, self._wakeup)
         for t in self._tasks:
             init = hook(t.instance, "init")
-            if init is None:
-                continue
-            context = t.plan.make_context(
-                self.config,
-                t.timers,
-                functools.partial(self._task_metrics, t),
-                watermark=functools.partial(getattr, t.event_time, "value"),
-            )
             try:
-                init(context)
+                with t.timers._lock:
+                    t.timers.events.restore()  # durable event-time timers (rule 38)
+                # every task gets its context before its first message (declared windows
+                # bind to it), init or not
+                context = t.plan.make_context(
+                    self.config,
+                    t.timers,
+                    functools.partial(self._task_metrics, t),
+                    watermark=functools.partial(getattr, t.event_time, "value"),
+                )
+                if init is not None:
+                    init(context)
             except Exception as e:  # noqa: BLE001 - user code
                 self._fail(TaskError(t.name, original=e, phase="init"))
                 return
@@ -877,7 +913,7 @@ class ReferenceEngine:
                 now_ns = round(self._clock.monotonic() * 1e9)
                 if batch:
                     stamps = [e.timestamp for e in batch]
-                    t.event_time.read(i, max([NONE, *(ts for ts in stamps if ts is not None)]), now_ns)
+                    t.event_time.read(i, max([NONE, *(ts for ts in stamps if ts is not None)]), now_ns, len(batch))
                 elif ended:
                     t.event_time.ended(i, now_ns)
                 else:
@@ -1013,9 +1049,9 @@ class ReferenceEngine:
         return self._timer_due(t)
 
     def _timer_due(self, t: _Task) -> bool:
-        """True while a timer of ``t`` is due (rule 23)."""
+        """True while a timer of ``t`` is due (rule 23), or an event-time timer (rule 38)."""
         due = t.timers.next_due()
-        return due is not None and due <= self._clock.time()
+        return (due is not None and due <= self._clock.time()) or t.timers.event_due(t.event_time.value)
 
     def _barrier_due(self, t: _Task, now: float) -> float:
         """When t's next window, commit or user timer is due (monotonic seconds; inf: none)."""
@@ -1029,6 +1065,8 @@ class ReferenceEngine:
         timer = t.timers.next_due()  # wall clock
         if timer is not None:
             due = min(due, now + (timer - self._clock.time()))
+        if t.timers.event_due(t.event_time.value):
+            due = min(due, now)  # due already (rule 38)
         return due
 
     def _next_barrier(self, now: float) -> float:
@@ -1098,7 +1136,30 @@ class ReferenceEngine:
                 self._fail(TaskError(t.name, original=e, phase="timer", detail=f"timer {key!r}: {e!r}"))
                 return True
             self._apply_requests(t, coordinator.take())
-        return bool(due)
+        return self._run_event_timers(t, t.event_time.value) or bool(due)
+
+    def _run_event_timers(self, t: _Task, raw: int) -> bool:
+        """Run ``t``'s event-time timers due at its watermark ``raw`` (rules 35, 38), in time
+        order, until none is (a timer may set one due already); True when any ran."""
+        ran = False
+        watermark = watermark_value(raw)
+        while self._failure is None:
+            due = t.timers.pop_event_due(watermark)
+            if not due:
+                break
+            ran = True
+            for key, when, fn in due:
+                coordinator = Coordinator()
+                t.timer_runs += 1
+                try:
+                    fn(key, when, t.collector, coordinator)
+                except Exception as e:  # noqa: BLE001 - user code
+                    self._fail(
+                        TaskError(t.name, original=e, phase="timer", detail=f"event-time timer {key!r}: {e!r}")
+                    )
+                    return True
+                self._apply_requests(t, coordinator.take())
+        return ran
 
     # -- 6. end of stream -----------------------------------------------------
     def _end_of_stream(self) -> bool:
@@ -1118,6 +1179,11 @@ class ReferenceEngine:
         for t in due:
             if self._failure is not None:
                 return True  # (rule 16: nothing runs after a failure)
+            # rule 37: every input ended, the watermark is +infinity: open windows close and
+            # the event-time timers fire before end_of_stream
+            self._run_event_timers(t, END)
+            if self._failure is not None:
+                return True
             if t.eos_hook is not None:
                 coordinator = Coordinator()
                 try:
@@ -1448,6 +1514,10 @@ class ReferenceEngine:
         t.processed += 1
         cb = _Callback(self, t, seq, part, env.offset)
         cb.started = self._clock.monotonic()
+        if t.track:  # handed to the task: its watermark moves (rules 35, 38)
+            t.event_time.seen(t.parts.index(part), env.timestamp, round(cb.started * 1e9))
+            if t.timers.event_due(t.event_time.value):
+                self._poke = True  # its timers run before its next message
         if t.keyed:
             cb.key = key_identity(env.key)
             t.busy.add(cb.key)

@@ -102,3 +102,92 @@ class TimerHeap:
             _, _, key = heapq.heappop(self._heap)
             _, _, fn = self._entries.pop(key)
             due.append((key, fn))
+
+
+# The store holding a task's durable event-time timers (rule 38): a name no job can declare
+# (a user's store name has no dot); key: the timer's key, value: its time (ms).
+EVENT_TIMERS_STORE = "tailrace.event-timers"
+# +inf as an event-time timer's time: never due before the end of the input... which is +inf
+_NEVER = math.inf
+
+
+class EventTimers:
+    """A task's event-time timers (rule 38): one-shot, keyed, fired in time order as a
+    barrier when the task's watermark reaches their time (ms since the epoch).
+
+    A timer given a callback is the caller's to re-arm after a restart (windows re-arm
+    theirs from their stores); one without a callback runs the task's ``on_event_time``
+    method and is kept in the task's store ``tailrace.event-timers``, committed with the
+    offsets, so it survives restarts. Not thread-safe: the engines hold a lock around it.
+    """
+
+    __slots__ = ("_heap", "_store", "_method")
+
+    def __init__(self, store: Any = None, method: Callable[..., Any] | None = None) -> None:
+        self._heap = TimerHeap()
+        self._store = store  # the task's tailrace.event-timers store, or None
+        self._method = method  # the task's bound on_event_time, or None
+
+    def restore(self) -> None:
+        """Load the durable timers committed before (a restart)."""
+        if self._store is None:
+            return
+        for key, when in self._store.items():
+            key = tuple(key) if isinstance(key, list) else key
+            self._heap.push(key, when, self._durable)
+
+    def _durable(self, key: Any, when: int, collector: Any, coordinator: Any) -> Any:
+        self._store.delete(key)
+        return self._method(key, when, collector, coordinator)  # type: ignore[misc]
+
+    def schedule(self, key: Any, when_ms: int | float, fn: Callable[..., Any] | None) -> None:
+        if fn is None:
+            if self._method is None or self._store is None:
+                raise TypeError(
+                    f"event-time timer {key!r} has no callback, and the task defines no "
+                    "on_event_time(self, key, when, collector, coordinator) method to run"
+                )
+            self._store.put(key, when_ms)
+            self._heap.push(key, when_ms, self._durable)
+            return
+        if self._store is not None and self._store.get(key) is not None:
+            self._store.delete(key)  # replaced by one that is not durable
+        self._heap.push(key, when_ms, lambda k, w, c, co: fn(k, c, co))
+
+    def cancel(self, key: Any) -> bool:
+        if self._store is not None and self._store.get(key) is not None:
+            self._store.delete(key)
+        return self._heap.remove(key)
+
+    def earliest(self) -> int:
+        """The earliest time as the C loop takes it (INT64_MAX: none or +inf)."""
+        at = self._heap.earliest()
+        if at is None or at >= 2**63 - 1:
+            return 2**63 - 1
+        if at <= -(2**63):
+            return -(2**63)
+        return math.ceil(at)
+
+    def pop_due(self, watermark: int | float) -> list[tuple[Any, float, Callable[..., Any]]]:
+        """Remove and return the timers due at ``watermark`` (their time <= it), in time
+        order, each as (key, time, call(key, time, collector, coordinator))."""
+        due: list[tuple[Any, float, Callable[..., Any]]] = []
+        heap = self._heap
+        while True:
+            at = heap.earliest()
+            if at is None or at > watermark:
+                return due
+            for key, fn in heap.pop_due(at):
+                due.append((key, at, fn))
+
+
+def check_event_time(key: Any, when_ms: Any) -> int | float:
+    """``when_ms`` as an event-time timer's time: an int (ms) or +-inf; ValueError else."""
+    if isinstance(when_ms, bool) or not isinstance(when_ms, (int, float)):
+        raise TypeError(f"event-time timer {key!r}: when_ms must be an int of ms since the epoch, got {when_ms!r}")
+    if isinstance(when_ms, float):
+        if when_ms != when_ms:
+            raise ValueError(f"event-time timer {key!r}: when_ms is NaN")
+        if not math.isinf(when_ms):
+            when_ms = math.ceil(when_ms)
+    return when_ms
