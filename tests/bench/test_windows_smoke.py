@@ -67,6 +67,6 @@ def test_results_refuse_a_window_sent_twice_and_see_a_changed_sum(tmp_path: Path
         windows.results(tmp_path / "a")
 
 
-def test_the_generator_refuses_disorder_the_watermark_could_overtake(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="could be late"):
-        windows.generate(tmp_path / "events", 20_000, 100, rate=1_000, disorder=4_900)
+def test_the_generator_refuses_disorder_beyond_the_lag(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="is late"):
+        windows.generate(tmp_path / "events", 20_000, 100, rate=1_000, disorder=20_000)
