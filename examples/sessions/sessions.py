@@ -1,12 +1,12 @@
 """Per-user sessions over JSON Lines clicks: a session is a user's run of clicks with no
-gap longer than 30 minutes (event time, the clicks' ``ts``). Closed sessions go to
-``files.sessions``.
+gap longer than 30 minutes (event time: the clicks' ``ts``, read by ``task.timestamp.field``).
+Each closed session goes to ``files.sessions`` (docs/windows.md).
 
-The open sessions live in the task's store ``open`` (user -> session), committed with the
-input offsets in one SQLite transaction, so a stop (Ctrl-C), a kill -9 or a failed run
-followed by a fixed rerun never loses nor double-counts a click: every session comes out
-with exactly its clicks. Output is at-least-once: after a kill -9, sessions closed since
-the last commit are written again, identical (the same ``user`` and ``start``).
+The open sessions are the window's state, committed with the input offsets in one SQLite
+transaction, so a stop (Ctrl-C), a kill -9 or a failed run followed by a fixed rerun never
+loses nor double-counts a click: every session comes out with exactly its clicks. Output is
+at-least-once: after a kill -9, sessions closed since the last commit are written again,
+identical (the same ``user`` and ``start``).
 """
 
 from __future__ import annotations
@@ -14,44 +14,36 @@ from __future__ import annotations
 from typing import Any
 
 import tailrace
+from tailrace.windows import Fold, Session, WindowResult
 
-GAP = 30 * 60  # seconds of inactivity that close a session
+
+def add(session: dict[str, Any], click: tailrace.Envelope) -> dict[str, Any]:
+    page = click.message["page"]
+    return {
+        "clicks": session["clicks"] + 1,
+        "pages": session["pages"] + [page] * (page not in session["pages"]),
+    }
+
+
+def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:  # a click bridged two sessions
+    return {
+        "clicks": a["clicks"] + b["clicks"],
+        "pages": a["pages"] + [p for p in b["pages"] if p not in a["pages"]],
+    }
 
 
 class Sessions(tailrace.StreamTask):
-    def init(self, context: tailrace.TaskContext) -> None:
-        self.open = context.store("open")  # user -> {"user", "start", "end", "clicks", "pages"}
-        self.clock = 0  # newest event time seen by this run
+    sessions = Session(
+        gap_ms=30 * 60_000,
+        key="user",
+        aggregate=Fold({"clicks": 0, "pages": []}, add, merge),
+        on_result="emit",
+    )
 
-    def process(
-        self, envelope: tailrace.Envelope, collector: tailrace.Collector, coordinator: tailrace.Coordinator
+    def emit(
+        self, result: WindowResult, collector: tailrace.Collector, coordinator: tailrace.Coordinator
     ) -> None:
-        click = envelope.message
-        user, ts, page = click["user"], int(click["ts"]), click["page"]
-        session = self.open.get(user)
-        if session is not None and ts - session["end"] > GAP:
-            self._close(session, collector)
-            session = None
-        if session is None:
-            session = {"user": user, "start": ts, "end": ts, "clicks": 0, "pages": []}
-        session["end"] = ts
-        session["clicks"] += 1
-        if page not in session["pages"]:
-            session["pages"].append(page)
-        self.open[user] = session
-        self.clock = max(self.clock, ts)
-
-    def window(self, collector: tailrace.Collector, coordinator: tailrace.Coordinator) -> None:
-        # close the sessions idle for longer than the gap (by the newest click seen)
-        idle = [s for _, s in self.open.items() if self.clock - s["end"] > GAP]
-        for session in idle:
-            self._close(session, collector)
-
-    def end_of_stream(self, collector: tailrace.Collector, coordinator: tailrace.Coordinator) -> None:
-        # the end of the input closes every open session
-        for _, session in list(self.open.items()):
-            self._close(session, collector)
-
-    def _close(self, session: dict[str, Any], collector: tailrace.Collector) -> None:
-        collector.send("files.sessions", session, key=session["user"])
-        del self.open[session["user"]]
+        start, end = result.start // 1000, result.end // 1000  # seconds, as the clicks' ts
+        collector.send(
+            "files.sessions", {"user": result.key, "start": start, "end": end, **result.value}, key=result.key
+        )

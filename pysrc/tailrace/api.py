@@ -213,7 +213,13 @@ class StreamTask:
     """
 
     def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must define process()")
+        """Without a ``process`` of its own, a task that declares windows
+        (:mod:`tailrace.windows`) adds every message to every window."""
+        from .windows import add_to_every_window, declared_windows
+
+        if not declared_windows(type(self)):
+            raise NotImplementedError(f"{type(self).__name__} must define process()")
+        add_to_every_window(self, envelope, collector, coordinator)
 
     if TYPE_CHECKING:  # declared, not defined: engines look hooks up with hook(task, name)
 
@@ -290,7 +296,7 @@ def task_kind(task: object) -> str:
         return "async"
     proc = getattr(cls, "process", None)
     if isinstance(task, StreamTask):
-        if proc is StreamTask.process:
+        if proc is StreamTask.process and not _declares_windows(cls):
             raise TypeError(f"{cls.__qualname__} must define process()")
         # an async def process runs on the container's loop whatever the base class:
         # called as a sync process it would only make a coroutine that nothing awaits
@@ -302,6 +308,12 @@ def task_kind(task: object) -> str:
     raise TypeError(f"{cls.__qualname__} is not a task: define process() or process_async()")
 
 
+def _declares_windows(cls: type) -> bool:
+    from .windows import declared_windows  # here: tailrace.windows is imported when a task uses it
+
+    return bool(declared_windows(cls))
+
+
 def _defines_entry_point(cls: type) -> bool:
     if issubclass(cls, AsyncStreamTask):
         proc = getattr(cls, "process", None)
@@ -310,7 +322,7 @@ def _defines_entry_point(cls: type) -> bool:
         ) is not AsyncStreamTask.process_async
     proc = getattr(cls, "process", None)
     if issubclass(cls, StreamTask):
-        return proc is not StreamTask.process
+        return proc is not StreamTask.process or _declares_windows(cls)
     return callable(proc) or callable(getattr(cls, "process_async", None))
 
 

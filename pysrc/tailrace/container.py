@@ -40,6 +40,8 @@ from .metrics import ContainerMetrics, RunResult, TaskMetrics
 from .stores import TaskStores
 from .timestamps import timestamp_reader
 from .types import Offset, SystemStreamPartition, parse_system_stream
+from .windows import check_windows, declared_windows
+from .windows import store_specs as window_store_specs
 
 if TYPE_CHECKING:
     from .aio import AsyncioRunner, AsyncioTask
@@ -80,6 +82,8 @@ class TaskPlan:
         "stores",
         "task",
         "timestamps",
+        "user_task",
+        "windows",
     )
 
     def __init__(
@@ -119,6 +123,10 @@ class TaskPlan:
         # method), or with windows or durable event-time timers (on_event_time)
         self.event_tracking = False
         self.on_event_time: Callable[..., Any] | None = None  # the user task's method (rule 38)
+        # the user's task instance (``task`` may be the adapter of an ``async def`` task) and the
+        # runtimes of the windows its class declares, bound in make_context (tailrace.windows)
+        self.user_task: Any = task
+        self.windows: list[Any] = []
 
     def __repr__(self) -> str:
         return f"TaskPlan({self.name!r}, {len(self.partitions)} partitions, {self.kind})"
@@ -138,7 +146,28 @@ class TaskPlan:
         loop: Any = None,
         watermark: Callable[[], int] | None = None,
     ) -> TaskContext:
-        return TaskContext(self.name, self.partitions, config, timers, metrics, loop, self.stores, watermark)
+        """The task's context; binds the windows its class declares to it (before ``init``:
+        an engine makes the context of a task with windows even when it has no ``init``)."""
+        context = TaskContext(
+            self.name, self.partitions, config, timers, metrics, loop, self.stores, watermark
+        )
+        if self.has_windows:
+            from .windows import bind
+
+            self.windows = bind(self.user_task, context)
+        return context
+
+    @property
+    def has_windows(self) -> bool:
+        """The task's class declares windows (tailrace.windows): it needs its context bound."""
+        from .windows import declared_windows
+
+        return bool(declared_windows(type(self.user_task)))
+
+    @property
+    def late(self) -> int:
+        """Late messages its windows saw in this run (rule 35; TaskMetrics.late)."""
+        return sum(w.late for w in self.windows)
 
     def event_time_state(self, watermark: int | None) -> StateChanges | None:
         """What a commit writes of the task's event-time watermark (rule 33): its reserved
@@ -211,7 +240,9 @@ def write_commit(
 def needs_event_tracking(task: object) -> bool:
     """True when ``task`` has event-time timers that survive restarts (an ``on_event_time``
     method) or declares windows: its watermark must follow the messages handed to it."""
-    return hook(task, "on_event_time") is not None or bool(getattr(type(task), "__tailrace_windows__", None))
+    from .windows import declared_windows
+
+    return hook(task, "on_event_time") is not None or bool(declared_windows(type(task)))
 
 
 def reserved_stores(task: object) -> dict[str, StoreSpec]:
@@ -678,15 +709,8 @@ class Container:
         by_partition: dict[int, list[SystemStreamPartition]] = {}
         for ssp in ssps:
             by_partition.setdefault(ssp.partition, []).append(ssp)
-        job_specs = self.config.stores
-        stateless = type(self._store).state_get is CheckpointStore.state_get
-        if job_specs and stateless:
-            raise ConfigError(
-                f"checkpoint store {type(self._store).__name__} keeps no state; stores "
-                f"({', '.join(sorted(job_specs))}) need one that does",
-                key="checkpoints",
-                allowed="sqlite, memory, redis",
-            )
+        specs = self.config.stores
+        self._check_state(specs, "stores")
         if self.config.error_policy == "dead-letter":
             system = self.config.error_stream.partition(".")[0]
             if system not in self.systems:
@@ -707,6 +731,9 @@ class Container:
                 adapter: AsyncioTask | None = None
                 if index == 0:
                     self._check_task(instance)
+                    windows = self._check_windows(type(user_task))
+                else:
+                    windows = declared_windows(type(user_task))
                 try:
                     kind = task_kind(instance)
                 except TypeError as e:
@@ -727,16 +754,10 @@ class Container:
                 held = self._hold(name, producers) if self.config.exactly_once else None
                 collector = Collector(held if held is not None else producers, self._default_output_system)
                 reserved = reserved_stores(user_task)
-                if reserved and stateless:
-                    raise ConfigError(
-                        f"checkpoint store {type(self._store).__name__} keeps no state; the task "
-                        f"{type(user_task).__name__} needs one that does for its "
-                        f"{', '.join(sorted(reserved))} (event-time timers, windows)",
-                        key="checkpoints",
-                        allowed="sqlite, memory, redis",
-                    )
-                specs = {**job_specs, **reserved} if reserved else job_specs
-                stores = TaskStores(name, specs, self._store) if specs else None
+                if reserved:
+                    self._check_state([f"durable event-time timers ({', '.join(reserved)})"], "on_event_time")
+                task_specs = {**specs, **window_store_specs(windows), **reserved} if windows or reserved else specs
+                stores = TaskStores(name, task_specs, self._store) if task_specs else None
                 policy = ErrorPolicy(self.config, name, collector, dict(zip(parts, readers)), run_log)
                 if adapter is not None:
                     adapter.policy = policy  # an async def task counts its own retries
@@ -746,6 +767,7 @@ class Container:
                 plan.timestamps = stamper
                 plan.event_tracking = stamper is not None or needs_event_tracking(user_task)
                 plan.on_event_time = hook(user_task, "on_event_time")
+                plan.user_task = user_task
                 if stamper is not None:  # rule 33: resume from the committed watermark
                     floor = committed_event_time(self._store, name)
                     plan.event_time_floor = plan.event_time_committed = floor
@@ -756,6 +778,32 @@ class Container:
                 runner.close()
             raise
         return JobPlan(self.config, tasks, self._store, producers, dict(self.systems), runner, self._clock)
+
+    def _check_state(self, names: Any, what: str) -> None:
+        """A checkpoint store that keeps no state is refused for ``names`` (stores, windows)."""
+        if names and type(self._store).state_get is CheckpointStore.state_get:
+            raise ConfigError(
+                f"checkpoint store {type(self._store).__name__} keeps no state; {what} "
+                f"({', '.join(sorted(names))}) need one that does",
+                key="checkpoints",
+                allowed="sqlite, memory, redis",
+            )
+
+    def _check_windows(self, cls: type) -> dict[str, Any]:
+        """Start-up checks of the windows ``cls`` declares (tailrace.windows): each is sound,
+        and their state can be committed with the offsets (rules 26, 27, 36)."""
+        windows = check_windows(cls)
+        if windows:
+            self._check_state([f"window {w.where}" for w in windows.values()], "windows")
+            if self.config.async_commit:
+                raise ConfigError(
+                    f"task.async.commit=true cannot be combined with windows ({', '.join(windows)}): "
+                    "their state is a store, whose commit must not include the effect of a message "
+                    "above the low watermark",
+                    key="task.async.commit",
+                    allowed="false while the task declares windows",
+                )
+        return windows
 
     def _hold(self, task_name: str, producers: dict[str, Producer]) -> dict[str, HeldProducer]:
         """Task ``task_name``'s producers under exactly-once outputs (rule 41): every system of

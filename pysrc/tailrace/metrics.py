@@ -35,6 +35,7 @@ class TaskMetrics:
     skipped: int = 0
     dead_lettered: int = 0
     retried: int = 0
+    late: int = 0  # messages late for every window they belong to (rule 35; tailrace.windows)
     outstanding: int = 0  # gauge: invoked, not yet completed
     windows: int = 0
     commits: int = 0

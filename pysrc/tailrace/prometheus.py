@@ -18,6 +18,7 @@ _TASK_COUNTERS = (
     "skipped",
     "dead_lettered",
     "retried",
+    "late",
     "windows",
     "commits",
     "timers",

@@ -354,6 +354,9 @@ def _print_summary(
     )
     if bad:
         out.write(f"  {bad}\n")
+    late = sum(t.late for t in result.tasks.values())
+    if late:
+        out.write(f"  {_count(late, 'late message')} (late for every window they belong to)\n")
     out.write("  committed offsets:\n")
     for ssp, off in sorted(result.committed.items()):
         extra = f"  ({skipped[ssp]} skipped)" if skipped.get(ssp) else ""

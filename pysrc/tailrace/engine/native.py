@@ -456,6 +456,7 @@ class NativeEngine:
         policy = s.plan.policy
         if policy is not None:
             m.skipped, m.dead_lettered, m.retried = policy.skipped, policy.dead_lettered, policy.retried
+        m.late = s.plan.late
         for j, p in enumerate(list(s.parts)):
             mark = self._runner.watermark(i, j)
             low = p.low_watermark if mark is None or mark[1] is None else mark[1]

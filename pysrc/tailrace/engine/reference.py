@@ -1713,6 +1713,7 @@ class ReferenceEngine:
         policy = t.plan.policy
         if policy is not None:
             m.skipped, m.dead_lettered, m.retried = policy.skipped, policy.dead_lettered, policy.retried
+        m.late = t.plan.late
         for p in list(t.parts):
             if p.committed is not None:
                 m.committed[p.ssp] = p.committed

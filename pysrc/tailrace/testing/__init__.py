@@ -332,19 +332,47 @@ class TestDriver:
         return self._thread is not None and self._thread.is_alive()
 
     # -- input and time -----------------------------------------------------------
-    def send(self, stream: str, message: Any, *, key: Any = None, partition: int = 0) -> Offset:
-        """Append one message to an input partition and let the loop process it; its offset."""
+    def send(
+        self, stream: str, message: Any, *, key: Any = None, partition: int = 0, timestamp: int | None = None
+    ) -> Offset:
+        """Append one message to an input partition and let the loop process it; its offset.
+
+        ``timestamp`` (ms since the epoch) is its event time as the input system gives it
+        (rule 32), unless the task reads its own (``task.timestamp.field``, a ``timestamp``
+        method); without it, a message's time is when the loop read it: the virtual clock.
+        Event time moves only by timestamps, wall time only by ``advance``."""
         self.start()
-        offset = self.system.append(stream, partition, message, key=key)
+        offset = self.system.append(stream, partition, message, key=key, timestamp=timestamp)
         self.settle()
         return offset
 
-    def send_all(self, stream: str, messages: Sequence[Any], *, partition: int = 0) -> list[Offset]:
-        """Append several messages to one partition, then let the loop process them."""
+    def send_all(
+        self,
+        stream: str,
+        messages: Sequence[Any],
+        *,
+        partition: int = 0,
+        timestamps: Sequence[int] | None = None,
+    ) -> list[Offset]:
+        """Append several messages to one partition (``timestamps``: one per message, as for
+        ``send``), then let the loop process them."""
+        if timestamps is not None and len(timestamps) != len(messages):
+            raise ValueError(f"{len(messages)} messages and {len(timestamps)} timestamps")
         self.start()
-        offsets: list[Offset] = [self.system.append(stream, partition, m) for m in messages]
+        stamps: Sequence[int | None] = timestamps if timestamps is not None else [None] * len(messages)
+        offsets: list[Offset] = [
+            self.system.append(stream, partition, m, timestamp=ts) for m, ts in zip(messages, stamps)
+        ]
         self.settle()
         return offsets
+
+    def watermark(self, task: str = "Partition 0") -> int | float:
+        """The event-time watermark of ``task`` (rule 33: ms since the epoch; ``-math.inf``
+        before there is one, ``math.inf`` once its inputs ended), as ``context.watermark()``."""
+        tasks, _ = self.metrics()
+        if task not in tasks:
+            raise KeyError(f"no task {task!r}; tasks: {', '.join(sorted(tasks))}")
+        return tasks[task].event_time_watermark
 
     def end_input(self, stream: str | None = None) -> RunResult | None:
         """Mark the end of one input stream (or of all): tasks whose inputs all ended run
