@@ -5,10 +5,10 @@ The job: a 1-minute tumbling count and sum of ``amount`` per user, over JSON Lin
 (``{"user": "u123", "ts": <ms>, "amount": <int>}``, 10,000 users, 4 input partitions, a user in
 one partition). Event time advances with the line number (``--rate`` events a second across
 the partitions) and each event's timestamp is behind that by a random 0 to ``--disorder`` ms
-(default: the lag, 5 s), so timestamps are out of order by up to that much within a partition. Every contender writes one record per
-(user, window), ``{"key", "start", "end", "value": [count, sum], "final": true}``, and each run
-is checked: the same windows with the same counts and sums as the first contender's run, each
-once.
+(default: the lag, 5 s), so timestamps are out of order by up to that much within a partition.
+Every contender writes one record per (user, window), ``{"key", "start", "end", "value":
+[count, sum], "final": true}``, and each run is checked: the same windows with the same counts
+and sums as the first contender's run, each once.
 
 The contenders, each in its own process, run ALTERNATELY (A B A B ...) so that a noisy machine
 hurts every side alike:
