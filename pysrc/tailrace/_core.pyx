@@ -11,6 +11,7 @@ Assembled from fragments, one concern each (uvloop style):
   _serde_scan.pxi  tailrace.serdes' JSON codec and its guard scans (once per message)
   _filein.pxi      file inputs: find, decode and wrap each line of a chunk (once per message)
   _fileout.pxi     file outputs: encode and append to a partition's buffer (once per message)
+  _windows.pxi     a tumbling window's add (tailrace.windows; once per message)
 """
 
 cimport cython
@@ -31,3 +32,4 @@ include "_timestamps.pxi"
 include "_loop.pxi"
 include "_filein.pxi"
 include "_kafkain.pxi"
+include "_windows.pxi"

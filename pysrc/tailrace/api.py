@@ -11,6 +11,7 @@ per message) and are re-exported from here; everything else is plain Python.
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -48,6 +49,10 @@ HOOKS = ("init", "window", "end_of_stream", "close")
 """Optional hooks engines call when a task defines them (see :func:`hook`)."""
 ENTRY_POINTS = ("process", "process_async")
 
+
+
+_ET_NONE = -(1 << 63)  # tailrace.engine.event_time.NONE / END: -infinity, +infinity
+_ET_END = (1 << 63) - 1
 
 class Callback(Protocol):
     """Completion handle for one envelope of an async task (rules 12, 17, 22).
@@ -198,9 +203,8 @@ class TaskContext:
         """The task's event-time watermark (rules 33, 37; docs/event-time.md): an int of ms
         since the epoch, ``-math.inf`` before there is one, ``math.inf`` once every input has
         ended. It never moves backwards. Any thread."""
-        from .engine.event_time import NONE, watermark_value
-
-        return watermark_value(NONE if self._watermark is None else self._watermark())
+        raw = _ET_NONE if self._watermark is None else self._watermark()
+        return -math.inf if raw == _ET_NONE else math.inf if raw == _ET_END else raw
 
     def __repr__(self) -> str:
         return f"TaskContext(task_name={self.task_name!r}, partitions={list(map(str, self.partitions))})"
@@ -218,11 +222,16 @@ class StreamTask:
     def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
         """Without a ``process`` of its own, a task that declares windows
         (:mod:`tailrace.windows`) adds every message to every window."""
-        from .windows import add_to_every_window, declared_windows
+        adds = self.__dict__.get("_tailrace_adds")  # bound by tailrace.windows.bind
+        if adds is None:
+            from .windows import add_to_every_window, declared_windows
 
-        if not declared_windows(type(self)):
-            raise NotImplementedError(f"{type(self).__name__} must define process()")
-        add_to_every_window(self, envelope, collector, coordinator)
+            if not declared_windows(type(self)):
+                raise NotImplementedError(f"{type(self).__name__} must define process()")
+            add_to_every_window(self, envelope, collector, coordinator)  # not bound: it says so
+            return
+        for add in adds:
+            add(envelope, collector, coordinator)
 
     if TYPE_CHECKING:  # declared, not defined: engines look hooks up with hook(task, name)
 

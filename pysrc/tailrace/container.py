@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from .api import TaskContext, TimerService, check_task_class, hook, task_kind
+from .api import StreamTask, TaskContext, TimerService, check_task_class, hook, task_kind
 from .clock import SYSTEM_CLOCK, Clock
 from .collector import Collector
 from .config import Config, StoreSpec, parse_config
@@ -156,6 +156,16 @@ class TaskPlan:
 
             self.windows = bind(self.user_task, context)
         return context
+
+    def windows_process(self) -> Callable[..., Any] | None:
+        """After ``make_context``: what stands in for the task's ``process`` when its class
+        declares one window and no ``process`` of its own (a sync task): that window's
+        ``add``, which the engine then calls directly; else None."""
+        task = self.user_task
+        if self.kind != "sync" or task is not self.task or type(task).process is not StreamTask.process:
+            return None
+        adds = task.__dict__.get("_tailrace_adds")
+        return adds[0] if adds is not None and len(adds) == 1 else None
 
     @property
     def has_windows(self) -> bool:

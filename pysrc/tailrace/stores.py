@@ -359,6 +359,10 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         # recency order is kept on hits (nothing is evicted before the cache fills)
         self._lru_at = spec.cache_size // 2
         self.misses = 0  # reads that missed the cache (tests, tuning cache.size)
+        # a working copy kept above the store by its owner (tailrace.windows): its ``_dirty``
+        # counts as this store's, and ``flush()`` writes it into the store before a commit
+        # takes the store's changes
+        self._overlay: Any = None
         # True while the cache holds the whole state: the backend's state of this store
         # fitted the cache at start and was read into it whole (or there was none), and
         # nothing was evicted since (what a commit wrote stays cached until evicted). A
@@ -727,7 +731,7 @@ class TaskStores:
 
     def dirty(self) -> bool:
         """True when some store has writes its commit has not carried yet."""
-        return any(s._dirty for s in self.stores.values())
+        return any(s._dirty or (s._overlay is not None and s._overlay._dirty) for s in self.stores.values())
 
     def begin_commit(self) -> StateChanges:
         """Every store's encoded changes (only stores with changes appear): ``encode`` of
@@ -740,6 +744,8 @@ class TaskStores:
         keys stay pinned in the caches until ``end_commit``."""
         snapshots: dict[str, dict[Any, Any]] = {}
         for name, store in self.stores.items():
+            if store._overlay is not None:
+                store._overlay.flush()
             snapshot = store._begin_commit()
             if snapshot:
                 snapshots[name] = snapshot

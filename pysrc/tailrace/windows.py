@@ -24,6 +24,7 @@ earliest close time: ``context.schedule_event_time`` (event time) or ``context.s
 from __future__ import annotations
 
 import copy
+import functools
 import heapq
 import itertools
 import math
@@ -32,11 +33,15 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .api import StreamTask as _StreamTask
+from .api import TaskContext
 from .config import StoreSpec
 from .errors import ConfigError
+from .stores import _MISSING as _STORE_MISSING
+from .stores import journal_current as _journal_current
 
 if TYPE_CHECKING:
-    from .api import Collector, Coordinator, Envelope, TaskContext
+    from .api import Collector, Coordinator, Envelope
     from .stores import KeyValueStore
 
 __all__ = [
@@ -61,7 +66,31 @@ STORE_PREFIX = "tailrace.window."
 store with a dot in its name)."""
 
 _MISSING: Any = object()
+# no accumulator: what tailrace.stores.journal_undo takes for "the key was not there"
+_NO_ACC: Any = _STORE_MISSING
 
+
+def _fresh_copier(agg: Aggregate) -> Callable[[Any], Any] | None:
+    """How a fixed window copies an accumulator before ``add`` so that the one it had stays
+    as it was (the undo journal holds it): None for the built-ins that make a new value."""
+    if isinstance(agg, Collect):
+        return list.copy  # Collect appends in place
+    if isinstance(agg, Fold):
+        return _shallow_copy  # a user's add may change a list or dict in place
+    return None
+
+
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def _shallow_copy(acc: Any) -> Any:
+    t = type(acc)
+    return acc.copy() if t is list or t is dict else acc
+
+
+
+_ET_NONE = -(1 << 63)  # the engines' raw watermark of -infinity; +infinity is 2**63 - 1
+_ET_END = (1 << 63) - 1
 
 class WindowResult(NamedTuple):
     """One window's result: ``final`` is False for an ``emit="updates"`` value sent after a
@@ -255,7 +284,13 @@ class Fold(Aggregate):
         self.mergeable = merge is not None
 
     def initial(self) -> Any:
-        return self._initial() if callable(self._initial) else copy.deepcopy(self._initial)
+        initial = self._initial
+        if callable(initial):
+            return initial()
+        t = type(initial)
+        if t is list and all(type(v) in _SCALARS for v in initial):
+            return initial.copy()  # the common [0, 0]: deepcopy costs microseconds a window
+        return initial if t in _SCALARS else copy.deepcopy(initial)
 
     def add(self, acc: Any, envelope: Envelope) -> Any:
         return self._add(acc, envelope)
@@ -541,6 +576,8 @@ def bind(task: Any, context: TaskContext) -> list[_Runtime]:
         runtimes.append(runtime)
     for runtime in runtimes:
         runtime.restore()
+    # StreamTask.process of a task without its own: one lookup, then each window's add
+    task.__dict__["_tailrace_adds"] = [r.add for r in runtimes]
     return runtimes
 
 
@@ -575,6 +612,24 @@ class _Runtime:
         self._heap: list[tuple[Any, ...]] = []
         self._seq = itertools.count()
         self._lock = threading.RLock()
+        # add and closing never overlap for a sync task on the loop thread (rule 21): no lock
+        config = getattr(context, "config", None)
+        self._locked = (
+            getattr(context, "loop", None) is not None
+            or getattr(config, "thread_pool_size", 0) > 0
+            or not isinstance(task, _StreamTask)
+        )
+        # the engine's watermark as it keeps it: an int, -2**63 / 2**63 - 1 for -inf / +inf,
+        # which compare with window ends as the infinities do
+        raw = context._watermark if isinstance(context, TaskContext) else None
+        if raw is None:
+            read = context.watermark
+
+            def raw() -> int:
+                value = read()
+                return _ET_NONE if value == -math.inf else _ET_END if value == math.inf else value
+
+        self._raw_watermark: Callable[[], int] = raw
         self.late = 0  # late messages seen by this run (TaskMetrics.late)
         key = spec.key
         if key is None:
@@ -595,17 +650,28 @@ class _Runtime:
         ``emit="updates"`` each window it joined sends its new value. ``coordinator`` is handed
         to an ``on_result`` method (None when not given)."""
         try:
-            key = _as_key(self._key(envelope))
-            if isinstance(key, dict | set):
-                raise TypeError(
-                    f"window {self.spec.where}: a window key must be a JSON scalar or array, got {key!r:.80}"
-                )
-            ts = self._timestamp(envelope)
+            key = self._key(envelope)
+            kt = type(key)
+            if kt is not str and kt is not int:
+                key = _as_key(key)
+                if isinstance(key, dict | set):
+                    raise TypeError(
+                        f"window {self.spec.where}: a window key must be a JSON scalar or array, got {key!r:.80}"
+                    )
+            if self._processing:
+                ts = watermark = math.floor(self._context.now() * 1000)
+            else:
+                ts = envelope.timestamp
+                if type(ts) is not int:
+                    raise TypeError(f"the envelope has no event timestamp ({ts!r}); see docs/event-time.md")
+                watermark = self._raw_watermark()
         except Exception as e:
             e.add_note(f"in window {self.spec.where} of task {self._context.task_name!r}")
             raise
+        if not self._locked:
+            return self._add(envelope, key, ts, watermark, collector, coordinator)
         with self._lock:
-            return self._add(envelope, key, ts, self._watermark(), collector, coordinator)
+            return self._add(envelope, key, ts, watermark, collector, coordinator)
 
     # shared machinery ------------------------------------------------------------------
     def _timestamp(self, envelope: Envelope) -> int:
@@ -619,7 +685,7 @@ class _Runtime:
     def _watermark(self) -> int | float:
         if self._processing:
             return math.floor(self._context.now() * 1000)
-        return self._context.watermark()
+        return self._raw_watermark()
 
     def _push(self, when: int, *entry: Any) -> None:
         heapq.heappush(self._heap, (when, next(self._seq), *entry))
@@ -686,7 +752,7 @@ class _Runtime:
                 "key": key,
                 "timestamp": ts,
                 "windows": windows,
-                "watermark": watermark,
+                "watermark": math.inf if watermark == _ET_END else watermark,
             }
             collector.send(stream, message, key=key)
         return False
@@ -711,18 +777,83 @@ class _Runtime:
 
 class _FixedRuntime(_Runtime):
     """Tumbling and hopping windows. Store: ``(start, key) -> accumulator``; index: a heap of
-    ``(end + grace, seq, start, key)``, one entry pushed when a window is created."""
+    ``(end + grace, seq, start, key)``, one entry pushed when a window is created.
+
+    The open windows' accumulators live in ``_entries`` above the store (its overlay): a
+    message costs a dict lookup and the fold, not a store read and an encoded store write.
+    The windows written since the last commit (``_dirty``) go into the store when a commit
+    takes its changes (``flush``, on the loop thread at the commit's barrier), so the
+    commit still carries exactly the state of the messages before it (rules 26, 27). A
+    sync invocation's writes are recorded in the thread's undo journal with the store's
+    own (``_entries``, ``_dirty`` and ``_lock`` are what ``journal_undo`` restores): a
+    skipped or failed message leaves no trace in a window (rules 39, 40). Accumulators are
+    never changed in place (``_fresh``), so the journal's earlier value stays as it was."""
 
     spec: _Fixed
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._entries: dict[tuple[int, Any], Any] = {}  # open windows: (start, key) -> acc
+        self._dirty: dict[tuple[int, Any], Any] = {}  # written since the last flush
+        self._store._overlay = self
+        self._fresh = _fresh_copier(self._agg)
+        fast = self._compiled_add()
+        if fast is not None:
+            self.add = fast  # type: ignore[method-assign]
+
+    def _compiled_add(self) -> Any:
+        """The compiled ``add`` of the common case (tailrace._core.TumblingAdd), or None."""
+        spec = self.spec
+        key = spec.key
+        if (
+            spec.step_ms != spec.size_ms
+            or self._processing
+            or self._updates
+            or self._locked
+            or not (key is None or isinstance(key, str))
+        ):
+            return None
+        try:
+            from ._core import LoopRunner, TumblingAdd
+        except ImportError:  # pragma: no cover - a build without the compiled core
+            return None
+        agg = self._agg
+        fold = agg._add if isinstance(agg, Fold) else agg.add
+        raw = self._raw_watermark
+        loop, task = None, 0
+        if isinstance(raw, functools.partial) and isinstance(getattr(raw.func, "__self__", None), LoopRunner):
+            loop, task = raw.func.__self__, raw.args[0]  # the C engine: read the watermark in C
+        return TumblingAdd(
+            self, key, fold, int(self._fresh is not None), spec.size_ms, spec.offset_ms, self._grace,
+            loop, task, raw, _journal_current,
+        )
 
     def restore(self) -> None:
         size, grace = self.spec.size_ms, self._grace
         with self._lock:
             self._heap.clear()
-            for (start, key), _ in self._store.items():
+            self._entries.clear()
+            self._dirty.clear()
+            for (start, key), acc in self._store.items():
+                self._entries[start, key] = acc
                 self._push(start + size + grace, start, key)
             heapq.heapify(self._heap)
             self._arm()
+
+    def flush(self) -> None:
+        """Write the windows changed since the last flush into the store (a commit is about
+        to take the store's changes)."""
+        with self._lock:
+            if not self._dirty:
+                return
+            store, entries = self._store, self._entries
+            for skey in self._dirty:
+                acc = entries.get(skey, _NO_ACC)
+                if acc is _NO_ACC:
+                    store.delete(skey)
+                else:
+                    store.put(skey, acc)
+            self._dirty.clear()  # in place: the compiled add holds it
 
     def _add(
         self,
@@ -735,21 +866,33 @@ class _FixedRuntime(_Runtime):
     ) -> bool:
         spec, store, agg, grace = self.spec, self._store, self._agg, self._grace
         size = spec.size_ms
-        starts = spec.starts(ts)
-        open_ = [s for s in starts if s + size + grace > watermark]
-        if not open_:
-            return self._late(envelope, key, ts, [[s, s + size] for s in starts], watermark, collector)
+        if spec.step_ms == size:  # tumbling: one window
+            start = ts - (ts - spec.offset_ms) % size
+            if start + size + grace <= watermark:
+                return self._late(envelope, key, ts, [[start, start + size]], watermark, collector)
+            open_: list[int] | tuple[int] = (start,)
+        else:
+            starts = spec.starts(ts)
+            open_ = [s for s in starts if s + size + grace > watermark]
+            if not open_:
+                return self._late(envelope, key, ts, [[s, s + size] for s in starts], watermark, collector)
         created = False
         updates = []
+        entries, dirty, fresh = self._entries, self._dirty, self._fresh
+        journal = _journal_current()
         for start in open_:
             skey = (start, key)
-            acc = store.get(skey, _MISSING)
-            if acc is _MISSING:
+            acc = entries.get(skey, _NO_ACC)
+            if journal is not None:
+                journal.push(self, skey, acc)
+            if acc is _NO_ACC:
                 acc = agg.initial()
                 self._push(start + size + grace, start, key)
                 created = True
+            elif fresh is not None:
+                acc = fresh(acc)
             acc = agg.add(acc, envelope)
-            store.put(skey, acc)
+            entries[skey] = dirty[skey] = acc
             if self._updates:
                 updates.append(WindowResult(key, start, start + size, agg.result(acc), False))
         if created:
@@ -759,13 +902,13 @@ class _FixedRuntime(_Runtime):
         return True
 
     def _close(self, watermark: int | float) -> list[WindowResult]:
-        store, agg, size = self._store, self._agg, self.spec.size_ms
+        entries, dirty, agg, size = self._entries, self._dirty, self._agg, self.spec.size_ms
         closed = []
         for _, _, start, key in self._due(watermark):
-            acc = store.get((start, key), _MISSING)
-            if acc is _MISSING:
+            acc = entries.pop((start, key), _NO_ACC)
+            if acc is _NO_ACC:
                 continue  # a duplicate entry, or a window whose creation was undone
-            store.delete((start, key))
+            dirty[start, key] = _NO_ACC  # deleted from the store at the next flush
             closed.append(WindowResult(key, start, start + size, agg.result(acc), True))
         return closed
 

@@ -224,6 +224,9 @@ class NativeEngine:
                     functools.partial(self._task_metrics, i),
                     watermark=functools.partial(runner.event_watermark, i),
                 )
+                fast = s.plan.windows_process()
+                if fast is not None:
+                    s.process = fast  # its window's add, without StreamTask.process around it
                 if init is not None:
                     init(context)
             except Exception as e:  # noqa: BLE001 - user code

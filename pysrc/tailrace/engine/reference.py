@@ -666,6 +666,9 @@ class ReferenceEngine:
                     functools.partial(self._task_metrics, t),
                     watermark=functools.partial(getattr, t.event_time, "value"),
                 )
+                fast = t.plan.windows_process()
+                if fast is not None:
+                    t.process = fast  # its window's add, without StreamTask.process around it
                 if init is not None:
                     init(context)
             except Exception as e:  # noqa: BLE001 - user code
