@@ -182,8 +182,11 @@ class TaskPlan:
     def event_time_state(self, watermark: int | None) -> StateChanges | None:
         """What a commit writes of the task's event-time watermark (rule 33): its reserved
         store's entry, when its timestamps are read (task.timestamp.field or a timestamp
-        method) and the watermark is finite and past what was committed; else None."""
-        if watermark is None or self.timestamps is None or not ET_NONE < watermark < ET_END:
+        method) or it has windows or durable event-time timers, and the watermark is finite
+        and past what was committed; else None."""
+        if watermark is None or not (self.timestamps is not None or self.event_tracking):
+            return None
+        if not ET_NONE < watermark < ET_END:
             return None
         committed = self.event_time_committed
         if committed is not None and watermark <= committed:
@@ -787,7 +790,7 @@ class Container:
 
                     plan.on_event_time = sync_hook(adapter.runner, plan.on_event_time)
                 plan.user_task = user_task
-                if stamper is not None:  # rule 33: resume from the committed watermark
+                if plan.event_tracking:  # rule 33: resume from the committed watermark
                     floor = committed_event_time(self._store, name)
                     plan.event_time_floor = plan.event_time_committed = floor
                 tasks.append(plan)

@@ -259,3 +259,43 @@ def test_rule38_when_must_be_a_number(engine: str) -> None:
 
     with pytest.raises(TaskError, match="when_ms must be an int"):
         run(engine, Bad, [[0]])
+
+
+class SystemTime(StreamTask):
+    """Windows on the system's own timestamps (no field): its watermark is committed too."""
+
+    from tailrace.windows import Count as _Count, Tumbling as _Tumbling
+
+    w = _Tumbling(1000, aggregate=_Count(), output="mem.counts")
+    seen: list[Any] = []
+
+    def init(self, context: Any) -> None:
+        self.context = context
+        self.seen.append(("init", context.watermark()))
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.w.add(envelope, collector, coordinator)
+        if envelope.message.get("stop"):
+            coordinator.commit(Scope.CURRENT_TASK)
+            coordinator.shutdown(Scope.ALL_TASKS_IN_CONTAINER)
+
+
+def test_rule33_a_task_with_windows_on_system_time_resumes_from_its_committed_watermark(
+    engine: str, tmp_path: Any
+) -> None:
+    # a message that was late before a restart must not join a window after it (rule 36)
+    store = SqliteCheckpointStore(tmp_path / "c.db")
+    system = MemorySystem().add_live_stream("in", 1)
+
+    def go() -> None:
+        Container(SystemTime, inputs=["mem.in"], systems=[system], checkpoints=store, engine=engine).run()
+
+    SystemTime.seen = []
+    system.append("in", 0, {"n": 0}, timestamp=5_000)
+    system.append("in", 0, {"n": 1, "stop": True}, timestamp=7_000)
+    go()
+    system.append("in", 0, {"n": 2}, timestamp=100)  # late: its window [0, 1000) passed
+    system.append("in", 0, {"n": 3, "stop": True}, timestamp=7_100)
+    go()
+    assert SystemTime.seen == [("init", -math.inf), ("init", 7_000)]
+    assert system.messages("counts") == [{"key": None, "start": 5_000, "end": 6_000, "value": 1, "final": True}]
