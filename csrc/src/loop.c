@@ -370,8 +370,9 @@ static int et_moved(tr_loop *L, uint32_t t) {
         et_poke(L, t); /* the loop thread computes the watermark (and checks the timer) */
         return 0;
     }
-    /* the loop thread: the watermark as of this message (context.watermark(), metrics) */
-    int64_t w = tr_event_time_update(T->et, trl_now(L));
+    /* the loop thread: the watermark as of this message (context.watermark(), metrics);
+     * twice a message: the coarse clock (idleness is a matter of its timeout, in ms) */
+    int64_t w = tr_event_time_update(T->et, trl_coarse_now(L));
     int64_t at = atomic_load_explicit(&T->et_timer_at, TR_RELAXED); /* a hint: see et_poke */
     if (TR_LIKELY(w < at) || at == INT64_MAX)
         return 0;

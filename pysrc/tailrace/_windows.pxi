@@ -11,10 +11,9 @@ from cpython.list cimport PyList_GetSlice
 
 @cython.final
 cdef class TumblingAdd:
-    """``runtime.add`` for a tumbling window on event time with ``emit="final"``.
-
-    Called as ``add(envelope, collector, coordinator=None)`` like the runtime's ``add``;
-    returns True (joined its window) or what the runtime's ``add`` returns."""
+    """``runtime.add`` for a tumbling window on event time with ``emit="final"``: its bound
+    ``add``, called as the runtime's ``add(envelope, collector, coordinator=None)``; returns
+    True (joined its window) or what the runtime's ``add`` returns."""
 
     cdef object runtime  # tailrace.windows._FixedRuntime
     cdef object slow  # runtime.add (bound)
@@ -28,9 +27,13 @@ cdef class TumblingAdd:
     cdef uint32_t task
     cdef object watermark  # otherwise: () -> raw watermark
     cdef object journal_current  # tailrace.stores.journal_current
+    cdef object initial  # () -> a new window's accumulator
+    cdef object no_acc  # what the journal takes for "no window yet" (tailrace.stores' MISSING)
+    cdef dict closing  # close time -> [(start, key), ...] of the runtime's index
+    cdef object new_close_time  # runtime._new_close_time(when, entry): a time not in closing yet
 
     def __init__(self, runtime, field, fold, int copy, int64_t size, int64_t offset, int64_t grace,
-                 loop, uint32_t task, watermark, journal_current):
+                 loop, uint32_t task, watermark, journal_current, initial, no_acc):
         self.runtime = runtime
         self.slow = runtime.add
         self.entries = runtime._entries
@@ -45,8 +48,16 @@ cdef class TumblingAdd:
         self.task = task
         self.watermark = watermark
         self.journal_current = journal_current
+        self.initial = initial
+        self.no_acc = no_acc
+        self.closing = runtime._closing
+        self.new_close_time = runtime._new_close_time
 
     def __call__(self, envelope, collector, coordinator=None):
+        return self.add(envelope, collector, coordinator)
+
+    def add(self, envelope, collector, coordinator=None):
+        """The runtime's ``add`` (a method: called with the fast calling convention)."""
         cdef Envelope env
         cdef int64_t ts, start, w, rel
         cdef PyObject *found
@@ -82,10 +93,21 @@ cdef class TumblingAdd:
             return self.slow(envelope, collector, coordinator)  # late (rule 35)
         skey = (start, key)
         found = PyDict_GetItem(self.entries, skey)
-        if found is NULL:
-            return self.slow(envelope, collector, coordinator)  # a window to create
-        acc = <object>found
         journal = self.journal_current()
+        if found is NULL:  # a new window: in the close-time index, then as any other
+            if journal is not None:
+                journal.push(self.runtime, skey, self.no_acc)
+            when = start + self.size + self.grace
+            found = PyDict_GetItem(self.closing, when)
+            if found is NULL:
+                self.new_close_time(when, skey)  # a heap entry, maybe the timer
+            else:
+                (<list>found).append(skey)
+            acc = self.fold(self.initial(), envelope)
+            PyDict_SetItem(self.entries, skey, acc)
+            PyDict_SetItem(self.dirty, skey, acc)
+            return True
+        acc = <object>found
         if journal is not None:
             journal.push(self.runtime, skey, acc)  # rules 39, 40: undone with the store writes
         if self.copy:

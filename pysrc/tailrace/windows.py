@@ -314,6 +314,10 @@ def _as_key(key: Any) -> Any:
     return key
 
 
+def _second(entry: tuple[Any, Any]) -> Any:
+    return entry[1]
+
+
 def _order(key: Any) -> tuple[Any, ...]:
     """A total order over window keys of mixed types (None, numbers, strings, bytes, tuples),
     for "then key" in the close order (rule 35)."""
@@ -598,6 +602,8 @@ class _Runtime:
     and with closing (which runs as a barrier).
     """
 
+    _close_ordered = False  # _close's results need sorting into close order (rule 35)
+
     def __init__(self, spec: Window, task: Any, context: TaskContext, store: KeyValueStore[Any, Any]) -> None:
         self.spec = spec
         self.name = spec.name
@@ -721,7 +727,8 @@ class _Runtime:
             if self._processing and self._heap:  # the clock read in ms may round below the timer's time
                 watermark = max(watermark, self._heap[0][0])
             closed = self._close(watermark)
-            closed.sort(key=lambda r: (r.end, r.start, _order(r.key)))
+            if not self._close_ordered:
+                closed.sort(key=lambda r: (r.end, r.start, _order(r.key)))
             try:
                 for result in closed:
                     self._emit(result, collector, coordinator)
@@ -733,7 +740,9 @@ class _Runtime:
             self._on_result(result, collector, coordinator)
             return
         assert self.spec.output is not None
-        collector.send(self.spec.output, result._asdict(), key=result.key)
+        key = result.key
+        record = {"key": key, "start": result.start, "end": result.end, "value": result.value, "final": result.final}
+        collector.send(self.spec.output, record, key=key)
 
     def _late(
         self,
@@ -790,16 +799,22 @@ class _FixedRuntime(_Runtime):
     never changed in place (``_fresh``), so the journal's earlier value stays as it was."""
 
     spec: _Fixed
+    # _close gives its windows in close order: one close time has one end, so one start
+    _close_ordered = True
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
+        self._stored: set[tuple[int, Any]] = set()  # windows the store holds (flushed)
         self._entries: dict[tuple[int, Any], Any] = {}  # open windows: (start, key) -> acc
         self._dirty: dict[tuple[int, Any], Any] = {}  # written since the last flush
+        # the close-time index: the heap holds each close time once, and this its windows
+        # (the keys of one window end are many: one heap entry each cost more compares)
+        self._closing: dict[int, list[tuple[int, Any]]] = {}
         self._store._overlay = self
         self._fresh = _fresh_copier(self._agg)
         fast = self._compiled_add()
         if fast is not None:
-            self.add = fast  # type: ignore[method-assign]
+            self.add = fast.add  # type: ignore[method-assign]
 
     def _compiled_add(self) -> Any:
         """The compiled ``add`` of the common case (tailrace._core.TumblingAdd), or None."""
@@ -825,20 +840,51 @@ class _FixedRuntime(_Runtime):
             loop, task = raw.func.__self__, raw.args[0]  # the C engine: read the watermark in C
         return TumblingAdd(
             self, key, fold, int(self._fresh is not None), spec.size_ms, spec.offset_ms, self._grace,
-            loop, task, raw, _journal_current,
+            loop, task, raw, _journal_current, agg.initial, _NO_ACC,
         )
 
     def restore(self) -> None:
         size, grace = self.spec.size_ms, self._grace
         with self._lock:
             self._heap.clear()
+            self._closing.clear()
             self._entries.clear()
             self._dirty.clear()
+            self._stored.clear()
             for (start, key), acc in self._store.items():
                 self._entries[start, key] = acc
+                self._stored.add((start, key))
                 self._push(start + size + grace, start, key)
             heapq.heapify(self._heap)
             self._arm()
+
+    def _push(self, when: int, *entry: Any) -> None:
+        group = self._closing.get(when)
+        if group is None:
+            self._new_close_time(when, entry)
+        else:
+            group.append(entry)  # type: ignore[arg-type]
+
+    def _new_close_time(self, when: int, entry: tuple[int, Any]) -> None:
+        """A window closing at a time no open window closes at yet."""
+        self._closing[when] = [entry]
+        heapq.heappush(self._heap, (when, next(self._seq)))
+        if self._armed is None or when < self._armed:
+            self._arm()
+
+    def _due(self, watermark: int | float) -> list[tuple[Any, ...]]:
+        due = []
+        heap, closing = self._heap, self._closing
+        while heap and heap[0][0] <= watermark:
+            when = heapq.heappop(heap)[0]
+            group = closing.pop(when, [])
+            # one close time: one end and one start; then by key (rule 35)
+            if all(type(k) is str for _, k in group):
+                group.sort(key=_second)
+            else:
+                group.sort(key=lambda e: _order(e[1]))
+            due.extend((when, 0, start, key) for start, key in group)
+        return due
 
     def flush(self) -> None:
         """Write the windows changed since the last flush into the store (a commit is about
@@ -846,13 +892,15 @@ class _FixedRuntime(_Runtime):
         with self._lock:
             if not self._dirty:
                 return
-            store, entries = self._store, self._entries
+            store, entries, stored = self._store, self._entries, self._stored
             for skey in self._dirty:
                 acc = entries.get(skey, _NO_ACC)
-                if acc is _NO_ACC:
-                    store.delete(skey)
-                else:
+                if acc is not _NO_ACC:
                     store.put(skey, acc)
+                    stored.add(skey)
+                elif skey in stored:  # (one opened and closed since the last flush never was)
+                    store.delete(skey)
+                    stored.discard(skey)
             self._dirty.clear()  # in place: the compiled add holds it
 
     def _add(
