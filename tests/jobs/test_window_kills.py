@@ -35,7 +35,9 @@ def _run(engine: str, root: Path, store: str, trials: int, redis_url: str | None
         mid += r.mid_run_kills
         late += r.late
         duplicates += r.duplicates
-    print(f"{engine}/{store}: {trials} trials, {kills} kills, {mid} mid-run, {late} late, {duplicates} copies")
+    print(
+        f"{engine}/{store}: {trials} trials, {kills} kills, {mid} mid-run, {late} late, {duplicates} copies"
+    )
     assert not failures, failures[:3]
     assert mid >= min(trials, 3), f"only {mid} of {kills} kills landed mid-run: the trials prove little"
     assert late >= trials, f"only {late} late messages in {trials} trials: the late path is barely run"

@@ -49,6 +49,7 @@ TASK = Path(__file__).with_name("window_checker.py")
 LAG_MS = 400
 REDIS_SERVER = shutil.which("redis-server")
 STREAMS = ("tumbling", "tumbling_late", "sessions", "sessions_late")
+Results = dict[tuple[Any, int], dict[str, Any]]  # (key, start) -> {"end", "value"}
 
 
 class Redis:
@@ -176,7 +177,7 @@ output_partitions = 2
         return sum(len(self.lines(s)) for s in STREAMS)
 
     # the model ----------------------------------------------------------------------------
-    def expected(self) -> tuple[dict[tuple[Any, int], dict[str, Any]], set[str], dict[tuple[Any, int], dict[str, Any]], set[str]]:
+    def expected(self) -> tuple[Results, set[str], Results, set[str]]:
         """The final results a run without a crash must give, computed from the rules:
         tumbling windows by (key, start), the ids late for them, sessions by (key, start)
         and the ids late for them (each result ``{"end", "value"}``)."""
@@ -210,9 +211,7 @@ output_partitions = 2
                     rest = [s for s in sessions[key] if s not in near]
                     sessions[key] = sorted([*rest, session], key=lambda s: s[0])
                 watermark = max(watermark, ts - LAG_MS)
-        by_start = {
-            (key, s[0]): {"end": s[1], "value": s[2]} for key, ss in sessions.items() for s in ss
-        }
+        by_start = {(key, s[0]): {"end": s[1], "value": s[2]} for key, ss in sessions.items() for s in ss}
         return tumbling, t_late, by_start, s_late
 
 
@@ -297,7 +296,8 @@ def window_trial(
             final[r["key"], r["start"]] = got
         for wkey in sorted(set(final) | set(want), key=repr):  # (a)
             if final.get(wkey) != want.get(wkey):
-                errors.append(f"{kind} window {wkey}: got {_short(final.get(wkey))}, want {_short(want.get(wkey))}")
+                got_, want_ = _short(final.get(wkey)), _short(want.get(wkey))
+                errors.append(f"{kind} window {wkey}: got {got_}, want {want_}")
         for wkey, r in final.items():
             v = r["value"]
             if v["n"] != len(v["ids"]):
