@@ -110,15 +110,12 @@ class PerMinute(tailrace.StreamTask):
 
 WINDOWS_TASK = """
 import tailrace
-from tailrace.windows import Fold, Tumbling
+from tailrace.windows import Agg, Count, Sum, Tumbling
 
 
 class PerMinute(tailrace.StreamTask):
     per_minute = Tumbling(
-        60_000,
-        key="user",
-        aggregate=Fold(initial=[0, 0], add=lambda acc, e: [acc[0] + 1, acc[1] + e.message["amount"]]),
-        output="files.out",
+        60_000, key="user", aggregate=Agg(count=Count(), sum=Sum("amount")), output="files.out"
     )
 """
 
@@ -276,7 +273,8 @@ def results(out: Path) -> tuple[str, int]:
         with open(f, "rb") as fh:
             for line in fh:
                 r = json.loads(line)
-                count, total = r["value"]
+                value = r["value"]  # [count, sum], or Agg's {"count", "sum"}
+                count, total = (value["count"], value["sum"]) if isinstance(value, dict) else value
                 k = (r["key"], r["start"])
                 if k in seen or r["final"] is not True:
                     raise SystemExit(f"{out}: window {k} sent twice or not final: {r}")

@@ -31,9 +31,12 @@ cdef class TumblingAdd:
     cdef object no_acc  # what the journal takes for "no window yet" (tailrace.stores' MISSING)
     cdef dict closing  # close time -> [(start, key), ...] of the runtime's index
     cdef object new_close_time  # runtime._new_close_time(when, entry): a time not in closing yet
+    cdef object parts  # Agg of Count/Sum/Min/Max fields: kinds and fields set; else None
+    cdef list kinds
+    cdef list fields
 
     def __init__(self, runtime, field, fold, int copy, int64_t size, int64_t offset, int64_t grace,
-                 loop, uint32_t task, watermark, journal_current, initial, no_acc):
+                 loop, uint32_t task, watermark, journal_current, initial, no_acc, parts=None):
         self.runtime = runtime
         self.slow = runtime.add
         self.entries = runtime._entries
@@ -52,12 +55,25 @@ cdef class TumblingAdd:
         self.no_acc = no_acc
         self.closing = runtime._closing
         self.new_close_time = runtime._new_close_time
+        self.parts = parts
+        if parts is not None:
+            self.kinds = [kind for kind, _ in parts]
+            self.fields = [field for _, field in parts]
 
     def __call__(self, envelope, collector, coordinator=None):
         return self.add(envelope, collector, coordinator)
 
     def add(self, envelope, collector, coordinator=None):
         """The runtime's ``add`` (a method: called with the fast calling convention)."""
+        return self._add(envelope, collector, coordinator, True)
+
+    def process(self, envelope, collector, coordinator):
+        """The task's ``process`` when this window's add is all of it (a task declaring one
+        window and no process, without callback timeouts): nothing can fail after the add,
+        and a failing add changes nothing, so no undo journal is kept."""
+        return self._add(envelope, collector, coordinator, False)
+
+    cdef object _add(self, envelope, collector, coordinator, bint journaled):
         cdef Envelope env
         cdef int64_t ts, start, w, rel
         cdef PyObject *found
@@ -93,29 +109,60 @@ cdef class TumblingAdd:
             return self.slow(envelope, collector, coordinator)  # late (rule 35)
         skey = (start, key)
         found = PyDict_GetItem(self.entries, skey)
-        journal = self.journal_current()
-        if found is NULL:  # a new window: in the close-time index, then as any other
-            if journal is not None:
-                journal.push(self.runtime, skey, self.no_acc)
+        created = found is NULL
+        base = self.initial() if created else <object>found
+        if self.parts is not None:
+            acc = self._fold_parts(base, env)
+            if acc is None:
+                return self.slow(envelope, collector, coordinator)  # it says what is wrong
+        else:
+            acc = base
+            if self.copy and not created:  # the journal keeps base as it is
+                if type(acc) is list:
+                    acc = PyList_GetSlice(acc, 0, len(<list>acc))
+                elif type(acc) is dict:
+                    acc = (<dict>acc).copy()
+            acc = self.fold(acc, envelope)  # raising: nothing changed
+        if journaled:
+            journal = self.journal_current()
+            if journal is not None:  # rules 39, 40: undone with the store writes
+                journal.push(self.runtime, skey, self.no_acc if created else base)
+        if created:  # a new window: in the close-time index
             when = start + self.size + self.grace
             found = PyDict_GetItem(self.closing, when)
             if found is NULL:
                 self.new_close_time(when, skey)  # a heap entry, maybe the timer
             else:
                 (<list>found).append(skey)
-            acc = self.fold(self.initial(), envelope)
-            PyDict_SetItem(self.entries, skey, acc)
-            PyDict_SetItem(self.dirty, skey, acc)
-            return True
-        acc = <object>found
-        if journal is not None:
-            journal.push(self.runtime, skey, acc)  # rules 39, 40: undone with the store writes
-        if self.copy:
-            if type(acc) is list:
-                acc = PyList_GetSlice(acc, 0, len(<list>acc))
-            elif type(acc) is dict:
-                acc = (<dict>acc).copy()
-        acc = self.fold(acc, envelope)
         PyDict_SetItem(self.entries, skey, acc)
         PyDict_SetItem(self.dirty, skey, acc)
         return True
+
+    cdef object _fold_parts(self, object base, Envelope env):
+        """Agg of Count / Sum / Min / Max of fields, without a Python call: the new
+        accumulator, or None to leave the message to the runtime's add (a missing field)."""
+        cdef list acc = <list?>base
+        cdef list out = []
+        cdef Py_ssize_t i, n = len(self.kinds)
+        cdef int kind
+        cdef PyObject *found
+        message = env.message
+        if type(message) is not dict or len(acc) != n:
+            return None
+        for i in range(n):
+            kind = self.kinds[i]
+            v = acc[i]
+            if kind == 0:
+                out.append(v + 1)
+                continue
+            found = PyDict_GetItem(<dict>message, self.fields[i])
+            if found is NULL:
+                return None
+            x = <object>found
+            if kind == 1:
+                out.append(v + x)
+            elif kind == 2:
+                out.append(x if v is None or x < v else v)
+            else:
+                out.append(x if v is None or x > v else v)
+        return out

@@ -157,15 +157,22 @@ class TaskPlan:
             self.windows = bind(self.user_task, context)
         return context
 
-    def windows_process(self) -> Callable[..., Any] | None:
+    def windows_process(self, config: Config) -> Callable[..., Any] | None:
         """After ``make_context``: what stands in for the task's ``process`` when its class
         declares one window and no ``process`` of its own (a sync task): that window's
         ``add``, which the engine then calls directly; else None."""
         task = self.user_task
         if self.kind != "sync" or task is not self.task or type(task).process is not StreamTask.process:
             return None
-        adds = task.__dict__.get("_tailrace_adds")
-        return adds[0] if adds is not None and len(adds) == 1 else None
+        runtimes = self.windows
+        if len(runtimes) != 1:
+            return None
+        compiled = getattr(runtimes[0], "_compiled", None)
+        if compiled is not None and config.callback_timeout_ms <= 0:
+            # the add is all of process, and no timeout can fail a message after it: no undo
+            # journal needed (a failing add changes nothing)
+            return compiled.process
+        return runtimes[0].add
 
     @property
     def has_windows(self) -> bool:

@@ -75,12 +75,18 @@ def _fresh_copier(agg: Aggregate) -> Callable[[Any], Any] | None:
     as it was (the undo journal holds it): None for the built-ins that make a new value."""
     if isinstance(agg, Collect):
         return list.copy  # Collect appends in place
+    if isinstance(agg, Agg):
+        return None if agg.compiled() is not None else _deep_list_copy
     if isinstance(agg, Fold):
         return _shallow_copy  # a user's add may change a list or dict in place
     return None
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def _deep_list_copy(acc: Any) -> Any:
+    return [_shallow_copy(v) for v in acc]
 
 
 def _shallow_copy(acc: Any) -> Any:
@@ -261,6 +267,50 @@ class Collect(Aggregate):
     def __repr__(self) -> str:
         what = self.what if self.what is None or isinstance(self.what, str) else "fn"
         return f"Collect({what!r})"
+
+
+class Agg(Aggregate):
+    """Several aggregates of one window at once, by name: ``Agg(views=Count(),
+    spent=Sum("amount"))``; its result is a dict of theirs (``{"views": 3, "spent": 42}``).
+    Mergeable when each is."""
+
+    def __init__(self, **aggregates: Aggregate) -> None:
+        if not aggregates:
+            raise TypeError("Agg: give at least one aggregate, as name=Count()")
+        for name, agg in aggregates.items():
+            if not isinstance(agg, Aggregate):
+                raise TypeError(f"Agg: {name}={agg!r} is no aggregate (Count(), Sum(field), ...)")
+        self.parts = aggregates
+        self._names = tuple(aggregates)
+        self._aggs = tuple(aggregates.values())
+        self.mergeable = all(a.mergeable for a in self._aggs)
+
+    def initial(self) -> list[Any]:
+        return [a.initial() for a in self._aggs]
+
+    def add(self, acc: list[Any], envelope: Envelope) -> list[Any]:
+        return [a.add(v, envelope) for a, v in zip(self._aggs, acc)]
+
+    def merge(self, a: list[Any], b: list[Any]) -> list[Any]:
+        return [agg.merge(x, y) for agg, x, y in zip(self._aggs, a, b)]
+
+    def result(self, acc: list[Any]) -> dict[str, Any]:
+        return {name: agg.result(v) for name, agg, v in zip(self._names, self._aggs, acc)}
+
+    def compiled(self) -> list[tuple[int, str | None]] | None:
+        """Its parts as the compiled add takes them, (kind, field): 0 Count, 1 Sum, 2 Min,
+        3 Max, each of a message field; None when some part is anything else."""
+        kinds = {Count: 0, Sum: 1, Min: 2, Max: 3}
+        out = []
+        for agg in self._aggs:
+            kind = kinds.get(type(agg))
+            if kind is None or (kind and not isinstance(getattr(agg, "what", None), str)):
+                return None
+            out.append((kind, None if kind == 0 else agg.what))  # type: ignore[attr-defined]
+        return out
+
+    def __repr__(self) -> str:
+        return f"Agg({', '.join(f'{n}={a!r}' for n, a in self.parts.items())})"
 
 
 class Fold(Aggregate):
@@ -813,6 +863,7 @@ class _FixedRuntime(_Runtime):
         self._store._overlay = self
         self._fresh = _fresh_copier(self._agg)
         fast = self._compiled_add()
+        self._compiled = fast
         if fast is not None:
             self.add = fast.add  # type: ignore[method-assign]
 
@@ -841,6 +892,7 @@ class _FixedRuntime(_Runtime):
         return TumblingAdd(
             self, key, fold, int(self._fresh is not None), spec.size_ms, spec.offset_ms, self._grace,
             loop, task, raw, _journal_current, agg.initial, _NO_ACC,
+            agg.compiled() if isinstance(agg, Agg) else None,
         )
 
     def restore(self) -> None:

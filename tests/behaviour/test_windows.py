@@ -24,7 +24,7 @@ from tailrace import (
 )
 from tailrace.interfaces import CheckpointStore
 from tailrace.testing import TestDriver
-from tailrace.windows import Collect, Count, Hopping, Session, Sum, Tumbling, WindowResult
+from tailrace.windows import Agg, Collect, Count, Fold, Hopping, Session, Sum, Tumbling, WindowResult
 
 from .helpers import bounded
 
@@ -259,3 +259,57 @@ def test_rule34_a_job_with_bad_windows_is_refused_at_start_up(
         c.run()
     for word in words:
         assert word in str(e.value)
+
+
+class Undone(StreamTask):
+    """Adds, then fails for messages marked boom; a Fold that changes its accumulator in place
+    before it can fail (a message without "n")."""
+
+    def _add(acc: list[int], e: Any) -> list[int]:  # noqa: N805 - a plain function in the class body
+        acc[0] += 1
+        acc[1] += e.message["n"]
+        return acc
+
+    w = Tumbling(MIN, key="user", aggregate=Fold([0, 0], _add), output="mem.counts")
+    attempts: dict[int, int] = {}
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.w.add(envelope, collector, coordinator)
+        m = envelope.message
+        if m.get("boom"):
+            raise ValueError("boom after the add")
+        if m.get("flaky"):
+            tries = self.attempts[m["ts"]] = self.attempts.get(m["ts"], 0) + 1
+            if tries == 1:
+                raise ValueError("flaky: fails the first time")
+
+
+def test_rules39_40_a_skipped_or_retried_message_leaves_no_trace_in_a_window(engine: str) -> None:
+    Undone.attempts = {}
+    config = {**STAMPED, "task.error.policy": "skip", "task.error.retries": 1}
+    with TestDriver(Undone, inputs={"in": 1}, config=config, engine=engine) as d:
+        d.send("in", {"user": "ann", "ts": 1, "n": 1})
+        d.send("in", {"user": "ann", "ts": 2, "n": 10, "boom": True})  # added, then failed: skipped
+        d.send("in", {"user": "ann", "ts": 3})  # no "n": the fold fails half way through
+        d.send("in", {"user": "ann", "ts": 4, "n": 100, "flaky": True})  # retried once: counted once
+        d.send("in", {"user": "ann", "ts": 5, "n": 1000})
+        d.end_input()
+        assert _finals(d) == [("ann", 0, MIN, [3, 1101])]
+        assert d.metrics()[0]["Partition 0"].skipped == 2
+
+
+class Declared(StreamTask):
+    """One window and no process: the engine calls the window's add itself."""
+
+    w = Tumbling(MIN, key="user", aggregate=Agg(n=Count(), total=Sum("n")), output="mem.counts")
+
+
+def test_rules39_40_a_declared_window_skips_a_message_it_cannot_fold(engine: str) -> None:
+    config = {**STAMPED, "task.error.policy": "skip"}
+    with TestDriver(Declared, inputs={"in": 1}, config=config, engine=engine) as d:
+        d.send("in", {"user": "ann", "ts": 1, "n": 1})
+        d.send("in", {"user": "ann", "ts": 2})  # no "n": skipped, nothing counted
+        d.send("in", {"user": "ann", "ts": 3, "n": 5})
+        d.end_input()
+        assert _finals(d) == [("ann", 0, MIN, {"n": 2, "total": 6})]
+        assert d.metrics()[0]["Partition 0"].skipped == 1

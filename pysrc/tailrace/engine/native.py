@@ -224,7 +224,7 @@ class NativeEngine:
                     functools.partial(self._task_metrics, i),
                     watermark=functools.partial(runner.event_watermark, i),
                 )
-                fast = s.plan.windows_process()
+                fast = s.plan.windows_process(self.config)
                 if fast is not None:
                     s.process = fast  # its window's add, without StreamTask.process around it
                 if init is not None:

@@ -666,7 +666,7 @@ class ReferenceEngine:
                     functools.partial(self._task_metrics, t),
                     watermark=functools.partial(getattr, t.event_time, "value"),
                 )
-                fast = t.plan.windows_process()
+                fast = t.plan.windows_process(self.config)
                 if fast is not None:
                     t.process = fast  # its window's add, without StreamTask.process around it
                 if init is not None:
