@@ -170,22 +170,33 @@ int tr_event_time_tracking(const tr_event_time *et) {
     return et->track;
 }
 
-tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts) {
+int tr_event_time_seen_moved(tr_event_time *et, uint32_t partition, int64_t ts) {
     if (partition >= et->n)
-        return TR_EINVAL;
+        return -1;
     et_part *P = &et->parts[partition];
     /* relaxed: numbers only. One task's messages are handed out one at a time (rule 21),
      * so the CAS loop rarely runs twice */
     int64_t seen = atomic_load_explicit(&P->seen, TR_RELAXED);
-    while (ts > seen &&
-           !atomic_compare_exchange_weak_explicit(&P->seen, &seen, ts, TR_RELAXED, TR_RELAXED)) {
+    while (ts > seen) {
+        if (atomic_compare_exchange_weak_explicit(&P->seen, &seen, ts, TR_RELAXED, TR_RELAXED))
+            return 1;
     }
-    return TR_OK;
+    return 0;
+}
+
+tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts) {
+    return tr_event_time_seen_moved(et, partition, ts) < 0 ? TR_EINVAL : TR_OK;
 }
 
 tr_status tr_event_time_done(tr_event_time *et, uint32_t partition) {
     if (partition >= et->n)
         return TR_EINVAL;
-    atomic_fetch_add_explicit(&et->parts[partition].done_n, 1, TR_RELAXED); /* a count */
+    et_part *P = &et->parts[partition];
+    atomic_fetch_add_explicit(&P->done_n, 1, TR_RELAXED); /* a count */
     return TR_OK;
+}
+
+int tr_event_time_drain_matters(const tr_event_time *et, uint32_t partition) {
+    const et_part *P = &et->parts[partition];
+    return P->ended || P->empty;
 }

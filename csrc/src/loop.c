@@ -381,13 +381,20 @@ static int et_moved(tr_loop *L, uint32_t t) {
 }
 
 int tr_loop_event_seen(tr_loop *L, uint32_t t, uint32_t p, int64_t ts) {
-    if (t >= L->cfg.ntasks || tr_event_time_seen(L->tasks[t].et, p, ts) != TR_OK)
+    /* its partition's largest timestamp stayed: nothing moved */
+    if (t >= L->cfg.ntasks || tr_event_time_seen_moved(L->tasks[t].et, p, ts) != 1)
         return 0;
     return et_moved(L, t);
 }
 
 int tr_loop_event_done(tr_loop *L, uint32_t t, uint32_t p) {
-    if (t >= L->cfg.ntasks || tr_event_time_done(L->tasks[t].et, p) != TR_OK)
+    if (t >= L->cfg.ntasks)
+        return 0;
+    task *T = &L->tasks[t];
+    if (tr_event_time_done(T->et, p) != TR_OK)
+        return 0;
+    /* on the loop thread, only an ended or empty partition's drain can move anything */
+    if (!(T->flags & TR_TASK_POOL) && !tr_event_time_drain_matters(T->et, p))
         return 0;
     return et_moved(L, t);
 }

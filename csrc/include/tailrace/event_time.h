@@ -69,9 +69,16 @@ int tr_event_time_tracking(const tr_event_time *et);
  * watermark in the call counts it, as a message read counts). The loop thread's next
  * tr_event_time_update sees it. TR_EINVAL. */
 tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts);
+/* The same: 1 when it raised the partition's largest timestamp (the watermark may move),
+ * 0 when not, -1 for a partition out of range. */
+int tr_event_time_seen_moved(tr_event_time *et, uint32_t partition, int64_t ts);
 /* Any thread (the one invoking the task): the call with a message of `partition`
  * returned. TR_EINVAL. */
 tr_status tr_event_time_done(tr_event_time *et, uint32_t partition);
+/* Loop thread: whether `partition`'s being drained matters to the watermark now (it has
+ * ended, or its last poll found nothing): after tr_event_time_done, the watermark can
+ * only have moved then. */
+int tr_event_time_drain_matters(const tr_event_time *et, uint32_t partition);
 /* Loop thread: a poll of `partition` at now_ns found nothing to read (starts an idle
  * streak unless one is running); recomputes. TR_EINVAL. */
 tr_status tr_event_time_empty(tr_event_time *et, uint32_t partition, int64_t now_ns);
