@@ -7,7 +7,7 @@
 #include "tailrace/atomics.h"
 
 typedef struct et_part {
-    int64_t max_ts;      /* largest timestamp read, TR_ET_NONE before the first */
+    int64_t max_ts; /* largest timestamp read, TR_ET_NONE before the first */
     /* tracking (tr_event_time_track): the largest timestamp handed to the task and how
      * many of its messages' calls returned, from the invoking thread (any), relaxed:
      * numbers only; read_n: messages read (loop thread) */

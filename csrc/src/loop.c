@@ -49,13 +49,12 @@ tr_status tr_loop_create(const tr_loop_config *cfg, const tr_loop_task *tasks, t
         nlimit += task_window(cfg, &tasks[t], pool_limit);
     /* The completion queue never fills. Its items: CQ_WAKE, at most one per
      * partition (the `woken` flag); CQ_TIMER, at most one per task
-     * (`timer_pending`), and CQ_ETIMER likewise (`et_pending`); CQ_DONE / CQ_UNRUN, at most one per sequence number at a
-     * time (a seq completes once; one handed back unrun is handed out again only
-     * after the loop popped its CQ_UNRUN). Every seq with an item in flight
-     * (buffered by a worker or queued) is acquired and not yet popped, so there
-     * are at most acquired - popped of them; release_task releases no more seqs
-     * than it popped, so acquired - popped <= acquired - released <= the task's
-     * window. Summed: windows + partitions + tasks (+ slack). */
+     * (`timer_pending`), and CQ_ETIMER likewise (`et_pending`); CQ_DONE / CQ_UNRUN, at most one per
+     * sequence number at a time (a seq completes once; one handed back unrun is handed out again
+     * only after the loop popped its CQ_UNRUN). Every seq with an item in flight (buffered by a
+     * worker or queued) is acquired and not yet popped, so there are at most acquired - popped of
+     * them; release_task releases no more seqs than it popped, so acquired - popped <= acquired -
+     * released <= the task's window. Summed: windows + partitions + tasks (+ slack). */
     uint64_t cq_cap = nlimit + total_parts + 2ull * cfg->ntasks + 16; /* + CQ_ETIMER: one a task */
     if (cq_cap > (1ull << 30))
         return TR_EINVAL;
@@ -428,7 +427,6 @@ void tr_loop_event_floor(tr_loop *L, uint32_t t, int64_t floor) {
     if (t < L->cfg.ntasks)
         tr_event_time_floor(L->tasks[t].et, floor);
 }
-
 
 tr_status tr_loop_watermark(tr_loop *L, uint32_t t, uint32_t p, tr_mark *out) {
     if (t >= L->cfg.ntasks)

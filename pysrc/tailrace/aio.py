@@ -570,12 +570,12 @@ class _LoopTimers:
 
     def schedule_event_time(self, key: Any, when_ms: int | float, fn: Callable[..., Any] | None) -> None:
         if fn is None:  # the task's on_event_time (the container made it wait for a coroutine)
-            self._inner.schedule_event_time(key, when_ms, None)  # type: ignore[attr-defined]
+            self._inner.schedule_event_time(key, when_ms, None)
             return
-        self._inner.schedule_event_time(key, when_ms, sync_hook(self._runner, fn))  # type: ignore[attr-defined]
+        self._inner.schedule_event_time(key, when_ms, sync_hook(self._runner, fn))
 
     def cancel_event_time(self, key: Any) -> bool:
-        return bool(self._inner.cancel_event_time(key))  # type: ignore[attr-defined]
+        return bool(self._inner.cancel_event_time(key))
 
 
 def sync_hook(runner: AsyncioRunner, fn: Callable[..., Any]) -> Callable[..., Any]:

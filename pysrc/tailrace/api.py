@@ -50,9 +50,9 @@ HOOKS = ("init", "window", "end_of_stream", "close")
 ENTRY_POINTS = ("process", "process_async")
 
 
-
 _ET_NONE = -(1 << 63)  # tailrace.engine.event_time.NONE / END: -infinity, +infinity
 _ET_END = (1 << 63) - 1
+
 
 class Callback(Protocol):
     """Completion handle for one envelope of an async task (rules 12, 17, 22).
@@ -247,7 +247,9 @@ class StreamTask:
         def close(self) -> None:
             """Once, when the container stops."""
 
-        def on_event_time(self, key: Any, when_ms: int, collector: Collector, coordinator: Coordinator) -> None:
+        def on_event_time(
+            self, key: Any, when_ms: int, collector: Collector, coordinator: Coordinator
+        ) -> None:
             """An event-time timer set with ``context.schedule_event_time(key, when_ms)`` (no
             callback) fell due: the task's watermark reached ``when_ms`` (rule 38)."""
 

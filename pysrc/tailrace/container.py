@@ -70,11 +70,11 @@ class TaskPlan:
         "event_time_committed",
         "event_time_floor",
         "event_tracking",
-        "on_event_time",
         "held",
         "index",
         "kind",
         "name",
+        "on_event_time",
         "partitions",
         "policy",
         "readers",
@@ -781,7 +781,9 @@ class Container:
                 reserved = reserved_stores(user_task)
                 if reserved:
                     self._check_state([f"durable event-time timers ({', '.join(reserved)})"], "on_event_time")
-                task_specs = {**specs, **window_store_specs(windows), **reserved} if windows or reserved else specs
+                task_specs = (
+                    {**specs, **window_store_specs(windows), **reserved} if windows or reserved else specs
+                )
                 stores = TaskStores(name, task_specs, self._store) if task_specs else None
                 policy = ErrorPolicy(self.config, name, collector, dict(zip(parts, readers)), run_log)
                 if adapter is not None:

@@ -94,9 +94,9 @@ def _shallow_copy(acc: Any) -> Any:
     return acc.copy() if t is list or t is dict else acc
 
 
-
 _ET_NONE = -(1 << 63)  # the engines' raw watermark of -infinity; +infinity is 2**63 - 1
 _ET_END = (1 << 63) - 1
+
 
 class WindowResult(NamedTuple):
     """One window's result: ``final`` is False for an ``emit="updates"`` value sent after a
@@ -683,7 +683,7 @@ class _Runtime:
 
             def raw() -> int:
                 value = read()
-                return _ET_NONE if value == -math.inf else _ET_END if value == math.inf else value
+                return _ET_NONE if value == -math.inf else _ET_END if value == math.inf else int(value)
 
         self._raw_watermark: Callable[[], int] = raw
         self.late = 0  # late messages seen by this run (TaskMetrics.late)
@@ -712,14 +712,16 @@ class _Runtime:
                 key = _as_key(key)
                 if isinstance(key, dict | set):
                     raise TypeError(
-                        f"window {self.spec.where}: a window key must be a JSON scalar or array, got {key!r:.80}"
+                        f"window {self.spec.where}: a window key must be a JSON scalar or array, "
+                        f"got {key!r:.80}"
                     )
             if self._processing:
                 ts = watermark = math.floor(self._context.now() * 1000)
             else:
-                ts = envelope.timestamp
-                if type(ts) is not int:
-                    raise TypeError(f"the envelope has no event timestamp ({ts!r}); see docs/event-time.md")
+                stamp = envelope.timestamp
+                if type(stamp) is not int:
+                    raise TypeError(f"the envelope has no event timestamp ({stamp!r}): docs/event-time.md")
+                ts = stamp
                 watermark = self._raw_watermark()
         except Exception as e:
             e.add_note(f"in window {self.spec.where} of task {self._context.task_name!r}")
@@ -791,7 +793,13 @@ class _Runtime:
             return
         assert self.spec.output is not None
         key = result.key
-        record = {"key": key, "start": result.start, "end": result.end, "value": result.value, "final": result.final}
+        record = {
+            "key": key,
+            "start": result.start,
+            "end": result.end,
+            "value": result.value,
+            "final": result.final,
+        }
         collector.send(self.spec.output, record, key=key)
 
     def _late(
@@ -887,11 +895,23 @@ class _FixedRuntime(_Runtime):
         fold = agg._add if isinstance(agg, Fold) else agg.add
         raw = self._raw_watermark
         loop, task = None, 0
-        if isinstance(raw, functools.partial) and isinstance(getattr(raw.func, "__self__", None), LoopRunner):
-            loop, task = raw.func.__self__, raw.args[0]  # the C engine: read the watermark in C
+        runner = getattr(raw.func, "__self__", None) if isinstance(raw, functools.partial) else None
+        if isinstance(runner, LoopRunner):
+            loop, task = runner, raw.args[0]  # type: ignore[attr-defined]  # the C engine: read it in C
         return TumblingAdd(
-            self, key, fold, int(self._fresh is not None), spec.size_ms, spec.offset_ms, self._grace,
-            loop, task, raw, _journal_current, agg.initial, _NO_ACC,
+            self,
+            key,
+            fold,
+            int(self._fresh is not None),
+            spec.size_ms,
+            spec.offset_ms,
+            self._grace,
+            loop,
+            task,
+            raw,
+            _journal_current,
+            agg.initial,
+            _NO_ACC,
             agg.compiled() if isinstance(agg, Agg) else None,
         )
 
@@ -915,7 +935,7 @@ class _FixedRuntime(_Runtime):
         if group is None:
             self._new_close_time(when, entry)
         else:
-            group.append(entry)  # type: ignore[arg-type]
+            group.append(entry)
 
     def _new_close_time(self, when: int, entry: tuple[int, Any]) -> None:
         """A window closing at a time no open window closes at yet."""
@@ -925,7 +945,7 @@ class _FixedRuntime(_Runtime):
             self._arm()
 
     def _due(self, watermark: int | float) -> list[tuple[Any, ...]]:
-        due = []
+        due: list[tuple[Any, ...]] = []
         heap, closing = self._heap, self._closing
         while heap and heap[0][0] <= watermark:
             when = heapq.heappop(heap)[0]
@@ -964,7 +984,7 @@ class _FixedRuntime(_Runtime):
         collector: Collector,
         coordinator: Coordinator | None,
     ) -> bool:
-        spec, store, agg, grace = self.spec, self._store, self._agg, self._grace
+        spec, agg, grace = self.spec, self._agg, self._grace
         size = spec.size_ms
         if spec.step_ms == size:  # tumbling: one window
             start = ts - (ts - spec.offset_ms) % size

@@ -26,7 +26,9 @@ TS = {"task.timestamp.field": "ts"}
 
 
 def run(engine: str, task: Any, partitions: list[list[Any]], store: Any = None, **config: Any) -> Any:
-    system = MemorySystem().add_stream("in", [[m if isinstance(m, dict) else {"ts": m} for m in p] for p in partitions])
+    system = MemorySystem().add_stream(
+        "in", [[m if isinstance(m, dict) else {"ts": m} for m in p] for p in partitions]
+    )
     container = Container(
         task,
         inputs=["mem.in"],
@@ -72,7 +74,9 @@ def test_rule38_a_timer_fires_once_when_the_watermark_reaches_it_between_message
     # rule 37: at the end the watermark is +infinity: the rest fire, in time order, before
     # end_of_stream
     assert log[-2:] == [("timer", 3000, 4500, math.inf), ("eos", math.inf)]
-    assert [e for e in log if e[0] == "timer"] == sorted((e for e in log if e[0] == "timer"), key=lambda e: e[2])
+    assert [e for e in log if e[0] == "timer"] == sorted(
+        (e for e in log if e[0] == "timer"), key=lambda e: e[2]
+    )
     assert len([e for e in log if e[0] == "timer"]) == 4
 
 
@@ -92,8 +96,12 @@ def test_rule38_several_partitions_hold_the_watermark_at_their_minimum(engine: s
     system = MemorySystem().add_stream("a", [[{"ts": t} for t in (0, 1000, 2000, 3000, 4000)]])
     system.add_stream("b", [[{"ts": t} for t in (0, 100, 200)]])
     Container(
-        Log, inputs=["mem.a", "mem.b"], systems=[system], checkpoints=MemoryCheckpointStore(),
-        engine=engine, config=TS,
+        Log,
+        inputs=["mem.a", "mem.b"],
+        systems=[system],
+        checkpoints=MemoryCheckpointStore(),
+        engine=engine,
+        config=TS,
     ).run()
     timers = [e for e in Log.log if e[0] == "timer"]
     # b never reaches 1500 before it ends; after its end (drained) it counts as +infinity
@@ -194,12 +202,18 @@ class Durable(StreamTask):
 
 
 @pytest.mark.parametrize("checkpoints", ["memory", "sqlite"])
-def test_rule38_a_timer_without_callback_survives_a_restart(engine: str, checkpoints: str, tmp_path: Any) -> None:
-    store: Any = MemoryCheckpointStore() if checkpoints == "memory" else SqliteCheckpointStore(tmp_path / "c.db")
+def test_rule38_a_timer_without_callback_survives_a_restart(
+    engine: str, checkpoints: str, tmp_path: Any
+) -> None:
+    store: Any = (
+        MemoryCheckpointStore() if checkpoints == "memory" else SqliteCheckpointStore(tmp_path / "c.db")
+    )
     system = MemorySystem().add_live_stream("in", 1)
 
     def go() -> None:
-        Container(Durable, inputs=["mem.in"], systems=[system], checkpoints=store, engine=engine, config=TS).run()
+        Container(
+            Durable, inputs=["mem.in"], systems=[system], checkpoints=store, engine=engine, config=TS
+        ).run()
 
     Durable.log = []
     system.append("in", 0, {"ts": 0, "timer": "x", "at": 5000})
@@ -223,10 +237,11 @@ def test_rule38_on_event_time_needs_a_checkpoint_store_that_keeps_state(engine: 
         def open(self, job: str) -> None: ...
         def load(self, task: str) -> dict[Any, Any]:
             return {}
+
         def write(self, task: str, offsets: Any, state: Any = None, **kw: Any) -> None: ...
         def close(self) -> None: ...
 
-    with pytest.raises(ConfigError, match="keeps no state.*tailrace.event-timers"):
+    with pytest.raises(ConfigError, match=r"keeps no state.*tailrace\.event-timers"):
         run(engine, Durable, [[0]], store=NoState())
 
 
@@ -264,7 +279,8 @@ def test_rule38_when_must_be_a_number(engine: str) -> None:
 class SystemTime(StreamTask):
     """Windows on the system's own timestamps (no field): its watermark is committed too."""
 
-    from tailrace.windows import Count as _Count, Tumbling as _Tumbling
+    from tailrace.windows import Count as _Count
+    from tailrace.windows import Tumbling as _Tumbling
 
     w = _Tumbling(1000, aggregate=_Count(), output="mem.counts")
     seen: list[Any] = []
@@ -298,4 +314,6 @@ def test_rule33_a_task_with_windows_on_system_time_resumes_from_its_committed_wa
     system.append("in", 0, {"n": 3, "stop": True}, timestamp=7_100)
     go()
     assert SystemTime.seen == [("init", -math.inf), ("init", 7_000)]
-    assert system.messages("counts") == [{"key": None, "start": 5_000, "end": 6_000, "value": 1, "final": True}]
+    assert system.messages("counts") == [
+        {"key": None, "start": 5_000, "end": 6_000, "value": 1, "final": True}
+    ]

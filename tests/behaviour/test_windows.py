@@ -265,7 +265,7 @@ class Undone(StreamTask):
     """Adds, then fails for messages marked boom; a Fold that changes its accumulator in place
     before it can fail (a message without "n")."""
 
-    def _add(acc: list[int], e: Any) -> list[int]:  # noqa: N805 - a plain function in the class body
+    def _add(acc: list[int], e: Any) -> list[int]:
         acc[0] += 1
         acc[1] += e.message["n"]
         return acc

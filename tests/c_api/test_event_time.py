@@ -241,6 +241,8 @@ def test_rule35_tracking_in_c_is_the_reference_engines(
             else:
                 assert lib.tr_event_time_update(et, now) == model.update(now)
             assert lib.tr_event_time_get(et) == model.value
-            assert [lib.tr_event_time_partition(et, i) for i in range(n)] == [model.partition(i) for i in range(n)]
+            assert [lib.tr_event_time_partition(et, i) for i in range(n)] == [
+                model.partition(i) for i in range(n)
+            ]
     finally:
         lib.tr_event_time_destroy(et)

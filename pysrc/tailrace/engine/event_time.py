@@ -27,7 +27,7 @@ def watermark_lag_ms(raw: int, wall_ms: int) -> float:
 
 
 class _Part:
-    __slots__ = ("empty", "empty_since", "ended", "max_ts", "read_n", "seen", "done_n")
+    __slots__ = ("done_n", "empty", "empty_since", "ended", "max_ts", "read_n", "seen")
 
     def __init__(self, start_ns: int) -> None:
         self.max_ts = NONE  # the largest timestamp read
@@ -46,7 +46,9 @@ class EventTime:
 
     __slots__ = ("idle_ns", "lag_ms", "parts", "track", "value")
 
-    def __init__(self, npartitions: int, lag_ms: int, idle_ns: int, start_ns: int, track: bool = False) -> None:
+    def __init__(
+        self, npartitions: int, lag_ms: int, idle_ns: int, start_ns: int, track: bool = False
+    ) -> None:
         if lag_ms < 0:
             raise ValueError("lag_ms must be >= 0")
         self.lag_ms = lag_ms

@@ -406,7 +406,9 @@ class NativeEngine:
                     fn(key, when, s.collector, coordinator)
                 except Exception as e:  # noqa: BLE001 - user code
                     self._runner.post_error(
-                        TaskError(s.name, original=e, phase="timer", detail=f"event-time timer {key!r}: {e!r}")
+                        TaskError(
+                            s.name, original=e, phase="timer", detail=f"event-time timer {key!r}: {e!r}"
+                        )
                     )
                     return -1
                 requests |= coordinator.take()

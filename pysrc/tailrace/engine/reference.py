@@ -920,7 +920,9 @@ class ReferenceEngine:
                 now_ns = round(self._clock.monotonic() * 1e9)
                 if batch:
                     stamps = [e.timestamp for e in batch]
-                    t.event_time.read(i, max([NONE, *(ts for ts in stamps if ts is not None)]), now_ns, len(batch))
+                    t.event_time.read(
+                        i, max([NONE, *(ts for ts in stamps if ts is not None)]), now_ns, len(batch)
+                    )
                 elif ended:
                     t.event_time.ended(i, now_ns)
                 else:
@@ -1162,7 +1164,9 @@ class ReferenceEngine:
                     fn(key, when, t.collector, coordinator)
                 except Exception as e:  # noqa: BLE001 - user code
                     self._fail(
-                        TaskError(t.name, original=e, phase="timer", detail=f"event-time timer {key!r}: {e!r}")
+                        TaskError(
+                            t.name, original=e, phase="timer", detail=f"event-time timer {key!r}: {e!r}"
+                        )
                     )
                     return True
                 self._apply_requests(t, coordinator.take())

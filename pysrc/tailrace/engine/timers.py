@@ -121,7 +121,7 @@ class EventTimers:
     offsets, so it survives restarts. Not thread-safe: the engines hold a lock around it.
     """
 
-    __slots__ = ("_heap", "_store", "_method")
+    __slots__ = ("_heap", "_method", "_store")
 
     def __init__(self, store: Any = None, method: Callable[..., Any] | None = None) -> None:
         self._heap = TimerHeap()
@@ -184,7 +184,9 @@ class EventTimers:
 def check_event_time(key: Any, when_ms: Any) -> int | float:
     """``when_ms`` as an event-time timer's time: an int (ms) or +-inf; ValueError else."""
     if isinstance(when_ms, bool) or not isinstance(when_ms, (int, float)):
-        raise TypeError(f"event-time timer {key!r}: when_ms must be an int of ms since the epoch, got {when_ms!r}")
+        raise TypeError(
+            f"event-time timer {key!r}: when_ms must be an int of ms since the epoch, got {when_ms!r}"
+        )
     if isinstance(when_ms, float):
         if when_ms != when_ms:
             raise ValueError(f"event-time timer {key!r}: when_ms is NaN")
