@@ -34,6 +34,8 @@ from typing import Any
 
 from tailrace.sqlite import SqliteCheckpointStore
 
+from .faults import wait_exit as _wait
+
 TASK = Path(__file__).with_name("bad_checker.py")
 JOB = "bad-trials"
 
@@ -176,16 +178,6 @@ path = "state/checkpoints.db"
                 if self.kinds[p][i] == "good":
                     counts[json.loads(self.lines[p][i])["k"]] += 1
         return dict(counts)
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"tailrace run did not finish in {timeout}s: {err.decode()[-2000:]}") from None
-    return proc.returncode, err.decode()
 
 
 @dataclass

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .faults import wait_exit as _wait
 from .window_checker import GAP_MS, GRACE_MS, SIZE_MS
 
 TASK = Path(__file__).with_name("window_checker.py")
@@ -225,16 +226,6 @@ def _add(acc: dict[str, Any], m: dict[str, Any]) -> dict[str, Any]:
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"n": a["n"] + b["n"], "sum": a["sum"] + b["sum"], "ids": a["ids"] + b["ids"]}
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"tailrace run did not finish in {timeout}s: {err.decode()[-2000:]}") from None
-    return proc.returncode, err.decode()
 
 
 @dataclass
