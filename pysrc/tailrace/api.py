@@ -224,12 +224,9 @@ class StreamTask:
         (:mod:`tailrace.windows`) adds every message to every window."""
         adds = self.__dict__.get("_tailrace_adds")  # bound by tailrace.windows.bind
         if adds is None:
-            from .windows import add_to_every_window, declared_windows
-
-            if not declared_windows(type(self)):
-                raise NotImplementedError(f"{type(self).__name__} must define process()")
-            add_to_every_window(self, envelope, collector, coordinator)  # not bound: it says so
-            return
+            for name in getattr(type(self), "_tailrace_window_names", ()):
+                getattr(self, name)  # a window no container bound says so (it raises)
+            raise NotImplementedError(f"{type(self).__name__} must define process()")
         for add in adds:
             add(envelope, collector, coordinator)
 

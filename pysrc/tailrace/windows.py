@@ -429,6 +429,9 @@ class Window:
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
         self.owner = owner.__qualname__
+        # what StreamTask.process of an instance no container bound looks at (tailrace.api
+        # imports nothing of this module)
+        owner._tailrace_window_names = (*getattr(owner, "_tailrace_window_names", ()), name)  # type: ignore[attr-defined]
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
@@ -633,14 +636,6 @@ def bind(task: Any, context: TaskContext) -> list[_Runtime]:
     # StreamTask.process of a task without its own: one lookup, then each window's add
     task.__dict__["_tailrace_adds"] = [r.add for r in runtimes]
     return runtimes
-
-
-def add_to_every_window(
-    task: Any, envelope: Envelope, collector: Collector, coordinator: Coordinator
-) -> None:
-    """``StreamTask.process`` of a task that declares windows and defines no process."""
-    for name in declared_windows(type(task)):
-        getattr(task, name).add(envelope, collector, coordinator)
 
 
 # -- runtimes ------------------------------------------------------------------------------------
