@@ -320,9 +320,11 @@ def task_kind(task: object) -> str:
 
 
 def _declares_windows(cls: type) -> bool:
-    from .windows import declared_windows  # here: tailrace.windows is imported when a task uses it
-
-    return bool(declared_windows(cls))
+    """The class declares windows (tailrace.windows records their names on it; this module
+    imports nothing of that one)."""
+    return any(
+        hasattr(getattr(cls, name, None), "store_name") for name in getattr(cls, "_tailrace_window_names", ())
+    )
 
 
 def _defines_entry_point(cls: type) -> bool:
