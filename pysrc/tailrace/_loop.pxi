@@ -256,8 +256,12 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
         off = <Py_ssize_t>capi.tr_lazy_offset(item)
         env = new_envelope_at(ps.system, ps.stream, ps.partition, off,
                               ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
-        env._ts = ps.read_ms  # lazy items only without a TimestampReader: ingestion time
-        return env
+        if slot.timestamps is None:
+            env._ts = ps.read_ms  # ingestion time
+            return env
+        # a tracking task's (its watermark follows the messages handed to it, rule 33): read
+        # now, or a bad message in its place (rule 39)
+        return slot.timestamps.stamp(env)
     env = <Envelope><PyObject *>item  # new reference ...
     Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
     return env
@@ -1090,7 +1094,9 @@ cdef class LoopRunner:
         ps.read_ms = wall_ms(self._clock)  # rule 32: ingestion time
         if stamper is None:
             newest = ps.read_ms  # every envelope's timestamp, unless its system gave one
-        if (stamper is None and messages is ps.range_messages and (keys is ps.range_keys)
+        # lazy items with a TimestampReader only for a tracking task: its timestamps are read at
+        # dispatch (_take_item), where its watermark is moved (the refill tells only the count)
+        if ((stamper is None or slot.et_track) and messages is ps.range_messages and (keys is ps.range_keys)
                 and capi.tr_lazy_item(<uint64_t>end, p, &items[0])
                 and len(<list>messages) >= end and (keys is None or len(<list>keys) >= end)):
             # lazy items: the envelopes are built at dispatch (_take_item)
