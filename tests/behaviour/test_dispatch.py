@@ -368,9 +368,7 @@ def test_tasks_that_share_a_pool_thread_take_short_turns(engine: str) -> None:
             if not order:
                 # the first call waits (GIL released) while the loop thread buffers all 900
                 # messages (the input buffer holds 1,024 a partition): from then on every task
-                # has input, and a long run can only come from the dispatch. Without the wait,
-                # a loaded machine's loop thread may refill one partition late, and the pool
-                # rightly keeps to the tasks that have input (a run of 48 in one CI run)
+                # has input, and a long run can only come from the dispatch
                 time.sleep(0.5)
             order.append(envelope.partition)
 
@@ -385,7 +383,11 @@ def test_tasks_that_share_a_pool_thread_take_short_turns(engine: str) -> None:
     for i in range(begun, 2 * n):
         run = run + 1 if order[i - 1] == order[i] else 1
         longest = max(longest, run)
-    assert longest <= 32, longest
+    # a turn is 16 and the round robin is among the tasks with room on the worker (each may
+    # have 128 queued there): once the queue is full, a task whose completions freed room for
+    # several turns while the others' freed one gets them back to back (runs of 48 seen under
+    # load: 2222 1 000); the bursts of 128 a turn of the old loop stay far above this bound
+    assert longest <= 64, longest
 
 
 def test_a_task_s_end_of_stream_does_not_wait_for_another_task_s_call_on_its_pool_thread(engine: str) -> None:
