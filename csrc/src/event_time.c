@@ -189,10 +189,14 @@ tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts) 
 }
 
 tr_status tr_event_time_done(tr_event_time *et, uint32_t partition) {
+    return tr_event_time_done_n(et, partition, 1);
+}
+
+tr_status tr_event_time_done_n(tr_event_time *et, uint32_t partition, uint64_t n) {
     if (partition >= et->n)
         return TR_EINVAL;
     et_part *P = &et->parts[partition];
-    atomic_fetch_add_explicit(&P->done_n, 1, TR_RELAXED); /* a count */
+    atomic_fetch_add_explicit(&P->done_n, n, TR_RELAXED); /* a count */
     return TR_OK;
 }
 

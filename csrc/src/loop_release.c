@@ -297,6 +297,24 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
             T->rr = last + 1 == T->nparts ? 0 : last + 1;
         }
     }
+    /* event-time tracking: the calls that returned (the escaping one's too) are done,
+     * counted here rather than by the binding after each call; an ended or empty
+     * partition's drain may move the watermark (tr_loop_event_done) */
+    uint32_t calls = escape ? consumed : completed;
+    if (calls && tr_event_time_tracking(T->et)) {
+        int matters = 0;
+        if (T->nparts == 1) {
+            tr_event_time_done_n(T->et, 0, calls);
+            matters = tr_event_time_drain_matters(T->et, 0);
+        } else {
+            for (uint32_t i = 0; i < calls; i++) {
+                tr_event_time_done_n(T->et, L->run_parts[i], 1);
+                matters |= tr_event_time_drain_matters(T->et, L->run_parts[i]);
+            }
+        }
+        if (matters)
+            trl_et_check(L, t);
+    }
     /* ended by tr_loop_run_yield (a barrier or a stop), not by a failure, a request
      * or its end: the task keeps its turn (trl_carry) */
     int cut =

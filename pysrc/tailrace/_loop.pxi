@@ -720,9 +720,7 @@ cdef class LoopRunner:
                         if type(env.message) is _BAD_INPUT:
                             raise (<object>env.message).error
                         process(env, collector, coord)
-                        calling = False
-                        if track and self._done(slot, t, env):
-                            et_due = True
+                        calling = False  # (its call is counted done by run_done)
                         if self._after_call(slot, env, coord, t0, timed):
                             break
                         completed = consumed
@@ -754,8 +752,6 @@ cdef class LoopRunner:
                         break
                     if verdict == V_IGNORED:
                         slot.ignored += 1
-                    if track and self._done(slot, t, env):
-                        et_due = True
                     if self._after_call(slot, env, coord, t0, timed):
                         break
                     completed = consumed
@@ -826,8 +822,6 @@ cdef class LoopRunner:
                     cb._coordinator._requests = 0
                 finally:
                     cb._late_after = 0
-                if slot.et_track and self._done(slot, t, env):
-                    et_due = True
                 if cb._rstate == RUN_ABANDONED:
                     completed = consumed
                     continue

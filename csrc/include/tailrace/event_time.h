@@ -75,6 +75,8 @@ int tr_event_time_seen_moved(tr_event_time *et, uint32_t partition, int64_t ts);
 /* Any thread (the one invoking the task): the call with a message of `partition`
  * returned. TR_EINVAL. */
 tr_status tr_event_time_done(tr_event_time *et, uint32_t partition);
+/* The same for n calls (the loop thread, at the end of a run of them). */
+tr_status tr_event_time_done_n(tr_event_time *et, uint32_t partition, uint64_t n);
 /* Loop thread: whether `partition`'s being drained matters to the watermark now (it has
  * ended, or its last poll found nothing): after tr_event_time_done, the watermark can
  * only have moved then. */

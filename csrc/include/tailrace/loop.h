@@ -370,7 +370,8 @@ tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partiti
                                   uint64_t count);
 /* The thread invoking the task (TR_TASK_EVENT_TRACK): a message of `partition` with
  * timestamp ts (TR_ET_NONE: none) is being handed to the task (before its call), and
- * tr_loop_event_done: that call returned. Each returns 1 when, on the loop thread, the
+ * tr_loop_event_done: that call returned (not for a RUN op's messages: tr_loop_run_done
+ * and tr_loop_run_escape count those). Each returns 1 when, on the loop thread, the
  * task's watermark now reaches its event-time timer: the caller ends its run after
  * this message, so the timer runs (a barrier) before the task's next message (rules 35,
  * 38). A pool worker's call returns 0: the loop thread checks. */
