@@ -459,6 +459,12 @@ def test_loop_blocks_when_idle_and_wakes_on_input_completion_and_stop(engine: st
     system.append("in", 0, "a")  # new input wakes the loop
     held.wait_for((0, 0))
     system.append("in", 0, "b")
+    # once "b" is read (the task is at max concurrency: nothing to dispatch) the loop blocks;
+    # counted from then on (the iterations that read it once fell in the window on a loaded
+    # CI machine): the C loop still ticks every 100 ms so Python signal handlers run (TICK_NS:
+    # 3 in 0.3 s), the reference engine not at all; a spinning loop makes thousands
+    wait_until(lambda: live_metric(bg, "Partition 0", "newest_read") == {ssp(0): 1}, what="b read")
+    threading.Event().wait(0.05)
     before = bg.container.metrics()[1].loop_iterations  # type: ignore[index]
     threading.Event().wait(0.3)
     after = bg.container.metrics()[1].loop_iterations  # type: ignore[index]
