@@ -127,13 +127,36 @@ class RedisServer:
 MEMBER_MAIN = str(HERE / "member_main.py")
 
 
-def spawn_member(spec: dict[str, Any], log_path: Path) -> subprocess.Popen[bytes]:
-    """A member in its own process (see member_main.py); output goes to ``log_path``."""
+def spawn_member(
+    spec: dict[str, Any], log_path: Path, main: str | Path = MEMBER_MAIN
+) -> subprocess.Popen[bytes]:
+    """A member in its own process (``main``: member_main.py, or another member script run with
+    the spec as its argument); output goes to ``log_path``."""
     out = open(log_path, "wb")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, MEMBER_MAIN, json.dumps(spec)], stdout=out, stderr=subprocess.STDOUT, env=env
+        [sys.executable, str(main), json.dumps(spec)], stdout=out, stderr=subprocess.STDOUT, env=env
     )
+
+
+def finish_members(
+    procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout: float = 120
+) -> list[dict[str, Any]]:
+    """Wait for every member; each must exit 0 after printing its ``RESULT`` line."""
+    results = []
+    for proc, log in zip(procs, logs):
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"member did not finish:\n{log.read_text()[-3000:]}") from None
+        text = log.read_text()
+        assert rc == 0, f"member exited {rc}:\n{text[-3000:]}"
+        line = [x for x in text.splitlines() if x.startswith("RESULT ")]
+        assert line, text[-3000:]
+        results.append(json.loads(line[-1][len("RESULT ") :]))
+    return results
 
 
 class RedisClusterNodes:

@@ -17,8 +17,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -26,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_support import HERE, REDIS_CLI, RedisClusterNodes, RedisServer
+from redis_support import HERE, REDIS_CLI, RedisClusterNodes, RedisServer, finish_members, spawn_member
 
 from tailrace.redis.system import RedisSystem
 
@@ -38,14 +36,7 @@ LEASE_MS = 800
 TRIALS = int(os.environ.get("TAILRACE_STRESS_TRIALS", "8"))
 
 
-def spawn(spec: dict[str, Any], log: Path) -> subprocess.Popen[bytes]:
-    out = open(log, "wb")
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "eo_member_main.py"), json.dumps(spec)],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+EO_MAIN = HERE / "eo_member_main.py"
 
 
 class Job:
@@ -90,23 +81,6 @@ class Job:
         return sum(seen.values())
 
 
-def finish(procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> list[dict[str, Any]]:
-    results = []
-    for proc, log in zip(procs, logs):
-        try:
-            rc = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise AssertionError(f"member did not finish:\n{log.read_text()[-3000:]}") from None
-        text = log.read_text()
-        assert rc == 0, f"member exited {rc}:\n{text[-3000:]}"
-        line = [x for x in text.splitlines() if x.startswith("RESULT ")]
-        assert line, text[-3000:]
-        results.append(json.loads(line[-1][len("RESULT ") :]))
-    return results
-
-
 @pytest.mark.parametrize("seed", range(TRIALS))
 def test_redis_outputs_are_exact_across_kill_9_takeovers_and_a_zombie(
     redis_server: RedisServer, tmp_path: Path, seed: int
@@ -133,7 +107,7 @@ def test_redis_outputs_are_exact_across_kill_9_takeovers_and_a_zombie(
             time.sleep(0.02)
 
     logs = [tmp_path / f"m{i}.log" for i in range(4)]
-    procs = [spawn(spec, logs[i]) for i in range(3)]
+    procs = [spawn_member(spec, logs[i], EO_MAIN) for i in range(3)]
     watch = threading.Thread(target=checker)
     watch.start()
     zombie, victim = rng.sample(range(3), 2)
@@ -150,9 +124,9 @@ def test_redis_outputs_are_exact_across_kill_9_takeovers_and_a_zombie(
         time.sleep(2.5 * LEASE_MS / 1000)  # the others take the zombie's partitions over
         job.check(errors, "while the zombie is stopped")
         procs[zombie].send_signal(signal.SIGCONT)  # its late commit must be refused, outputs and all
-        procs.append(spawn(spec, logs[3]))
+        procs.append(spawn_member(spec, logs[3], EO_MAIN))
         alive = [i for i in range(len(procs)) if i != victim]
-        results = finish([procs[i] for i in alive], [logs[i] for i in alive])
+        results = finish_members([procs[i] for i in alive], [logs[i] for i in alive])
     finally:
         stop.set()
         watch.join()

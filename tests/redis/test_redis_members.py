@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_support import REDIS_CLI, RedisClusterNodes, RedisServer, spawn_member
+from redis_support import REDIS_CLI, RedisClusterNodes, RedisServer, finish_members, spawn_member
 
 from tailrace.redis._io import entry_id
 from tailrace.redis.membership import wait_for
@@ -40,26 +40,6 @@ def outputs(system: RedisSystem) -> list[dict[str, Any]]:
 
 def members_of(system: RedisSystem, job: str) -> list[str]:
     return sorted(m.decode() for m in system.client.zrange(system.keys.members(job), 0, -1))
-
-
-def finish(
-    procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout: float = 60
-) -> list[dict[str, Any]]:
-    """Wait for every member; each must exit 0 after printing its result."""
-    results = []
-    for proc, log in zip(procs, logs):
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise AssertionError(f"member did not finish:\n{log.read_text()[-3000:]}") from None
-        text = log.read_text()
-        assert rc == 0, f"member exited {rc}:\n{text[-3000:]}"
-        line = [x for x in text.splitlines() if x.startswith("RESULT ")]
-        assert line, text[-3000:]
-        results.append(json.loads(line[-1][len("RESULT ") :]))
-    return results
 
 
 def kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -104,7 +84,7 @@ def test_members_share_partitions_by_the_deterministic_assignment(
 
         assert wait_for(settled, 30), "leases did not settle on the assignment"
         fill(system, 0, 200, end=True)
-        results = finish(procs, logs)
+        results = finish_members(procs, logs, timeout=60)
     finally:
         kill_all(procs)
     out = outputs(system)
@@ -143,7 +123,7 @@ def test_kill_9_of_a_member_moves_its_partitions_after_the_lease(
             committed[p] = None if raw is None else entry_id(raw, "checkpoint")
         ids = {p: {entry_id(e, "id"): m["i"] for e, _, m in system.read_all("in", p)} for p in range(P)}
         done_upto = {p: -1 if committed[p] is None else ids[p][committed[p]] for p in range(P)}
-        results = finish([procs[0], procs[2]], [logs[0], logs[2]])
+        results = finish_members([procs[0], procs[2]], [logs[0], logs[2]], timeout=60)
     finally:
         kill_all(procs)
     out = outputs(system)
@@ -200,7 +180,7 @@ def test_a_paused_member_cannot_commit_after_losing_its_lease(
         holders = {system.client.get(system.keys.lease("in", p, "pause")) for p in range(P)}
         assert all(h is not None and not h.decode().startswith(name + "|") for h in holders)
         paused.send_signal(signal.SIGCONT)
-        finish(procs, logs)
+        finish_members(procs, logs, timeout=60)
     finally:
         stop.set()
         watcher.join()
@@ -235,7 +215,7 @@ def test_redis_restart_loses_no_acknowledged_write(redis_server: RedisServer, tm
             after = system.client.get(system.keys.checkpoint("in", p, "restart"))
             assert before[p] is None or entry_id(after, "after") >= entry_id(before[p], "before")
         fill(system, 100, 100, end=True)
-        finish([proc], [log])
+        finish_members([proc], [log], timeout=60)
     finally:
         kill_all([proc])
     check_complete(outputs(system), 200)
@@ -260,7 +240,7 @@ def test_two_members_on_a_three_node_redis_cluster(tmp_path: Path) -> None:
         spec = {"url": nodes.url, "job": "cluster", "partitions": P, "lease_ms": 1500, "cluster": True}
         logs = [tmp_path / f"m{i}.log" for i in range(2)]
         procs = [spawn_member(spec, log) for log in logs]
-        results = finish(procs, logs)
+        results = finish_members(procs, logs, timeout=60)
         check_complete(outputs(system), 100)
         assert sum(r["processed"] for r in results) >= P * 100
         system.close()
@@ -300,9 +280,9 @@ def test_a_graceful_leave_hands_partitions_over_without_replay(
         name = f"m{leaving.pid}"
         assert wait_for(lambda: sum(m["by"] == name for m in outputs(system)) >= 30, 30)
         leaving.send_signal(signal.SIGTERM)
-        left = finish([leaving], [logs[0]], timeout=15)[0]
+        left = finish_members([leaving], [logs[0]], timeout=15)[0]
         assert left["reason"] == "stop"
-        finish([staying], [logs[1]], timeout=40)  # would wait out the lease without the release
+        finish_members([staying], [logs[1]], timeout=40)  # would wait out the lease without the release
     finally:
         kill_all(procs)
     copies = check_complete(outputs(system), 150)

@@ -20,16 +20,13 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
-from redis_support import HERE, RedisServer
+from redis_support import HERE, RedisServer, finish_members, spawn_member
 
 pytest.importorskip("tailrace.stores", reason="needs the store API (tailrace.stores, context.store)")
 
@@ -50,15 +47,7 @@ return {redis.call('GET', KEYS[1]), redis.call('HGETALL', KEYS[2])}
 """
 
 
-def spawn(spec: dict[str, Any], log: Path) -> subprocess.Popen[bytes]:
-    out = open(log, "wb")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "state_member_main.py"), json.dumps(spec)],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+STATE_MAIN = HERE / "state_member_main.py"
 
 
 class Job:
@@ -110,25 +99,6 @@ class Job:
         return seqs
 
 
-def finish(
-    procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout: float = 120
-) -> list[dict[str, Any]]:
-    results = []
-    for proc, log in zip(procs, logs):
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise AssertionError(f"member did not finish:\n{log.read_text()[-3000:]}") from None
-        text = log.read_text()
-        assert rc == 0, f"member exited {rc}:\n{text[-3000:]}"
-        line = [x for x in text.splitlines() if x.startswith("RESULT ")]
-        assert line, text[-3000:]
-        results.append(json.loads(line[-1][len("RESULT ") :]))
-    return results
-
-
 @pytest.mark.parametrize("seed", range(TRIALS))
 def test_stateful_job_is_exact_across_kill_9_takeovers_and_zombies(
     redis_server: RedisServer, tmp_path: Path, seed: int
@@ -157,7 +127,7 @@ def test_stateful_job_is_exact_across_kill_9_takeovers_and_zombies(
             time.sleep(0.01)
 
     logs = [tmp_path / f"m{i}.log" for i in range(3)]
-    procs = [spawn(spec, logs[0]), spawn(spec, logs[1])]
+    procs = [spawn_member(spec, logs[0], STATE_MAIN), spawn_member(spec, logs[1], STATE_MAIN)]
     watch = threading.Thread(target=checker)
     watch.start()
     victim = -1
@@ -173,14 +143,16 @@ def test_stateful_job_is_exact_across_kill_9_takeovers_and_zombies(
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait()
             job.check(errors, "right after the kill")
-            procs.append(spawn(spec, logs[2]))  # a replacement joins; the survivor takes over first
+            procs.append(
+                spawn_member(spec, logs[2], STATE_MAIN)
+            )  # a replacement joins; the survivor takes over first
         else:
             procs[victim].send_signal(signal.SIGSTOP)
             time.sleep(2.5 * LEASE_MS / 1000)  # the other member takes its partitions over
             job.check(errors, "while the zombie is stopped")
             procs[victim].send_signal(signal.SIGCONT)  # its late commit must be refused
         alive = [i for i in range(len(procs)) if not (fault == "kill" and i == victim)]
-        results = finish([procs[i] for i in alive], [logs[i] for i in alive])
+        results = finish_members([procs[i] for i in alive], [logs[i] for i in alive])
     finally:
         stop.set()
         watch.join()
