@@ -3,7 +3,9 @@
 # stores. Everything else (a window to create, a late message, hopping windows, updates
 # emission, processing time, a key that is no str or int) goes to the runtime's Python
 # add, which decides the same way. The runtime (_FixedRuntime) owns the dicts; this object
-# only reads its settings, fixed when it was made.
+# only reads its settings, fixed when it was made. Loop thread only (a task whose add may run
+# on another thread gets no TumblingAdd). References: PyDict_GetItem's are borrowed and each is
+# turned into an owned object (<object>found) before anything can change its dict.
 
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.list cimport PyList_GetSlice
