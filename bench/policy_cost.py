@@ -70,7 +70,9 @@ def e2e_job(root: Path, data: Path, store: bool, policy: str) -> Path:
     d.mkdir()
     (d / "data").symlink_to(data)
     (d / "task.py").write_text(e2e.TASK_STORE if store else e2e.TASK)
-    job = e2e.JOB.format(engine="c", out_partitions=e2e.OUT_PARTITIONS, stores=e2e.STORES if store else "")
+    job = e2e.JOB.format(
+        engine="c", out_partitions=e2e.OUT_PARTITIONS, stores=e2e.STORES if store else "", guarantee=""
+    )
     job = job.replace('"task.commit.ms" = 1000\n', '"task.commit.ms" = 600000\n')
     if policy == "dead-letter":
         job = job.replace('"task.commit.ms" = 600000\n', '"task.commit.ms" = 600000\n' + POLICY)
