@@ -184,6 +184,15 @@ int tr_event_time_seen_moved(tr_event_time *et, uint32_t partition, int64_t ts) 
     return 0;
 }
 
+int tr_event_time_seen_one(tr_event_time *et, uint32_t partition, int64_t ts) {
+    et_part *P = &et->parts[partition];
+    /* relaxed: numbers only; this thread is the only writer */
+    if (ts <= atomic_load_explicit(&P->seen, TR_RELAXED))
+        return 0;
+    atomic_store_explicit(&P->seen, ts, TR_RELAXED);
+    return 1;
+}
+
 tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts) {
     return tr_event_time_seen_moved(et, partition, ts) < 0 ? TR_EINVAL : TR_OK;
 }

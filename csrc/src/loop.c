@@ -386,6 +386,28 @@ int tr_loop_event_seen(tr_loop *L, uint32_t t, uint32_t p, int64_t ts) {
     return et_moved(L, t);
 }
 
+_Thread_local tr_loop *trl_thread_loop;
+
+int tr_loop_event_seen_run(tr_loop *L, uint32_t t, uint32_t i, int64_t ts) {
+    if (t >= L->cfg.ntasks || L->run_task != t || i >= L->run_count)
+        return 0;
+    task *T = &L->tasks[t];
+    if (!tr_event_time_seen_one(T->et, L->run_parts[i], ts)) /* a run: this thread only */
+        return 0;
+    /* No event-time timer: nothing needs the watermark before the run ends, or before a
+     * reader on this thread asks (tr_loop_event_watermark), so its recompute waits for
+     * then (trl_et_sync). Between changes of a partition's state (a poll, an end) the
+     * watermark only grows with what is handed over, the calls that return and the
+     * clock, so one recompute then gives what one after each message would have reached.
+     * Relaxed: a hint; a timer set meanwhile by another thread queues a CQ_ETIMER, whose
+     * check recomputes (trl_et_check). */
+    if (atomic_load_explicit(&T->et_timer_at, TR_RELAXED) == INT64_MAX) {
+        T->et_stale = 1;
+        return 0;
+    }
+    return et_moved(L, t);
+}
+
 int tr_loop_event_done(tr_loop *L, uint32_t t, uint32_t p) {
     if (t >= L->cfg.ntasks)
         return 0;
@@ -417,9 +439,14 @@ int tr_loop_idle(tr_loop *L) {
            !atomic_load_explicit(&L->error, TR_SEQ_CST);
 }
 
-int64_t tr_loop_event_watermark(const tr_loop *L, uint32_t t) {
+int64_t tr_loop_event_watermark(tr_loop *L, uint32_t t) {
     if (t >= L->cfg.ntasks)
         return TR_ET_NONE;
+    /* its own thread, in a sync run: the messages handed over so far count (rule 33);
+     * any other thread reads the value as of the last recompute (the run's end at the
+     * latest); et_stale is read only by the loop thread */
+    if (trl_thread_loop == L)
+        trl_et_sync(L, &L->tasks[t]);
     return tr_event_time_get(L->tasks[t].et);
 }
 

@@ -139,6 +139,7 @@ void tr_loop_partition_state(tr_loop *L, uint32_t t, uint32_t p, int state) {
     if (P->state == TR_PART_ENDED)
         return;
     /* every empty poll: idleness is a matter of how long ago its empty streak began */
+    trl_et_sync(L, T); /* what the partitions reached before this change */
     tr_status st = TR_OK;
     if (state == TR_PART_IDLE)
         st = tr_event_time_empty(T->et, p, trl_now(L));
@@ -168,6 +169,7 @@ tr_status tr_loop_event_time_read(tr_loop *L, uint32_t t, uint32_t p, int64_t ma
                                   uint64_t count) {
     if (t >= L->cfg.ntasks)
         return TR_EINVAL;
+    trl_et_sync(L, &L->tasks[t]); /* what the partitions reached before this read */
     tr_status st = tr_event_time_read_n(L->tasks[t].et, p, max_ts, count, trl_now(L));
     trl_et_check(L, t);
     return st;

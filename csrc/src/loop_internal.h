@@ -205,6 +205,10 @@ typedef struct task {
     uint8_t in_run;    /* a RUN op of this task is in the batch or being executed */
     uint32_t run_left; /* what a RUN op cut by a barrier left of its turn (0: a new turn) */
     uint8_t halted;    /* a message of a run failed: never dispatch to it again */
+    /* loop thread only: a sync run moved the task's event-time watermark without
+     * recomputing it (tr_loop_event_seen_run): trl_et_sync recomputes before anything
+     * reads it or changes a partition's state */
+    uint8_t et_stale;
     /* its last window ran past the next window's time: that one is put off a period,
      * so the task gets its messages in between (trl_fire_timers; rules 5, 8) */
     uint8_t window_overran;
@@ -591,6 +595,16 @@ void trl_maybe_ready(tr_loop *L, uint32_t t);
 void trl_carry(tr_loop *L, uint32_t t);
 void trl_maybe_control(tr_loop *L, uint32_t t);
 void trl_et_check(tr_loop *L, uint32_t t);
+/* The loop thread, or NULL: the tr_loop whose tr_loop_run this thread is in. */
+extern _Thread_local tr_loop *trl_thread_loop;
+/* Loop thread: recompute the task's event-time watermark if a sync run left it stale
+ * (tr_loop_event_seen_run), with the partitions' state as the run left it. */
+static inline void trl_et_sync(tr_loop *L, task *T) {
+    if (T->et_stale) {
+        T->et_stale = 0;
+        tr_event_time_update(T->et, trl_coarse_now(L));
+    }
+}
 void trl_mark_dirty(tr_loop *L, uint32_t t);
 void trl_queue_refill(tr_loop *L, uint32_t t, uint32_t p);
 void trl_repoll_idle(tr_loop *L);

@@ -315,6 +315,7 @@ static tr_status finish_run(tr_loop *L, uint32_t t, uint32_t consumed, uint32_t 
         if (matters)
             trl_et_check(L, t);
     }
+    trl_et_sync(L, T); /* what tr_loop_event_seen_run left to the run's end */
     /* ended by tr_loop_run_yield (a barrier or a stop), not by a failure, a request
      * or its end: the task keeps its turn (trl_carry) */
     int cut =

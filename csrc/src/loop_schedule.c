@@ -359,6 +359,7 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     if (L->cfg.pool_size && !hooks->run_pool_batch)
         return TR_EINVAL;
     L->ran = 1;
+    trl_thread_loop = L; /* tr_loop_event_watermark: this thread may recompute */
     L->hooks_copy = *hooks;
     L->hooks = &L->hooks_copy;
     L->phase = PH_RUNNING;
@@ -407,6 +408,9 @@ tr_status tr_loop_run(tr_loop *L, const tr_loop_hooks *hooks) {
     /* ops the workers handed back after the loop's last drain: their items
      * join the tails that tr_loop_drain_items gives back to the binding */
     trl_drain_completions(L);
+    for (uint32_t t = 0; t < L->cfg.ntasks; t++)
+        trl_et_sync(L, &L->tasks[t]); /* a run the stop cut short: its readers come after */
+    trl_thread_loop = NULL;
     if (L->internal != TR_OK && result == TR_OK)
         result = L->internal;
     return result;

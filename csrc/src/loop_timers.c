@@ -177,6 +177,7 @@ void trl_et_check(tr_loop *L, uint32_t t) {
     task *T = &L->tasks[t];
     /* acquire: pairs with tr_loop_set_event_timer's release store */
     int64_t at = atomic_load_explicit(&T->et_timer_at, TR_ACQUIRE);
+    T->et_stale = 0; /* recomputed below, whatever the branch */
     if (at == INT64_MAX) {
         if (tr_event_time_tracking(T->et)) /* what a pool worker handed over, for readers */
             tr_event_time_update(T->et, trl_now(L));

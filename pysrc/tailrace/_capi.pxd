@@ -231,9 +231,10 @@ cdef extern from "tailrace/loop.h" nogil:
     tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partition, int64_t max_ts,
                                       uint64_t count)
     int tr_loop_event_seen(tr_loop *loop, uint32_t task, uint32_t partition, int64_t ts) nogil
+    int tr_loop_event_seen_run(tr_loop *loop, uint32_t task, uint32_t index, int64_t ts) nogil
     int tr_loop_event_done(tr_loop *loop, uint32_t task, uint32_t partition) nogil
     void tr_loop_set_event_timer(tr_loop *loop, uint32_t task, int64_t at_ms) nogil
-    int64_t tr_loop_event_watermark(const tr_loop *loop, uint32_t task)
+    int64_t tr_loop_event_watermark(tr_loop *loop, uint32_t task)
     void tr_loop_event_floor(tr_loop *loop, uint32_t task, int64_t floor)
     int tr_loop_task_settled(tr_loop *loop, uint32_t task)
     tr_status tr_loop_committed(const tr_loop *loop, uint32_t task, uint32_t partition, tr_mark *out)

@@ -709,9 +709,11 @@ cdef class LoopRunner:
                         if capi.tr_loop_run_yield(self._loop):
                             break  # a barrier is due or a stop was asked: the rest waits (rules 8, 19)
                         env = _take_item(items[consumed], slot)
-                        consumed += 1
-                        if track and self._seen(slot, t, env):
+                        # a sync run: the watermark's recompute may wait for the run's end
+                        # or a read on this thread (rule 33; tr_loop_event_seen_run)
+                        if track and capi.tr_loop_event_seen_run(self._loop, t, consumed, env._ts):
                             et_due = True
+                        consumed += 1
                         if timed:
                             t0 = self._call_begins(slot, env)
                         calling = True

@@ -26,8 +26,11 @@ cdef extern from "Python.h":
     bint _p_is_float "PyFloat_CheckExact"(PyObject *o)
     bint _p_is_bool "PyBool_Check"(PyObject *o)
 
-# Envelope._ts before any source stamped it (no timestamp is that far before the epoch)
-DEF TS_UNSET = -0x7FFFFFFFFFFFFFFF - 1
+# Envelope._ts before any source stamped it (no timestamp is that far before the epoch). A C
+# constant, not a DEF: Cython keeps a DEF this large as a Python int, so every comparison of
+# an int64_t with it built a PyLong (about 120 instructions a message on the timestamp path)
+cdef extern from "<stdint.h>":
+    const int64_t TS_UNSET "INT64_MIN"
 
 from tailrace.types import Scope as _Scope
 from tailrace.types import SystemStreamPartition as _SSP

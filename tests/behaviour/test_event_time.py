@@ -46,10 +46,16 @@ def _run(engine: str, task: Any, partitions: list[list[Any]], **config: Any) -> 
     return c.run(), system, store
 
 
+_EDGES = [0, 2**30 - 1, 2**30, -(2**30), 2**60 - 1, 2**60, -(2**60), 2**62, 2**63 - 1, -(2**63) + 1]
+
+
 @pytest.mark.parametrize(
     ("unit", "values", "expected"),
     [
         ("ms", [1_700_000_000_123, 5, -7], [1_700_000_000_123, 5, -7]),
+        # ints of every size the compiled reader converts inline (one and two 30-bit digits)
+        # and past it (three), to the int64 bounds
+        ("ms", _EDGES, _EDGES),
         ("ms", [1.9, -1.5], [1, -2]),  # floor, as for every unit
         ("s", [1_700_000_000, 1.5, 2.0009], [1_700_000_000_000, 1500, 2000]),
         ("us", [1_500_999, -1], [1500, -1]),
@@ -334,3 +340,42 @@ def test_rule33_resumes_from_at_least_the_committed_watermark(
     system.append("in", 0, {"n": 3, "t": 2000, "stop": True})
     run()
     assert system.messages("out")[3:] == [["in", 3, 2000, 4900]]
+
+
+def test_rule33_the_watermark_read_in_process_counts_every_message_handed_over(engine: str) -> None:
+    # one task reading two streams of bounded input, timestamps out of order: the C loop
+    # hands them over in runs of many messages and recomputes the watermark only when it is
+    # read (tr_loop_event_seen_run); what process reads must be what a recompute after every
+    # message gives: the largest min(largest timestamp of each input) - lag so far
+    import random
+
+    rng = random.Random(7)
+    lag = 50
+    system = MemorySystem()
+    for stream in ("a", "b"):
+        system.add_stream(stream, [[{"n": i, "t": 10 * i + rng.randrange(0, 400)} for i in range(400)]])
+    c = Container(
+        Marks,
+        inputs=["mem.a", "mem.b"],
+        systems=[system],
+        checkpoints=MemoryCheckpointStore(),
+        engine=engine,
+        task_timestamp_field="t",
+        task_watermark_lag_ms=lag,
+        task_watermark_idle_ms=0,
+    )
+    result = c.run()
+    rows = [o for o in system.messages("out") if o[0] != "eos"]
+    assert len(rows) == 800
+    assert {o[0] for o in rows[:20]} == {"a", "b"}  # the run interleaves the inputs
+    seen = {"a": -math.inf, "b": -math.inf}
+    left = {"a": 400, "b": 400}
+    expected = -math.inf
+    for stream, n, t, wm in rows:
+        seen[stream] = max(seen[stream], t)
+        expected = max(expected, min(seen.values()) - lag)
+        assert wm == expected, (stream, n, t, wm, expected)
+        left[stream] -= 1
+        if not left[stream]:
+            break  # past an input's last message its end counts once its calls are done
+    assert all(m.event_time_watermark == math.inf for m in result.tasks.values())

@@ -72,6 +72,9 @@ tr_status tr_event_time_seen(tr_event_time *et, uint32_t partition, int64_t ts);
 /* The same: 1 when it raised the partition's largest timestamp (the watermark may move),
  * 0 when not, -1 for a partition out of range. */
 int tr_event_time_seen_moved(tr_event_time *et, uint32_t partition, int64_t ts);
+/* The same from the only thread that hands the task messages (a task whose calls all run
+ * on the loop thread): no compare-and-swap. `partition` must be in range. */
+int tr_event_time_seen_one(tr_event_time *et, uint32_t partition, int64_t ts);
 /* Any thread (the one invoking the task): the call with a message of `partition`
  * returned. TR_EINVAL. */
 tr_status tr_event_time_done(tr_event_time *et, uint32_t partition);

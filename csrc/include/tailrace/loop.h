@@ -377,14 +377,23 @@ tr_status tr_loop_event_time_read(tr_loop *loop, uint32_t task, uint32_t partiti
  * 38). A pool worker's call returns 0: the loop thread checks. */
 int tr_loop_event_seen(tr_loop *loop, uint32_t task, uint32_t partition, int64_t ts);
 int tr_loop_event_done(tr_loop *loop, uint32_t task, uint32_t partition);
+/* Loop thread, inside a RUN op of a sync task (whose code reads the watermark on this
+ * thread only): tr_loop_event_seen for the run's message `index` (from 0, in the order
+ * the run hands them over), whose recompute waits, while the task has no event-time
+ * timer, until the run ends or the watermark is read on this thread
+ * (tr_loop_event_watermark). Not for an async task's run: its coroutines read the
+ * watermark from another thread. 0 for an index outside the task's current run. */
+int tr_loop_event_seen_run(tr_loop *loop, uint32_t task, uint32_t index, int64_t ts);
 /* Any thread: the task's earliest event-time timer (ms; INT64_MAX: none). When the
  * task's watermark reaches it, the task's timer barrier falls due (a TR_OP_TIMER, as
  * for tr_loop_set_user_timer), whose handler runs the event-time timers due and sets
  * the next one. */
 void tr_loop_set_event_timer(tr_loop *loop, uint32_t task, int64_t at_ms);
 /* Any thread: the task's event-time watermark (ms; TR_ET_NONE: none yet; TR_ET_END: every
- * input ended), as last computed; TR_ET_NONE for an unknown task. */
-int64_t tr_loop_event_watermark(const tr_loop *loop, uint32_t task);
+ * input ended); TR_ET_NONE for an unknown task. On the loop thread it counts every message
+ * handed over so far; on any other, as last computed (at the end of a run at the latest:
+ * see tr_loop_event_seen_run). */
+int64_t tr_loop_event_watermark(tr_loop *loop, uint32_t task);
 /* The owning thread before run, or the loop thread: the task's watermark is at least
  * `floor` (its committed value: a restart resumes from it, rule 33). */
 void tr_loop_event_floor(tr_loop *loop, uint32_t task, int64_t floor);
