@@ -10,6 +10,25 @@
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.list cimport PyList_GetSlice
 
+cdef extern from *:
+    """
+    /* A tuple's hash is not cached: the window key's is computed once and used for each of
+     * its dict operations (the _KnownHash calls of 3.11 and 3.12; plain ones after). */
+    #if PY_VERSION_HEX < 0x030D0000
+    #define tr_dict_get_h(d, k, h) _PyDict_GetItem_KnownHash((d), (k), (h))
+    #define tr_dict_set_h(d, k, v, h) _PyDict_SetItem_KnownHash((d), (k), (v), (h))
+    #else
+    #define tr_dict_get_h(d, k, h) PyDict_GetItemWithError((d), (k))
+    #define tr_dict_set_h(d, k, v, h) PyDict_SetItem((d), (k), (v))
+    #endif
+    """
+    # borrowed, or NULL: absent or an error (a tuple of an int and a str or int: none)
+    PyObject *tr_dict_get_h(object d, object key, Py_hash_t h)
+    int tr_dict_set_h(object d, object key, object value, Py_hash_t h) except -1
+
+cdef enum:
+    MAX_INPLACE_PARTS = 8  # an Agg of more parts folds into a new list each message
+
 
 @cython.final
 cdef class TumblingAdd:
@@ -36,6 +55,9 @@ cdef class TumblingAdd:
     cdef object parts  # Agg of Count/Sum/Min/Max fields: kinds and fields set; else None
     cdef list kinds
     cdef list fields
+    cdef list scratch  # process: the parts' new values, before any is written
+    cdef int nparts  # process folds in place when 0 < nparts <= MAX_INPLACE_PARTS
+    cdef int ckinds[MAX_INPLACE_PARTS]
 
     def __init__(self, runtime, field, fold, int copy, int64_t size, int64_t offset, int64_t grace,
                  loop, uint32_t task, watermark, journal_current, initial, no_acc, parts=None):
@@ -61,6 +83,11 @@ cdef class TumblingAdd:
         if parts is not None:
             self.kinds = [kind for kind, _ in parts]
             self.fields = [field for _, field in parts]
+            self.scratch = [None] * len(self.kinds)
+            if len(self.kinds) <= MAX_INPLACE_PARTS:
+                self.nparts = len(self.kinds)
+                for i, kind in enumerate(self.kinds):
+                    self.ckinds[i] = kind
 
     def __call__(self, envelope, collector, coordinator=None):
         return self.add(envelope, collector, coordinator)
@@ -78,6 +105,7 @@ cdef class TumblingAdd:
     cdef object _add(self, envelope, collector, coordinator, bint journaled):
         cdef Envelope env
         cdef int64_t ts, start, w, rel
+        cdef Py_hash_t h
         cdef PyObject *found
         if type(envelope) is not Envelope:
             return self.slow(envelope, collector, coordinator)
@@ -110,8 +138,18 @@ cdef class TumblingAdd:
         if w >= start + self.size + self.grace:
             return self.slow(envelope, collector, coordinator)  # late (rule 35)
         skey = (start, key)
-        found = PyDict_GetItem(self.entries, skey)
+        h = hash(skey)
+        found = tr_dict_get_h(self.entries, skey, h)
         created = found is NULL
+        if not journaled and not created and self.nparts:
+            # process (no journal): the accumulator changes in place, no new one a message;
+            # the runtime's flush hands the store a copy (the commit's snapshot is encoded
+            # on another thread)
+            if not self._fold_parts_into(<object>found, env):
+                return self.slow(envelope, collector, coordinator)  # it says what is wrong
+            if tr_dict_get_h(self.dirty, skey, h) is NULL:
+                tr_dict_set_h(self.dirty, skey, <object>found, h)
+            return True
         base = self.initial() if created else <object>found
         if self.parts is not None:
             acc = self._fold_parts(base, env)
@@ -136,8 +174,43 @@ cdef class TumblingAdd:
                 self.new_close_time(when, skey)  # a heap entry, maybe the timer
             else:
                 (<list>found).append(skey)
-        PyDict_SetItem(self.entries, skey, acc)
-        PyDict_SetItem(self.dirty, skey, acc)
+        tr_dict_set_h(self.entries, skey, acc, h)
+        tr_dict_set_h(self.dirty, skey, acc, h)
+        return True
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef bint _fold_parts_into(self, object base, Envelope env) except -1:
+        """_fold_parts in place: every part's new value is computed before any is written
+        (a raising add changes nothing). False to leave the message to the runtime's add."""
+        cdef list new = self.scratch
+        cdef list fields = self.fields
+        cdef Py_ssize_t i, n = self.nparts
+        cdef int kind
+        cdef PyObject *found
+        message = env.message
+        if type(base) is not list or type(message) is not dict or len(<list>base) != n:
+            return False
+        cdef list acc = <list>base
+        for i in range(n):
+            kind = self.ckinds[i]
+            v = acc[i]
+            if kind == 0:
+                new[i] = v + 1
+                continue
+            found = PyDict_GetItem(<dict>message, fields[i])
+            if found is NULL:
+                return False
+            x = <object>found
+            if kind == 1:
+                new[i] = v + x
+            elif kind == 2:
+                new[i] = x if v is None or x < v else v
+            else:
+                new[i] = x if v is None or x > v else v
+        for i in range(n):
+            acc[i] = new[i]
+            new[i] = None
         return True
 
     cdef object _fold_parts(self, object base, Envelope env):

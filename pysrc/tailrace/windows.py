@@ -848,8 +848,11 @@ class _FixedRuntime(_Runtime):
     commit still carries exactly the state of the messages before it (rules 26, 27). A
     sync invocation's writes are recorded in the thread's undo journal with the store's
     own (``_entries``, ``_dirty`` and ``_lock`` are what ``journal_undo`` restores): a
-    skipped or failed message leaves no trace in a window (rules 39, 40). Accumulators are
-    never changed in place (``_fresh``), so the journal's earlier value stays as it was."""
+    skipped or failed message leaves no trace in a window (rules 39, 40). Where a journal may
+    hold an accumulator, it is never changed in place (``_fresh``), so the journal's earlier
+    value stays as it was; the compiled ``process`` of a lone declared window (no journal)
+    folds an ``Agg`` of Count/Sum/Min/Max into its list in place, and ``flush`` hands the
+    store copies."""
 
     spec: _Fixed
     # _close gives its windows in close order: one close time has one end, so one start
@@ -963,7 +966,9 @@ class _FixedRuntime(_Runtime):
             for skey in self._dirty:
                 acc = entries.get(skey, _NO_ACC)
                 if acc is not _NO_ACC:
-                    store.put(skey, acc)
+                    # a copy: the compiled process changes an Agg's list in place, and the
+                    # commit encodes what the store was given on another thread
+                    store.put(skey, acc[:] if type(acc) is list else acc)
                     stored.add(skey)
                 elif skey in stored:  # (one opened and closed since the last flush never was)
                     store.delete(skey)
