@@ -143,8 +143,7 @@ cdef class TumblingAdd:
         created = found is NULL
         if not journaled and not created and self.nparts:
             # process (no journal): the accumulator changes in place, no new one a message;
-            # the runtime's flush hands the store a copy (the commit's snapshot is encoded
-            # on another thread)
+            # the runtime's flush hands the store a copy
             if not self._fold_parts_into(<object>found, env):
                 return self.slow(envelope, collector, coordinator)  # it says what is wrong
             if tr_dict_get_h(self.dirty, skey, h) is NULL:

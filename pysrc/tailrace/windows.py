@@ -966,8 +966,9 @@ class _FixedRuntime(_Runtime):
             for skey in self._dirty:
                 acc = entries.get(skey, _NO_ACC)
                 if acc is not _NO_ACC:
-                    # a copy: the compiled process changes an Agg's list in place, and the
-                    # commit encodes what the store was given on another thread
+                    # a copy: the compiled process changes an Agg's list in place later (the
+                    # store encodes a list at the put, but a value it kept as is would be
+                    # encoded by the commit writer's thread after that)
                     store.put(skey, acc[:] if type(acc) is list else acc)
                     stored.add(skey)
                 elif skey in stored:  # (one opened and closed since the last flush never was)
