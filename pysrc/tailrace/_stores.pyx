@@ -11,6 +11,7 @@ tests run both (tests/stores).
 """
 
 cimport cython
+from cpython.bytearray cimport PyByteArray_FromObject
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
@@ -549,11 +550,12 @@ def split_changes(dict changes, bint yield_gil=False):
             if n % (_YIELD_EVERY * 8) == 0:
                 with nogil:
                     usleep(20)
+        # bytearray copies (stores.split_changes says why)
         if value is None:
-            deletes.append(key)
+            deletes.append(PyByteArray_FromObject(key))
         else:
-            puts.append(key)
-            puts.append(value)
+            puts.append(PyByteArray_FromObject(key))
+            puts.append(PyByteArray_FromObject(value))
     return puts, deletes
 
 

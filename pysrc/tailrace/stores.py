@@ -262,19 +262,24 @@ def _journal_note(store: Any, key: Any) -> None:
 
 def split_changes(
     changes: Mapping[bytes, bytes | None], yield_gil: bool = False
-) -> tuple[list[bytes], list[bytes]]:
+) -> tuple[list[bytearray], list[bytearray]]:
     """``(puts, deletes)`` of a store's encoded changes: ``puts`` a flat list ``[key, value,
     ...]`` (a multi-row statement's parameters), ``deletes`` the deleted keys. Compiled where
-    built (``yield_gil``: let the GIL go now and then, on the commit writer's thread)."""
+    built (``yield_gil``: let the GIL go now and then, on the commit writer's thread).
+
+    Each key and value is a bytearray copy: the sqlite3 module binds a bytearray as a blob
+    directly, but looks a bytes parameter up in its adapters first (an AttributeError made
+    and cleared for each, about 300 ns on 3.11, 110 ns on 3.12 and 3.13; the copy costs
+    tens)."""
     if _split_changes_c is not None and type(changes) is dict:
         return _split_changes_c(changes, yield_gil)
-    puts: list[bytes] = []
-    deletes: list[bytes] = []
+    puts: list[bytearray] = []
+    deletes: list[bytearray] = []
     for key, value in changes.items():
         if value is None:
-            deletes.append(key)
+            deletes.append(bytearray(key))
         else:
-            puts += (key, value)
+            puts += (bytearray(key), bytearray(value))
     return puts, deletes
 
 
