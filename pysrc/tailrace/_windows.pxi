@@ -58,6 +58,8 @@ cdef class TumblingAdd:
     cdef list scratch  # process: the parts' new values, before any is written
     cdef int nparts  # process folds in place when 0 < nparts <= MAX_INPLACE_PARTS
     cdef int ckinds[MAX_INPLACE_PARTS]
+    cdef int64_t start_at0, start_at1  # the last two windows' starts, and their int objects
+    cdef object start_obj0, start_obj1
 
     def __init__(self, runtime, field, fold, int copy, int64_t size, int64_t offset, int64_t grace,
                  loop, uint32_t task, watermark, journal_current, initial, no_acc, parts=None):
@@ -80,6 +82,7 @@ cdef class TumblingAdd:
         self.closing = runtime._closing
         self.new_close_time = runtime._new_close_time
         self.parts = parts
+        self.start_at0 = self.start_at1 = TS_UNSET  # (no window starts there)
         if parts is not None:
             self.kinds = [kind for kind, _ in parts]
             self.fields = [field for _, field in parts]
@@ -137,7 +140,18 @@ cdef class TumblingAdd:
             w = <int64_t>self.watermark()
         if w >= start + self.size + self.grace:
             return self.slow(envelope, collector, coordinator)  # late (rule 35)
-        skey = (start, key)
+        # the start as the int object of an earlier message of its window where one is at
+        # hand (two: the window now and the one before, out of order within the lag): the
+        # lookups of equal keys then compare it by identity
+        if start == self.start_at0:
+            start_obj = self.start_obj0
+        elif start == self.start_at1:
+            start_obj = self.start_obj1
+        else:
+            start_obj = start
+            self.start_at1, self.start_obj1 = self.start_at0, self.start_obj0
+            self.start_at0, self.start_obj0 = start, start_obj
+        skey = (start_obj, key)
         h = hash(skey)
         found = tr_dict_get_h(self.entries, skey, h)
         created = found is NULL
