@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -327,6 +328,44 @@ class _Commit:
         self.error: BaseException | None = None
 
 
+# The interpreter's switch interval (how long a thread that holds the GIL keeps it while
+# another waits) while commit writers of stores that ask for a shorter one run
+# (CheckpointStore.writer_switch_interval_s): the shortest asked, restored when the last of
+# them closes (unless someone set another meanwhile). A Redis store writing exactly-once
+# outputs asks 0.5 ms: each commit is a few round trips, and after each the writer waited
+# for the GIL up to CPython's default 5 ms behind a busy loop thread (bench/redis_bench.py).
+_switch_lock = threading.Lock()
+_switch_asked: list[float] = []
+_switch_saved = 0.0  # the interval before the first ask
+_switch_set: float | None = None  # the interval set for the asks (None: none set)
+
+
+def _switch_interval_acquire(interval: float) -> None:
+    global _switch_saved, _switch_set
+    with _switch_lock:
+        if not _switch_asked:
+            _switch_saved, _switch_set = sys.getswitchinterval(), None
+        _switch_asked.append(interval)
+        want = min(_switch_asked)
+        if want < sys.getswitchinterval():
+            sys.setswitchinterval(want)
+            _switch_set = sys.getswitchinterval()
+
+
+def _switch_interval_release(interval: float) -> None:
+    with _switch_lock:
+        _switch_asked.remove(interval)
+        if not _switch_asked and _switch_set is not None and sys.getswitchinterval() == _switch_set:
+            sys.setswitchinterval(_switch_saved)
+
+
+# Commits of a task without stores that may be in flight at once: the loop goes on while the
+# writer makes the earlier ones durable (exactly-once outputs commit every few thousand
+# records, and each commit's write is a round trip that holds its store). The writer writes
+# them in order, and none after one that failed.
+_MAX_IN_FLIGHT = 4
+
+
 class CommitWriter:
     """Writes a job's commits on a thread of its own, so that the loop goes on processing
     while a commit is made durable (issue 34; rules 13, 26, 27 unchanged).
@@ -353,6 +392,10 @@ class CommitWriter:
         # (seconds, keys: its flush rate)
         self.busy = 0.0
         self.keys = 0
+        self._failed: dict[str, BaseException] = {}  # task name -> its first failed commit's error
+        self._switch = store.writer_switch_interval_s  # held (_switch_interval_acquire) until close
+        if self._switch is not None:
+            _switch_interval_acquire(self._switch)
         self._thread = threading.Thread(target=self._run, name="tailrace-commit-writer", daemon=True)
         self._thread.start()
 
@@ -361,13 +404,22 @@ class CommitWriter:
             self._queue.append(commit)
             self._cond.notify()
 
+    def forget_failure(self, task: str) -> None:
+        """The loop thread learnt of the task's failed commit, and every commit of the task
+        submitted before it is done: the task's next commit is written again."""
+        with self._cond:
+            self._failed.pop(task, None)
+
     def close(self) -> None:
         """Write what is queued, then stop the thread (idempotent)."""
         with self._cond:
             self._closing = True
             self._cond.notify()
+            switch, self._switch = self._switch, None
         if self._thread is not threading.current_thread():
             self._thread.join()
+        if switch is not None:
+            _switch_interval_release(switch)
 
     def _run(self) -> None:
         while True:
@@ -378,8 +430,12 @@ class CommitWriter:
                     return
                 commit = self._queue.popleft()
             try:
+                failed = self._failed.get(commit.task.name)
+                if failed is not None:
+                    raise failed  # a later commit of a task whose earlier one failed: unwritten
                 self._write(commit)
             except BaseException as e:  # noqa: BLE001 - recorded for the loop thread
+                self._failed.setdefault(commit.task.name, e)
                 commit.error = e
                 on_error = self.on_error
                 if on_error is not None:
@@ -451,7 +507,9 @@ class JobPlan:
         # commits off the loop thread where the store waits on a disk; in the loop on virtual
         # time (a test driver's clock: a commit is written when the test's step returns)
         self.writer = CommitWriter(store) if store.background_writes and not clock.manual else None
-        self._in_flight: dict[str, _Commit] = {}  # task name -> its commit the writer holds
+        # task name -> its commits the writer holds, oldest first (at most one for a task with
+        # stores: a store has one snapshot in flight; see _MAX_IN_FLIGHT)
+        self._in_flight: dict[str, deque[_Commit]] = {}
 
     def __repr__(self) -> str:
         return f"JobPlan({self.config.job_name!r}, {len(self.tasks)} tasks)"
@@ -480,26 +538,37 @@ class JobPlan:
             self._commit_now(task, offsets, extra)
             return
         with self._commit_lock:
-            self._settle(task)
-            syncs = [sync for p in self.producers.values() if (sync := p.flush_begin()) is not None]
             stores = task.stores
+            self._settle(task, 1 if stores else _MAX_IN_FLIGHT)
+            syncs = [sync for p in self.producers.values() if (sync := p.flush_begin()) is not None]
             snapshots = stores.snapshot() if stores else None
             commit = _Commit(task, dict(offsets), syncs, snapshots, task.take_held(), extra)
-            self._in_flight[task.name] = commit
+            self._in_flight.setdefault(task.name, deque()).append(commit)
             writer.submit(commit)
 
-    def _settle(self, task: TaskPlan) -> None:
-        """Wait for the task's commit in flight (if any): tell its readers what is committed;
-        raise its error (commit lock held)."""
-        commit = self._in_flight.pop(task.name, None)
-        if commit is None:
-            return
-        commit.done.wait()
-        if commit.error is not None:
-            raise commit.error
-        for ssp, reader in zip(task.partitions, task.readers):
-            if ssp in commit.offsets:
-                reader.committed(commit.offsets[ssp])
+    def _settle(self, task: TaskPlan, room: int = 1) -> None:
+        """Settle the task's commits in flight, oldest first, until fewer than ``room`` are
+        left (1: all of them): wait for each, tell its readers what is committed, raise its
+        error (commit lock held). Those already written are settled without waiting."""
+        flight = self._in_flight.get(task.name)
+        while flight:
+            commit = flight[0]
+            if len(flight) < room and not commit.done.is_set():
+                return
+            commit.done.wait()
+            flight.popleft()
+            if commit.error is not None:
+                # the writer fails the later ones unwritten; once they are, the task's next
+                # commit (its state back to dirty) may be written again
+                for later in flight:
+                    later.done.wait()
+                flight.clear()
+                if self.writer is not None:
+                    self.writer.forget_failure(task.name)
+                raise commit.error
+            for ssp, reader in zip(task.partitions, task.readers):
+                if ssp in commit.offsets:
+                    reader.committed(commit.offsets[ssp])
 
     def drain(self) -> None:
         """Wait until every commit handed to the writer is durable; raise the first failure

@@ -223,6 +223,13 @@ class CheckpointStore(ABC):
     #: Commits are written by the job's commit writer thread, off the loop (see
     #: ``tailrace.container.CommitWriter``): for a store whose writes wait on a disk.
     background_writes: bool = False
+    #: With ``background_writes``: the interpreter's switch interval (seconds) while the
+    #: commit writer runs, at most; None leaves it as it is. For a store whose writes are
+    #: round trips with a little Python between them, so that the writer gets the GIL back
+    #: from a busy loop thread at once (``tailrace.container.CommitWriter``); not for one
+    #: whose writes hold the GIL in long compiled stretches (encoding, binding), which a
+    #: shorter interval would let interrupt the loop more often.
+    writer_switch_interval_s: float | None = None
 
     @abstractmethod
     def open(self, job_name: str) -> None:

@@ -32,6 +32,8 @@ class _SlowWrites(SqliteCheckpointStore):
         self.delay = delay
         self.writes: list[tuple[float, float, str, dict[SystemStreamPartition, Offset]]] = []
         self.fail_at: int | None = None
+        self.fail_once = False  # only the write at fail_at fails (later ones would succeed)
+        self.attempts = 0
 
     def write(
         self,
@@ -41,7 +43,11 @@ class _SlowWrites(SqliteCheckpointStore):
     ) -> None:
         started = time.monotonic()
         time.sleep(self.delay)
-        if self.fail_at is not None and len(self.writes) >= self.fail_at:
+        self.attempts += 1
+        if self.fail_once:
+            if self.attempts - 1 == self.fail_at:
+                raise OSError("disk on fire")
+        elif self.fail_at is not None and len(self.writes) >= self.fail_at:
             raise OSError("disk on fire")
         super().write(task_name, offsets, state)
         self.writes.append((started, time.monotonic(), threading.current_thread().name, dict(offsets)))
@@ -224,3 +230,85 @@ def test_a_restarted_task_whose_state_fits_its_cache_reads_nothing_on_a_miss(
     expected = _fold(range(65))
     expected.update({f"new{n}": 1 for n in range(65, 80)})
     assert got == expected
+
+
+class Stateless(tailrace.StreamTask):
+    """No stores; asks for a commit after every 50th message; records when each ran."""
+
+    seen: list[float]
+
+    def init(self, context: Any) -> None:
+        Stateless.seen = []
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        Stateless.seen.append(time.monotonic())
+        if envelope.message % 50 == 49:
+            coordinator.commit()
+        time.sleep(0.001)
+
+
+def _run_stateless(engine: str, store: SqliteCheckpointStore, messages: int) -> tailrace.RunResult:
+    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(messages))])
+    c = tailrace.Container(
+        Stateless,
+        inputs=["mem.in"],
+        systems=[mem],
+        checkpoints=store,
+        engine=engine,
+        config={"task.commit.ms": -1},
+    )
+    return c.run()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_task_without_stores_goes_on_past_several_commits_in_flight_written_in_order(
+    tmp_path: Path, engine: str
+) -> None:
+    store = _SlowWrites(tmp_path / "c.db", delay=0.5)
+    result = _run_stateless(engine, store, 400)
+    ssp = SystemStreamPartition("mem", "in", 0)
+    assert [w[3][ssp] for w in store.writes] == [49, 99, 149, 199, 249, 299, 349, 399]
+    # while the first commit (at 49) was written, the loop passed the commits at 99, 149 and
+    # 199 (each waiting for the one before would have held message 100 until it was durable)
+    first_written = store.writes[0][1]
+    assert sum(t < first_written for t in Stateless.seen) >= 200
+    assert result.committed[ssp] == 399
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_commit_after_a_failed_one_in_flight_is_written(tmp_path: Path, engine: str) -> None:
+    store = _SlowWrites(tmp_path / "c.db", delay=0.1)
+    store.fail_at, store.fail_once = 0, True  # the first commit (at 49) fails, no other would
+    with pytest.raises(TaskError, match="disk on fire") as info:
+        _run_stateless(engine, store, 2000)
+    assert info.value.phase == "commit" and info.value.task == "Partition 0"
+    assert store.writes == []
+    check = SqliteCheckpointStore(tmp_path / "c.db")
+    check.open("tailrace-job")
+    try:
+        assert check.load("Partition 0") == {}  # nothing committed past the failure
+    finally:
+        check.close()
+
+
+def test_a_store_that_asks_for_a_short_switch_interval_has_it_while_its_writer_runs(tmp_path: Path) -> None:
+    import sys
+
+    from tailrace.container import CommitWriter
+
+    before = sys.getswitchinterval()
+    quick = SqliteCheckpointStore(tmp_path / "a.db")
+    quick.writer_switch_interval_s = before / 10  # as a Redis store with exactly-once outputs asks
+    plain = SqliteCheckpointStore(tmp_path / "b.db")  # asks nothing: its writes hold the GIL long
+    w1 = CommitWriter(plain)
+    assert sys.getswitchinterval() == before
+    w2 = CommitWriter(quick)
+    assert sys.getswitchinterval() == pytest.approx(before / 10)
+    w3 = CommitWriter(quick)
+    w2.close()
+    assert sys.getswitchinterval() == pytest.approx(before / 10)  # w3 still runs
+    w3.close()
+    assert sys.getswitchinterval() == before
+    w1.close()
+    w3.close()  # idempotent: releases nothing twice
+    assert sys.getswitchinterval() == before

@@ -503,6 +503,7 @@ class _RedisProducer(Producer):
         # its commits carry the task's entries: written on the commit writer's thread while
         # the loop goes on (as SQLite's are), not on the loop thread
         store.background_writes = True
+        store.writer_switch_interval_s = 0.0005  # (CheckpointStore.writer_switch_interval_s)
         return _HeldRedisProducer(self)
 
     def _key(self, dest: tuple[str, int]) -> str:
