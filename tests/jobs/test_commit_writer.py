@@ -71,7 +71,12 @@ class Paced(tailrace.StreamTask):
         time.sleep(0.001)
 
 
-def _run(engine: str, store: SqliteCheckpointStore, messages: int, task: type = Paced) -> tailrace.RunResult:
+_COUNTS = {"counts": {"key.serde": "str", "value.serde": "int"}}
+
+
+def _run(
+    engine: str, store: SqliteCheckpointStore, messages: int, task: type = Paced, stores: Any = _COUNTS
+) -> tailrace.RunResult:
     mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(messages))])
     c = tailrace.Container(
         task,
@@ -79,7 +84,7 @@ def _run(engine: str, store: SqliteCheckpointStore, messages: int, task: type = 
         systems=[mem],
         checkpoints=store,
         engine=engine,
-        stores={"counts": {"key.serde": "str", "value.serde": "int"}},
+        stores=stores,
         config={"task.commit.ms": -1},
     )
     return c.run()
@@ -248,16 +253,7 @@ class Stateless(tailrace.StreamTask):
 
 
 def _run_stateless(engine: str, store: SqliteCheckpointStore, messages: int) -> tailrace.RunResult:
-    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(messages))])
-    c = tailrace.Container(
-        Stateless,
-        inputs=["mem.in"],
-        systems=[mem],
-        checkpoints=store,
-        engine=engine,
-        config={"task.commit.ms": -1},
-    )
-    return c.run()
+    return _run(engine, store, messages, Stateless, stores=None)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
