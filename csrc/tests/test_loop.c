@@ -533,6 +533,126 @@ static void test_cut_runs_keep_their_turn(void) {
     tr_loop_destroy(r.loop);
 }
 
+/* Rule 33 in a sync run (tr_loop_event_seen_run): one task reading two partitions hands
+ * their messages over in runs, timestamps out of order, and its watermark is recomputed
+ * only when read. Read on the loop thread after every message, it is what a recompute
+ * after every message gives: max(previous, min over both of the largest handed over -
+ * lag). Reader threads meanwhile see it from outside (as of the last recompute): never
+ * backwards, never ahead of what the loop thread last read. Both partitions end: +inf. */
+#define ET_N 3000
+#define ET_LAG 40
+#define ET_READERS 2
+
+typedef struct et_run {
+    tr_loop *loop;
+    uint64_t next_read[2];
+    int64_t seen[2], expected;
+    _Atomic int running;
+    uint64_t handed, runs;
+} et_run;
+
+static int64_t et_ts(uint32_t p, uint64_t idx) {
+    /* out of order within 100 ms: a zigzag per partition, partition 1 behind */
+    return 1000000 + (int64_t)idx * 10 + (int64_t)((idx * 7919) % 97) - (int64_t)p * 300;
+}
+
+static int et_run_batch(void *ctx, tr_loop *loop) {
+    et_run *r = ctx;
+    tr_op op;
+    while (tr_loop_next_op(loop, &op)) {
+        if (op.kind == TR_OP_REFILL) {
+            uint32_t p = op.partition;
+            uint64_t items[64], handles[64];
+            uint64_t n = ET_N - r->next_read[p];
+            if (n > op.handle)
+                n = op.handle;
+            if (n > 64)
+                n = 64;
+            int64_t newest = TR_ET_NONE;
+            for (uint64_t i = 0; i < n; i++) {
+                handles[i] = r->next_read[p] + i;
+                items[i] = h_item(0, p, handles[i]);
+                if (et_ts(p, handles[i]) > newest)
+                    newest = et_ts(p, handles[i]);
+            }
+            if (n) {
+                CHECK_EQ(tr_loop_push_inputs(loop, 0, p, items, handles, n), TR_OK);
+                CHECK_EQ(tr_loop_event_time_read(loop, 0, p, newest, n), TR_OK);
+            }
+            r->next_read[p] += n;
+            if (n == 0)
+                tr_loop_partition_state(loop, 0, p, TR_PART_ENDED);
+            continue;
+        }
+        if (op.kind != TR_OP_RUN) {
+            if (op.kind == TR_OP_END_OF_STREAM) /* rule 37: +infinity before end_of_stream */
+                CHECK_EQ(tr_loop_event_watermark(loop, 0), TR_ET_END);
+            tr_loop_control_done(loop, 0, 0);
+            continue;
+        }
+        r->runs++;
+        const uint64_t *items = (const uint64_t *)(uintptr_t)op.item;
+        for (uint32_t i = 0; i < op.count; i++) {
+            uint32_t t, p;
+            uint64_t idx;
+            h_decode(items[i], &t, &p, &idx);
+            int64_t ts = et_ts(p, idx);
+            CHECK_EQ(tr_loop_event_seen_run(loop, 0, i, ts), 0); /* no event-time timer */
+            if (ts > r->seen[p])
+                r->seen[p] = ts;
+            if (r->seen[0] != TR_ET_NONE && r->seen[1] != TR_ET_NONE) {
+                int64_t low = (r->seen[0] < r->seen[1] ? r->seen[0] : r->seen[1]) - ET_LAG;
+                if (low > r->expected)
+                    r->expected = low;
+            }
+            int64_t w = tr_loop_event_watermark(loop, 0); /* the loop thread: recomputed */
+            CHECK_EQ(w, r->expected);
+            r->handed++;
+        }
+        CHECK_EQ(tr_loop_run_done(loop, 0, op.count, op.count, 0), TR_OK);
+    }
+    return 0;
+}
+
+static void *et_reader(void *arg) {
+    et_run *r = arg;
+    int64_t last = TR_ET_NONE;
+    while (atomic_load_explicit(&r->running, memory_order_acquire)) {
+        /* as of the last recompute (the end of a run at the latest) */
+        int64_t w = tr_loop_event_watermark(r->loop, 0);
+        CHECK(w >= last);
+        CHECK(w == TR_ET_END || w <= 1000000 + (int64_t)ET_N * 10 + 97 - ET_LAG);
+        last = w;
+    }
+    return NULL;
+}
+
+static void test_event_seen_run_recomputes_when_read(void) {
+    tr_loop_config c = h_config(1, 1);
+    c.input_buffer = 128;
+    c.event_lag_ms = ET_LAG;
+    c.event_idle_ns = 0;
+    et_run r;
+    memset(&r, 0, sizeof r);
+    r.seen[0] = r.seen[1] = r.expected = TR_ET_NONE;
+    tr_loop_task one = {2, TR_TASK_INLINE | TR_TASK_EVENT_TRACK};
+    CHECK_EQ(tr_loop_create(&c, &one, &r.loop), TR_OK);
+    atomic_store(&r.running, 1);
+    pthread_t th[ET_READERS];
+    for (int i = 0; i < ET_READERS; i++)
+        CHECK_EQ(pthread_create(&th[i], NULL, et_reader, &r), 0);
+    tr_loop_hooks hooks = {&r, et_run_batch, NULL, NULL, NULL};
+    CHECK_EQ(tr_loop_run(r.loop, &hooks), TR_OK);
+    atomic_store(&r.running, 0);
+    for (int i = 0; i < ET_READERS; i++)
+        pthread_join(th[i], NULL);
+    CHECK_EQ(tr_loop_stop_reason(r.loop), TR_STOP_END_OF_STREAM);
+    CHECK_EQ(r.handed, 2 * ET_N);
+    CHECK(r.runs < r.handed); /* runs of many messages: the recompute waited within them */
+    CHECK_EQ(tr_loop_event_watermark(r.loop, 0), TR_ET_END); /* rule 37, after the run */
+    tr_loop_destroy(r.loop);
+}
+
 int main(void) {
     test_callback_timeout();
     test_stop_wakes_parked_loop();
@@ -545,6 +665,7 @@ int main(void) {
     test_ring_growth();
     test_partition_fill();
     test_cut_runs_keep_their_turn();
+    test_event_seen_run_recomputes_when_read();
     printf("test_loop: ok\n");
     return 0;
 }
