@@ -5,7 +5,6 @@
 # method) stamping is one int store for an envelope no system stamped (ingestion time).
 
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.dict cimport PyDict_GetItemWithError
 from cpython.exc cimport PyErr_Clear
 
 cdef extern from *:

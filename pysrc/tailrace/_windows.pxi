@@ -9,6 +9,7 @@
 
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.list cimport PyList_GetSlice
+from libc.stdlib cimport malloc, free
 
 cdef extern from *:
     """
@@ -25,9 +26,6 @@ cdef extern from *:
     # borrowed, or NULL: absent or an error (a tuple of an int and a str or int: none)
     PyObject *tr_dict_get_h(object d, object key, Py_hash_t h)
     int tr_dict_set_h(object d, object key, object value, Py_hash_t h) except -1
-
-cdef enum:
-    MAX_INPLACE_PARTS = 8  # an Agg of more parts folds into a new list each message
 
 
 @cython.final
@@ -52,12 +50,11 @@ cdef class TumblingAdd:
     cdef object no_acc  # what the journal takes for "no window yet" (tailrace.stores' MISSING)
     cdef dict closing  # close time -> [(start, key), ...] of the runtime's index
     cdef object new_close_time  # runtime._new_close_time(when, entry): a time not in closing yet
-    cdef object parts  # Agg of Count/Sum/Min/Max fields: kinds and fields set; else None
-    cdef list kinds
-    cdef list fields
+    cdef object parts  # Agg of Count/Sum/Min/Max fields: nparts, kinds and fields set; else None
+    cdef Py_ssize_t nparts
+    cdef int *kinds  # nparts kinds (0 Count, 1 Sum, 2 Min, 3 Max), owned (__dealloc__)
+    cdef list fields  # each part's message field (None for Count)
     cdef list scratch  # process: the parts' new values, before any is written
-    cdef int nparts  # process folds in place when 0 < nparts <= MAX_INPLACE_PARTS
-    cdef int ckinds[MAX_INPLACE_PARTS]
     cdef int64_t start_at0, start_at1  # the last two windows' starts, and their int objects
     cdef object start_obj0, start_obj1
 
@@ -84,13 +81,17 @@ cdef class TumblingAdd:
         self.parts = parts
         self.start_at0 = self.start_at1 = TS_UNSET  # (no window starts there)
         if parts is not None:
-            self.kinds = [kind for kind, _ in parts]
+            self.kinds = <int *>malloc(len(parts) * sizeof(int))
+            if self.kinds is NULL:
+                raise MemoryError()
+            for i, (kind, _) in enumerate(parts):
+                self.kinds[i] = kind
+            self.nparts = len(parts)
             self.fields = [field for _, field in parts]
-            self.scratch = [None] * len(self.kinds)
-            if len(self.kinds) <= MAX_INPLACE_PARTS:
-                self.nparts = len(self.kinds)
-                for i, kind in enumerate(self.kinds):
-                    self.ckinds[i] = kind
+            self.scratch = [None] * self.nparts
+
+    def __dealloc__(self):
+        free(self.kinds)
 
     def __call__(self, envelope, collector, coordinator=None):
         return self.add(envelope, collector, coordinator)
@@ -193,64 +194,55 @@ cdef class TumblingAdd:
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
-    cdef bint _fold_parts_into(self, object base, Envelope env) except -1:
-        """_fold_parts in place: every part's new value is computed before any is written
-        (a raising add changes nothing). False to leave the message to the runtime's add."""
-        cdef list new = self.scratch
-        cdef list fields = self.fields
-        cdef Py_ssize_t i, n = self.nparts
+    cdef bint _fold_values(self, list acc, dict message, list out) except -1:
+        """Agg of Count / Sum / Min / Max of fields, without a Python call: each part's new
+        value into ``out`` (``nparts`` long), ``acc`` left as it is; False for a missing field
+        (the runtime's add then says what is wrong). A raising part leaves ``acc`` unchanged."""
+        cdef Py_ssize_t i
         cdef int kind
         cdef PyObject *found
-        message = env.message
-        if type(base) is not list or type(message) is not dict or len(<list>base) != n:
-            return False
-        cdef list acc = <list>base
-        for i in range(n):
-            kind = self.ckinds[i]
+        for i in range(self.nparts):
+            kind = self.kinds[i]
             v = acc[i]
             if kind == 0:
-                new[i] = v + 1
+                out[i] = v + 1
                 continue
-            found = PyDict_GetItem(<dict>message, fields[i])
+            found = PyDict_GetItem(message, self.fields[i])  # borrowed: owned as x at once
             if found is NULL:
                 return False
             x = <object>found
             if kind == 1:
-                new[i] = v + x
+                out[i] = v + x
             elif kind == 2:
-                new[i] = x if v is None or x < v else v
+                out[i] = x if v is None or x < v else v
             else:
-                new[i] = x if v is None or x > v else v
-        for i in range(n):
-            acc[i] = new[i]
-            new[i] = None
+                out[i] = x if v is None or x > v else v
+        return True
+
+    cdef bint _fold_parts_into(self, object base, Envelope env) except -1:
+        """``_fold_values`` into ``base`` itself, every part computed before any is written
+        (a raising or missing part changes nothing). False to leave the message to the
+        runtime's add."""
+        cdef list new = self.scratch
+        cdef Py_ssize_t i
+        message = env.message
+        if type(base) is not list or type(message) is not dict or len(<list>base) != self.nparts:
+            return False
+        try:
+            if not self._fold_values(<list>base, <dict>message, new):
+                return False
+            for i in range(self.nparts):
+                (<list>base)[i] = new[i]
+        finally:
+            for i in range(self.nparts):
+                new[i] = None  # holds no value past the call
         return True
 
     cdef object _fold_parts(self, object base, Envelope env):
-        """Agg of Count / Sum / Min / Max of fields, without a Python call: the new
-        accumulator, or None to leave the message to the runtime's add (a missing field)."""
-        cdef list acc = <list?>base
-        cdef list out = []
-        cdef Py_ssize_t i, n = len(self.kinds)
-        cdef int kind
-        cdef PyObject *found
+        """``_fold_values`` into a new accumulator, or None to leave the message to the
+        runtime's add (a missing field)."""
         message = env.message
-        if type(message) is not dict or len(acc) != n:
+        if type(base) is not list or type(message) is not dict or len(<list>base) != self.nparts:
             return None
-        for i in range(n):
-            kind = self.kinds[i]
-            v = acc[i]
-            if kind == 0:
-                out.append(v + 1)
-                continue
-            found = PyDict_GetItem(<dict>message, self.fields[i])
-            if found is NULL:
-                return None
-            x = <object>found
-            if kind == 1:
-                out.append(v + x)
-            elif kind == 2:
-                out.append(x if v is None or x < v else v)
-            else:
-                out.append(x if v is None or x > v else v)
-        return out
+        out = [None] * self.nparts
+        return out if self._fold_values(<list>base, <dict>message, out) else None

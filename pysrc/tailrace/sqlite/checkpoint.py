@@ -675,5 +675,5 @@ def _run_rows(
         if at < total:
             # binding a statement's parameters holds the GIL; a moment without it between
             # statements lets a waiting loop thread in, instead of after the 5 ms switch
-            # interval (bench/commit_pause.py: the longest pause 5.3-5.5 -> 3.5-4.8 ms)
+            # interval (bench/commit_pause.py measures the loop's longest pause)
             time.sleep(_HAND_OVER_S)
