@@ -16,7 +16,7 @@ output buffer is full (rule 24).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ._core import Envelope
@@ -139,6 +139,28 @@ Write = Callable[[CommitOutputs], None]
 """A commit's atomic write of offsets and state, with the outputs it is given."""
 
 
+class HandedRecords:
+    """A held producer's publication (``HeldProducer.take``) that does nothing but hand its
+    records to the checkpoint store's write: ``outputs.records`` gets ``records``, then
+    ``write`` runs, with nothing before or after it. A commit writer may therefore write
+    several tasks' commits made only of such publications in one ``write_many`` call of a
+    store that ``groups_writes`` (tailrace.container.CommitWriter)."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: Any) -> None:
+        self.records = records
+
+    def __call__(self, write: Write, outputs: CommitOutputs) -> None:
+        outputs.records.append(self.records)
+        write(outputs)
+
+
+StoreWrite = tuple[str, Offsets, "StateChanges | None", "CommitOutputs | None"]
+"""One task's commit as ``CheckpointStore.write`` takes it: (task name, offsets, state,
+outputs), for ``CheckpointStore.write_many``."""
+
+
 class HeldProducer(Producer):
     """One task's producer of one system under exactly-once outputs (rule 41).
 
@@ -212,8 +234,9 @@ class CheckpointStore(ABC):
     ``open``, ``load``, ``write``, ``reset`` and ``close`` are called from the
     loop thread only (one container at a time per job and store: ``open``
     refuses a second one with CheckpointError), except that a store whose
-    ``background_writes`` is True has its commits' ``write`` called from the job's
-    commit writer thread instead, one at a time, while the loop goes on (``load``
+    ``background_writes`` is True has its commits' ``write`` (and ``write_many``)
+    called from the job's commit writer thread instead, one call at a time, while the
+    loop goes on (``load``
     and ``open`` happen before it starts, ``close`` after it stopped).
     ``state_get`` and ``state_scan`` read committed state and are safe from any
     thread (a task's stores read through on a cache miss from pool threads,
@@ -230,6 +253,11 @@ class CheckpointStore(ABC):
     #: whose writes hold the GIL in long compiled stretches (encoding, binding), which a
     #: shorter interval would let interrupt the loop more often.
     writer_switch_interval_s: float | None = None
+    #: With ``background_writes``: the commit writer hands this store several tasks'
+    #: commits at once (``write_many``) when they queue up; for a store that can write them
+    #: in one round trip. Only commits whose publications are all ``HandedRecords`` are
+    #: grouped, at most one of each task.
+    groups_writes: bool = False
 
     @abstractmethod
     def open(self, job_name: str) -> None:
@@ -254,6 +282,22 @@ class CheckpointStore(ABC):
         append); ``outputs`` is only ever passed when not empty, and a store that cannot take
         what it carries raises. Raises (CheckpointError, FencedError, ...) with nothing
         applied on failure."""
+
+    def write_many(self, writes: Sequence[StoreWrite]) -> list[BaseException | None]:
+        """Several tasks' commits, one of each task, each as ``write`` would make it (atomic
+        on its own: one may fail and another be applied); a store that ``groups_writes``
+        makes them in one round trip. Returns, for each, None (written) or the error that
+        ``write`` would have raised (nothing of it applied). Raises only when none of them
+        could be written. The default writes them one after the other."""
+        errors: list[BaseException | None] = []
+        for task_name, offsets, state, outputs in writes:
+            try:
+                self.write(task_name, offsets, state, outputs=outputs or None)
+            except Exception as e:  # noqa: BLE001 - handed back, one per write
+                errors.append(e)
+            else:
+                errors.append(None)
+        return errors
 
     def state_get(self, task_name: str, store: str, key: bytes) -> bytes | None:
         """The committed value of ``key`` in ``store`` of a task, or None. Any thread."""

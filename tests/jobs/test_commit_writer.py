@@ -308,3 +308,66 @@ def test_a_store_that_asks_for_a_short_switch_interval_has_it_while_its_writer_r
     w1.close()
     w3.close()  # idempotent: releases nothing twice
     assert sys.getswitchinterval() == before
+
+
+class _GroupedWrites(SqliteCheckpointStore):
+    """SQLite checkpoints that take several tasks' commits at once (``groups_writes``, as the
+    Redis store does under exactly-once outputs); every call takes 0.2 s with the GIL released
+    (a round trip) and is recorded: the (task, offsets) of each commit it wrote."""
+
+    groups_writes = True
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.calls: list[list[tuple[str, dict[SystemStreamPartition, Offset]]]] = []
+        self._grouped = False
+
+    def write_many(self, writes: Any) -> list[BaseException | None]:
+        time.sleep(0.2)
+        self.calls.append([(task, dict(offsets)) for task, offsets, _, _ in writes])
+        self._grouped = True
+        try:
+            return super().write_many(writes)  # one write after the other, as the base does
+        finally:
+            self._grouped = False
+
+    def write(
+        self, task_name: str, offsets: Any, state: StateChanges | None = None, outputs: Any = None
+    ) -> None:
+        if not self._grouped:
+            time.sleep(0.2)
+            self.calls.append([(task_name, dict(offsets))])
+        super().write(task_name, offsets, state)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_commits_queued_behind_a_write_go_to_a_grouping_store_together_one_of_each_task(
+    tmp_path: Path, engine: str
+) -> None:
+    store = _GroupedWrites(tmp_path / "c.db")
+    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(300)) for _ in range(4)])
+    c = tailrace.Container(
+        Stateless,
+        inputs=["mem.in"],
+        systems=[mem],
+        checkpoints=store,
+        engine=engine,
+        config={"task.commit.ms": -1},
+    )
+    result = c.run()
+    assert max(len(call) for call in store.calls) > 1  # tasks' commits queued, written in one call
+    order: dict[str, list[int]] = {}
+    for call in store.calls:
+        tasks = [task for task, _ in call]
+        assert len(tasks) == len(set(tasks))  # at most one commit of a task in a call
+        for task, offsets in call:
+            order.setdefault(task, []).extend(offsets.values())
+    # each task's commits written in its order, the last one at its end
+    assert order == {f"Partition {p}": [49, 99, 149, 199, 249, 299] for p in range(4)}
+    assert result.committed == {SystemStreamPartition("mem", "in", p): 299 for p in range(4)}
+    # one task: its commits queue up behind each other, and are written one call each
+    alone = _GroupedWrites(tmp_path / "d.db")
+    _run_stateless(engine, alone, 300)
+    assert [[o for _, o in call] for call in alone.calls] == [
+        [{SystemStreamPartition("mem", "in", 0): n}] for n in (49, 99, 149, 199, 249, 299)
+    ]

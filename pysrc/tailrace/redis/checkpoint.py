@@ -44,7 +44,7 @@ from typing import Any
 from .._stopping import StopDeadline
 from ..config import options_checked
 from ..errors import CheckpointError, ConfigError, FencedError
-from ..interfaces import CheckpointStore, CommitOutputs, StateChanges
+from ..interfaces import CheckpointStore, CommitOutputs, StateChanges, StoreWrite
 from ..types import Offset, Offsets, SystemStreamPartition
 from ._io import (
     DEFAULT_URL,
@@ -79,6 +79,38 @@ class _TaskLayout:
     local: tuple[SystemStreamPartition, ...]  # partitions in the anchor's slot (all of them off-cluster)
     remote: tuple[SystemStreamPartition, ...]  # the others (cluster only): ids in ``tckpt``
     tckpt: str
+
+
+class _TaskWrite:
+    """A task's commit prepared as calls of one MULTI/EXEC (``RedisCheckpointStore._prepare``):
+    the keys and arguments its calls share, its STATE_COMMIT calls, its OUTPUT_COMMIT calls,
+    the leases it checks and the ids it writes, in the order its replies name them."""
+
+    __slots__ = ("calls", "head", "ids", "job", "keys", "layout", "leases", "outs", "tail", "task")
+
+    def __init__(
+        self,
+        job: str,
+        task: str,
+        layout: _TaskLayout,
+        keys: list[str],
+        head: list[Any],
+        tail: list[Any],
+        calls: list[tuple[list[str], list[Any]]],
+        outs: list[tuple[int, list[bytes], int, bytes]],
+        leases: list[SystemStreamPartition],
+        ids: list[tuple[SystemStreamPartition, str]],
+    ) -> None:
+        self.job = job
+        self.task = task
+        self.layout = layout
+        self.keys = keys
+        self.head = head
+        self.tail = tail
+        self.calls = calls
+        self.outs = outs
+        self.leases = leases
+        self.ids = ids
 
 
 class Leases:
@@ -376,21 +408,10 @@ class RedisCheckpointStore(CheckpointStore):
         outputs: CommitOutputs | None = None,
     ) -> None:
         job = self._require_job()
-        if outputs is not None and outputs.marks:
-            raise CheckpointError(
-                "the Redis checkpoint store cannot record file outputs' committed lengths "
-                "(exactly-once file outputs need a sqlite checkpoint store)"
-            )
-        records = outputs.records if outputs is not None else []
-        layout = self._layout(task_name) if state or records or self.cluster else None
-        if (state or records) and layout is None:
-            raise CheckpointError(
-                f"task {task_name!r} has no input partitions in this Redis checkpoint store "
-                f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'}); cannot place its "
-                f"{'state' if state else 'outputs'}"
-            )
-        if layout is not None and (state or records or layout.remote):
-            self._write_task(job, task_name, layout, offsets, state or {}, records)
+        prepared = self._task_write(job, task_name, offsets, state, outputs)
+        if prepared is not None:
+            replies = self._retrying_write([task_name], lambda: self._run_write(prepared))
+            self._finish_write(prepared, replies)
             return
         items: list[tuple[SystemStreamPartition, str, str]] = []
         for ssp, offset in offsets.items():
@@ -558,7 +579,86 @@ class RedisCheckpointStore(CheckpointStore):
                 out[ssp] = value
         return out
 
-    def _write_task(
+    def _task_write(
+        self,
+        job: str,
+        task_name: str,
+        offsets: Offsets,
+        state: StateChanges | None,
+        outputs: CommitOutputs | None,
+        *,
+        grouped: bool = False,
+    ) -> _TaskWrite | None:
+        """A task's commit as one fenced atomic write of its offsets, state changes and held
+        outputs (``_TaskWrite``), or None when it is the offsets alone, written by COMMIT
+        scripts (``_write_group``). ``grouped``: for ``write_many``, which writes a task
+        with input partitions here this way even without state or outputs."""
+        if outputs is not None and outputs.marks:
+            raise CheckpointError(
+                "the Redis checkpoint store cannot record file outputs' committed lengths "
+                "(exactly-once file outputs need a sqlite checkpoint store)"
+            )
+        records = outputs.records if outputs is not None else []
+        layout = self._layout(task_name) if state or records or self.cluster or grouped else None
+        if (state or records) and layout is None:
+            raise CheckpointError(
+                f"task {task_name!r} has no input partitions in this Redis checkpoint store "
+                f"(its tasks: {', '.join(sorted(self._task_layouts())) or 'none'}); cannot place its "
+                f"{'state' if state else 'outputs'}"
+            )
+        if layout is None or not (state or records or layout.remote or grouped):
+            return None
+        return self._prepare(job, task_name, layout, offsets, state or {}, records)
+
+    def write_many(self, writes: Sequence[StoreWrite]) -> list[BaseException | None]:
+        """Several tasks' commits in one MULTI/EXEC (one round trip; ``groups_writes``):
+        each commit's calls make its own checks, so each applies or is refused on its own.
+        A retry after a lost reply sends them all again (each re-applies the same changes,
+        as ``write``'s retry does)."""
+        job = self._require_job()
+        errors: list[BaseException | None] = [None] * len(writes)
+        prepared: list[tuple[int, _TaskWrite]] = []
+        alone: list[int] = []
+        for i, (task_name, offsets, state, outputs) in enumerate(writes):
+            try:
+                tw = self._task_write(job, task_name, offsets, state, outputs or None, grouped=True)
+            except Exception as e:  # noqa: BLE001 - handed back, one per write
+                errors[i] = e
+                continue
+            if tw is None:
+                alone.append(i)
+            else:
+                prepared.append((i, tw))
+        if prepared:
+            tasks = [tw.task for _, tw in prepared]
+            replies = self._retrying_write(tasks, lambda: self._transaction([tw for _, tw in prepared]))
+            for (i, tw), reply in zip(prepared, replies):
+                try:
+                    self._finish_write(tw, reply)
+                except Exception as e:  # noqa: BLE001 - handed back, one per write
+                    errors[i] = e
+        for i in alone:
+            task_name, offsets, state, outputs = writes[i]
+            try:
+                self.write(task_name, offsets, state, outputs=outputs or None)
+            except Exception as e:  # noqa: BLE001 - handed back, one per write
+                errors[i] = e
+        return errors
+
+    def _retrying_write(self, tasks: list[str], run: Callable[[], Any]) -> Any:
+        """``run()``, retried while Redis is unreachable (CheckpointError once it stays so)."""
+        try:
+            # A retry after a lost reply re-applies the same changes: same checks, same values.
+            return retrying(
+                run, f"committing {', '.join(tasks)}", deadline_s=self.retry_s, stop=self._giving_up
+            )
+        except connection_errors() as e:
+            named = ", ".join(map(repr, tasks))
+            raise CheckpointError(
+                f"task{'s' if len(tasks) > 1 else ''} {named}: Redis at {self.where} is unreachable: {e}"
+            ) from e
+
+    def _prepare(
         self,
         job: str,
         task_name: str,
@@ -566,7 +666,7 @@ class RedisCheckpointStore(CheckpointStore):
         offsets: Mapping[SystemStreamPartition, Offset],
         state: StateChanges,
         records: list[Any],
-    ) -> None:
+    ) -> _TaskWrite:
         """One atomic, fenced write of a task's offsets, state changes and held outputs
         (rules 26, 28, 41): OUTPUT_COMMIT calls for the outputs, then STATE_COMMIT calls,
         in one MULTI/EXEC when there are several, each making the same checks."""
@@ -599,48 +699,57 @@ class RedisCheckpointStore(CheckpointStore):
         tail: list[Any] = [*lease_values, *(i for _, i in local_ids)]
         for s, i in remote_ids:
             tail += [f"{s.stream}:{s.partition}", i]
-        calls = self._state_calls(job, task_name, state)
-        outs = self._output_calls(job, task_name, layout, records)
-        a = layout.anchor
+        return _TaskWrite(
+            job,
+            task_name,
+            layout,
+            keys,
+            head,
+            tail,
+            self._state_calls(job, task_name, state),
+            self._output_calls(job, task_name, layout, records),
+            leases,
+            local_ids + remote_ids,
+        )
 
-        def run() -> list[Any]:
-            if outs:
-                return self._transaction(outs, keys, head, tail, calls)
-            if len(calls) == 1:
-                store_keys, store_args = calls[0]
-                return [
-                    self._scripts.state_commit(
-                        keys=keys + store_keys, args=[*head, len(store_keys) // 2, *tail, *store_args]
-                    )
-                ]
-            pipe = self.client.pipeline(transaction=True)
-            for store_keys, store_args in calls:
-                # EVAL, not EVALSHA: a NOSCRIPT inside EXEC would fail that call alone
-                pipe.execute_command(
-                    "EVAL",
-                    self._scripts.state_commit.script,
-                    len(keys) + len(store_keys),
-                    *keys,
-                    *store_keys,
-                    *head,
-                    len(store_keys) // 2,
-                    *tail,
-                    *store_args,
+    def _run_write(self, tw: _TaskWrite) -> list[Any]:
+        """The replies of a task's write's calls (see ``_prepare``)."""
+        keys, head, tail, calls = tw.keys, tw.head, tw.tail, tw.calls
+        if tw.outs:
+            return self._transaction([tw])[0]
+        if len(calls) == 1:
+            store_keys, store_args = calls[0]
+            return [
+                self._scripts.state_commit(
+                    keys=keys + store_keys, args=[*head, len(store_keys) // 2, *tail, *store_args]
                 )
-            return list(pipe.execute())
+            ]
+        pipe = self.client.pipeline(transaction=True)
+        for store_keys, store_args in calls:
+            # EVAL, not EVALSHA: a NOSCRIPT inside EXEC would fail that call alone
+            pipe.execute_command(
+                "EVAL",
+                self._scripts.state_commit.script,
+                len(keys) + len(store_keys),
+                *keys,
+                *store_keys,
+                *head,
+                len(store_keys) // 2,
+                *tail,
+                *store_args,
+            )
+        return list(pipe.execute())
 
-        try:
-            # A retry after a lost reply re-applies the same changes: same checks, same values.
-            replies = retrying(run, f"committing {task_name}", deadline_s=self.retry_s, stop=self._giving_up)
-        except connection_errors() as e:
-            raise CheckpointError(f"task {task_name!r}: Redis at {self.where} is unreachable: {e}") from e
+    def _finish_write(self, tw: _TaskWrite, replies: list[Any]) -> None:
+        """A task's write done: what it committed noted, or FencedError for a refusal."""
+        job, task_name, a = tw.job, tw.task, tw.layout.anchor
         reply = next((r for r in replies if int(r[0]) != 0), replies[0])
         code = int(reply[0])
         if code == 0:
             if self._committed is not None:
-                self._committed.update({s: i for s, i in local_ids + remote_ids})
-            if outs:
-                self._output_seq[task_name, self._values[a]] += len(outs)
+                self._committed.update(dict(tw.ids))
+            if tw.outs:
+                self._output_seq[task_name, self._values[a]] += len(tw.outs)
             return
         if code == 3:
             raise FencedError(
@@ -649,7 +758,7 @@ class RedisCheckpointStore(CheckpointStore):
                 partition=str(a),
             )
         if code == 1:
-            ssp = leases[int(reply[1]) - 1]
+            ssp = tw.leases[int(reply[1]) - 1]
             self.fenced.add(ssp)
             raise FencedError(
                 f"job {job!r}: lease {self._values[ssp]!r} is no longer held (another container owns the "
@@ -657,7 +766,7 @@ class RedisCheckpointStore(CheckpointStore):
                 f"(offsets and state; anchor {a})",
                 partition=str(ssp),
             )
-        ssp, offset = (local_ids + remote_ids)[int(reply[1]) - 1]
+        ssp, offset = tw.ids[int(reply[1]) - 1]
         self.fenced.add(ssp)
         raise FencedError(
             f"job {job!r}: refusing to move the committed offset back from {text(reply[2])} to {offset}",
@@ -715,71 +824,76 @@ class RedisCheckpointStore(CheckpointStore):
             return []
         held = (task_name, self._values.get(layout.anchor, ""))
         if held not in self._output_seq:
-            raw = retrying(
-                partial(self.client.hget, layout.tckpt, "~outputs"),
-                f"reading the output batches of {task_name}",
-                deadline_s=self.retry_s,
-                stop=self._giving_up,
-            )
+            try:
+                raw = retrying(
+                    partial(self.client.hget, layout.tckpt, "~outputs"),
+                    f"reading the output batches of {task_name}",
+                    deadline_s=self.retry_s,
+                    stop=self._giving_up,
+                )
+            except connection_errors() as e:
+                raise CheckpointError(f"task {task_name!r}: Redis at {self.where} is unreachable: {e}") from e
             self._output_seq[held] = 0 if raw is None else int(text(raw))
         seq = self._output_seq[held]
         return [(seq + i + 1, keys, nargs, body) for i, (keys, nargs, body) in enumerate(records)]
 
-    def _transaction(
-        self,
-        outs: list[tuple[int, list[bytes], int, bytes]],
-        keys: list[str],
-        head: list[Any],
-        tail: list[Any],
-        calls: list[tuple[list[str], list[Any]]],
-    ) -> list[Any]:
-        """One MULTI/EXEC of the OUTPUT_COMMIT calls, then the STATE_COMMIT calls, written as
-        RESP bytes on a connection of the store's own (the held entries are already encoded:
-        redis-py would pack every argument again); the EXEC reply."""
+    def _transaction(self, writes: list[_TaskWrite]) -> list[list[Any]]:
+        """One MULTI/EXEC of every write's OUTPUT_COMMIT calls, then its STATE_COMMIT calls,
+        written as RESP bytes on a connection of the store's own (the held entries are
+        already encoded: redis-py would pack every argument again); each write's replies."""
         from ._resp import pack
 
         commands = [pack(("MULTI",))]
-        for seq, stream_keys, nargs, body in outs:
-            prefix = (
-                "EVAL",
-                self._scripts.output_commit.script,
-                len(keys) + len(stream_keys),
-                *keys,
-                *stream_keys,
-                *head,
-                len(stream_keys),
-                *tail,
-                seq,
-            )
-            packed = pack(prefix)
-            header = b"*%d\r\n" % len(prefix)
-            commands.append(b"*%d\r\n" % (len(prefix) + nargs) + packed[len(header) :] + body)
-        for store_keys, store_args in calls:
-            commands.append(
-                pack(
-                    (
-                        "EVAL",
-                        self._scripts.state_commit.script,
-                        len(keys) + len(store_keys),
-                        *keys,
-                        *store_keys,
-                        *head,
-                        len(store_keys) // 2,
-                        *tail,
-                        *store_args,
+        for tw in writes:
+            keys, head, tail = tw.keys, tw.head, tw.tail
+            for seq, stream_keys, nargs, body in tw.outs:
+                prefix = (
+                    "EVAL",
+                    self._scripts.output_commit.script,
+                    len(keys) + len(stream_keys),
+                    *keys,
+                    *stream_keys,
+                    *head,
+                    len(stream_keys),
+                    *tail,
+                    seq,
+                )
+                packed = pack(prefix)
+                header = b"*%d\r\n" % len(prefix)
+                commands.append(b"*%d\r\n" % (len(prefix) + nargs) + packed[len(header) :] + body)
+            for store_keys, store_args in tw.calls:
+                commands.append(
+                    pack(
+                        (
+                            "EVAL",
+                            self._scripts.state_commit.script,
+                            len(keys) + len(store_keys),
+                            *keys,
+                            *store_keys,
+                            *head,
+                            len(store_keys) // 2,
+                            *tail,
+                            *store_args,
+                        )
                     )
                 )
-            )
         commands.append(pack(("EXEC",)))
         conn = self._connection()
         try:
             conn.send_packed_command(commands)
             for _ in range(len(commands) - 1):  # OK, then QUEUED per call
                 conn.read_response()
-            return list(conn.read_response())
+            replies = list(conn.read_response())
         except BaseException:
             conn.disconnect()  # the server drops a transaction whose connection closes
             raise
+        out: list[list[Any]] = []
+        at = 0
+        for tw in writes:
+            n = len(tw.outs) + len(tw.calls)
+            out.append(replies[at : at + n])
+            at += n
+        return out
 
     def _connection(self) -> Any:
         """The store's own connection for its exactly-once transactions (made on first use)."""
