@@ -352,3 +352,45 @@ def test_a_join_and_a_graceful_leave_are_acted_on_between_heartbeats(redis_serve
     assert not errors
     assert sorted((m["p"], m["i"]) for m in outputs(system)) == [(p, i) for p in range(P) for i in range(40)]
     system.close()
+
+
+def test_a_member_with_nothing_to_run_plans_again_soon_then_less_often(redis_server: RedisServer) -> None:
+    # its partitions done or held by another: it looks again after 10 ms, then twice as long
+    # each time up to Member.WATCH_S, so a job's end or a partition let go is seen at once
+    # without a member that waits long polling Redis every 10 ms
+    from tailrace import StreamTask
+    from tailrace.redis.membership import Member, MemberSpec
+
+    system = setup_streams(redis_server.url)
+    m = Member(
+        MemberSpec(
+            task=StreamTask,
+            inputs=["redis.in"],
+            systems=lambda: [RedisSystem("redis", redis_server.url, streams={"in": P})],
+            url=redis_server.url,
+            config={"job.name": "idle"},
+            lease_ms=180_000,
+            heartbeat_ms=60_000,
+            member_id="idle",
+            exit_when_done=False,
+        )
+    )
+    leases = [system.keys.lease("in", p, "idle") for p in range(P)]
+    for key in leases:
+        system.client.set(key, "other|1", px=60_000)  # another member holds every partition
+    waits: list[float] = []
+    m._cond.wait_for = lambda predicate, timeout: waits.append(timeout) or False  # type: ignore[method-assign]
+    m._join()
+    try:
+        for _ in range(6):
+            assert m._plan() == []
+        assert waits == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.1, 0.1])
+        system.client.delete(*leases)  # let go: taken at the next plan
+        assert m._plan() == list(range(P)) and len(waits) == 6
+        for p in range(P):
+            m._release(p)
+            system.client.set(leases[p], "other|2", px=60_000)
+        assert m._plan() == [] and waits[-1] == pytest.approx(0.01)  # soon again after a run
+    finally:
+        m._leave()
+    system.close()

@@ -80,7 +80,8 @@ class MemberSpec:
     in between, every 100 ms (``Member.WATCH_S``), it looks at the membership and at
     partitions assigned to it that another member still held: a join or a graceful
     leave is acted on within about 100 ms, and a released partition taken over as
-    promptly.
+    promptly (a member with nothing to run plans again after 10 ms, then less often,
+    up to every 100 ms: ``Member.IDLE_WATCH_S``).
     """
 
     task: Any
@@ -128,6 +129,9 @@ class Member(MemberLifecycle[int, MemberResult]):
     """
 
     WATCH_S = 0.1  # between heartbeats, how often membership and wanted partitions are looked at
+    # with nothing to run, the first wait before planning again (then doubled, up to WATCH_S):
+    # a member whose partitions are done sees the others' end within this of it
+    IDLE_WATCH_S = 0.01
     log = log  # the lifecycle's lines keep this module's logger
     spec: MemberSpec
 
@@ -165,6 +169,7 @@ class Member(MemberLifecycle[int, MemberResult]):
         self._done: set[int] = set()
         self._systems: list[System] = []
         self._hb_failures = 0  # heartbeats failed in a row (the first is logged, the rest counted)
+        self._idle_wait = self.IDLE_WATCH_S  # the next wait of a plan with nothing to run
         self._lease_lock = threading.Lock()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
@@ -230,8 +235,14 @@ class Member(MemberLifecycle[int, MemberResult]):
             for p, ssps in self.groups.items()
             for s in ssps
         ]
+        def read() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)  # one round trip
+            for _, k in keys:
+                pipe.get(k)
+            return list(pipe.execute())
+
         values = retrying(
-            lambda: [self.client.get(k) for _, k in keys],
+            read,
             "reading done marks",
             deadline_s=self.spec.retry_s,
             stop=self.deadline.due,
@@ -365,10 +376,14 @@ class Member(MemberLifecycle[int, MemberResult]):
             self._release(p)
         owned = sorted(p for p in wanted if self._owned(p) or self._try_acquire(p))
         if not owned:
+            # nothing to run: look again soon, then less often (IDLE_WATCH_S, doubling up to
+            # WATCH_S), so that the job's end or a partition just let go is seen at once
+            wait = self._idle_wait
+            self._idle_wait = min(wait * 2, self.WATCH_S)
             with self._cond:
-                self._cond.wait_for(
-                    lambda: self._replan or self._stopping, min(self.heartbeat_s, self.WATCH_S)
-                )
+                self._cond.wait_for(lambda: self._replan or self._stopping, min(self.heartbeat_s, wait))
+        else:
+            self._idle_wait = self.IDLE_WATCH_S
         return owned
 
     def _prepare(self, owned: list[int]) -> ContainerParts:
