@@ -487,7 +487,8 @@ class CommitWriter:
             state = self._state(commit)
             write_commit(self._store, task.name, commit.offsets, state, commit.publications)
             ok = True
-            self._written(commit, state, started)
+            self._written(commit, state)
+            self.busy += time.perf_counter() - started
         except TailraceError:
             raise
         except Exception as e:
@@ -505,10 +506,9 @@ class CommitWriter:
         state = stores.encode(commit.snapshots, yield_gil=True) if stores and commit.snapshots else None
         return _merge_state(state, commit.event_time)
 
-    def _written(self, commit: _Commit, state: StateChanges | None, started: float) -> None:
+    def _written(self, commit: _Commit, state: StateChanges | None) -> None:
         _event_time_committed(commit.task, commit.event_time)
         self.keys += sum(map(len, state.values())) if state else 0
-        self.busy += time.perf_counter() - started
 
     def _write_group(self, group: list[_Commit]) -> None:
         """Several tasks' commits in one ``write_many`` (see ``_take_group``): each is synced
@@ -516,7 +516,6 @@ class CommitWriter:
         started = time.perf_counter()
         ready: list[tuple[_Commit, StateChanges | None]] = []
         writes: list[StoreWrite] = []
-        errors: list[BaseException | None] = []
         for commit in group:
             try:
                 failed = self._failed.get(commit.task.name)
@@ -533,14 +532,19 @@ class CommitWriter:
                 continue
             outputs = CommitOutputs()
             for publication in commit.publications:
-                outputs.records.append(publication.records)  # type: ignore[attr-defined]
+                assert isinstance(publication, HandedRecords)  # (_groupable)
+                outputs.records.append(publication.records)
             if commit.offsets or state or outputs:
                 ready.append((commit, state))
                 writes.append((commit.task.name, commit.offsets, state, outputs))
             else:
-                self._finish(commit, None, state, started)
-        if not writes:
-            return
+                self._finish(commit, None, state)
+        if writes:
+            self._write_many(ready, writes)
+        self.busy += time.perf_counter() - started
+
+    def _write_many(self, ready: list[tuple[_Commit, StateChanges | None]], writes: list[StoreWrite]) -> None:
+        """The store's ``write_many`` of the group's ready commits; each finished with its result."""
         try:
             errors = self._store.write_many(writes)
         except BaseException as e:  # noqa: BLE001 - every commit of the call failed
@@ -548,20 +552,19 @@ class CommitWriter:
         for (commit, state), error in zip(ready, errors):
             if error is not None and not isinstance(error, TailraceError):
                 error = TaskError(commit.task.name, original=error, phase="commit")
-            self._finish(commit, error, state, started)
+            self._finish(commit, error, state)
 
     def _finish(
         self,
         commit: _Commit,
         error: BaseException | None,
         state: StateChanges | None = None,
-        started: float = 0.0,
     ) -> None:
         """A grouped commit written (``error`` None) or failed: its stores told, its waiter woken."""
         stores = commit.task.stores
         try:
             if error is None:
-                self._written(commit, state, started)
+                self._written(commit, state)
             else:
                 self._fail(commit, error)
         finally:

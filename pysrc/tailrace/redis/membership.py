@@ -235,6 +235,7 @@ class Member(MemberLifecycle[int, MemberResult]):
             for p, ssps in self.groups.items()
             for s in ssps
         ]
+
         def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)  # one round trip
             for _, k in keys:
