@@ -75,9 +75,14 @@ _COUNTS = {"counts": {"key.serde": "str", "value.serde": "int"}}
 
 
 def _run(
-    engine: str, store: SqliteCheckpointStore, messages: int, task: type = Paced, stores: Any = _COUNTS
+    engine: str,
+    store: SqliteCheckpointStore,
+    messages: int,
+    task: type = Paced,
+    stores: Any = _COUNTS,
+    partitions: int = 1,
 ) -> tailrace.RunResult:
-    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(messages))])
+    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(messages)) for _ in range(partitions)])
     c = tailrace.Container(
         task,
         inputs=["mem.in"],
@@ -345,16 +350,7 @@ def test_commits_queued_behind_a_write_go_to_a_grouping_store_together_one_of_ea
     tmp_path: Path, engine: str
 ) -> None:
     store = _GroupedWrites(tmp_path / "c.db")
-    mem = tailrace.MemorySystem("mem").add_stream("in", [list(range(300)) for _ in range(4)])
-    c = tailrace.Container(
-        Stateless,
-        inputs=["mem.in"],
-        systems=[mem],
-        checkpoints=store,
-        engine=engine,
-        config={"task.commit.ms": -1},
-    )
-    result = c.run()
+    result = _run(engine, store, 300, Stateless, stores=None, partitions=4)
     assert max(len(call) for call in store.calls) > 1  # tasks' commits queued, written in one call
     order: dict[str, list[int]] = {}
     for call in store.calls:
