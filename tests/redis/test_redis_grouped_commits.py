@@ -141,3 +141,31 @@ def test_a_call_that_cannot_reach_redis_fails_every_commit_in_it_naming_the_task
     assert isinstance(errors[0], CheckpointError)
     assert "task 'Partition 2'" in str(errors[0]) and "unreachable" in str(errors[0])
     s.server.start()  # back (from its AOF), so that closing releases the leases at once
+
+
+def test_an_output_stream_key_of_another_type_refuses_the_whole_commit_naming_it(setup: _Setup) -> None:
+    # checked before anything is written: no entry appended to the task's other streams, no
+    # offset, no state (an XADD failing there would leave the entries before it, and the
+    # offsets and state after it would be written); the other task's commit in the call is not
+    # held back
+    s = setup
+    bad = s.system.keys.stream("out", 2)
+    with s.server.client() as c:
+        c.set(bad, "not a stream")
+    s.held[0].send("out", 0, "k0", "first")  # to a good stream, before the bad one
+    s.held[0].send("out", 2, "k0", "second")
+    errors = s.store.write_many([s.commit(0, "1-1", 0, {b"a": b"1"}), s.commit(1, "1-1", 1)])
+    assert isinstance(errors[0], CheckpointError) and errors[1] is None
+    assert f"Redis key {bad} holds a string, not a stream" in str(errors[0])
+    assert "nothing of the commit was written" in str(errors[0])
+    assert s.out(0) == [] and s.out(1) == ["m0"]
+    assert s.store.read_committed() == {IN[1]: "1-1"}
+    assert dict(s.store.state_scan(TASKS[0], "counts")) == {}
+    with s.server.client() as c:
+        assert c.get(bad) == b"not a stream"
+        c.delete(bad)
+    # once the key is gone the same records go out with the task's next commit
+    s.held[0].send("out", 0, "k0", "third")
+    errors = s.store.write_many([s.commit(0, "2-1", 0, {b"a": b"2"})])
+    assert errors == [None] and s.out(0) == ["third"]
+    assert s.store.read_committed()[IN[0]] == "2-1"

@@ -333,16 +333,21 @@ return {0}
 # One batch of a task's commit: offsets and (part of) its state, in the slot of
 # the task's anchor.
 # KEYS: lease_1..lease_L, ckpt_1..ckpt_C, tckpt, then (keys zset, values hash) per store.
-# ARGV: L, C, R, S, lease value_1..L, id_1..C, R pairs (tckpt field, id), then per
-#       store: nset, ndel, nset (key, value) pairs, ndel keys.
+# ARGV: L, C, R, S, E, lease value_1..L, id_1..C, R pairs (tckpt field, id), then per
+#       store: nset, ndel, nset (key, value) pairs, ndel keys. E: the task's last appended
+#       output batch (field '~outputs' of tckpt) this call expects, or -1 (none checked):
+#       a commit that carries outputs writes its offsets and state only if its
+#       OUTPUT_COMMIT call, earlier in the same MULTI/EXEC, appended them.
 # -> {0} written; {1, i} lease i not held with that value; {2, j, stored} id j
-#    (1..C: ckpt_j, C+1..C+R: the R-th pair) behind the stored one.
+#    (1..C: ckpt_j, C+1..C+R: the R-th pair) behind the stored one; {3, stored}: the
+#    task's last appended batch is not E.
 # Every check runs before any write. A large commit is several calls of this
 # script in one MULTI/EXEC, each making the same checks (nothing runs between
 # them, so they all pass or all refuse) and writing the same offsets.
 _LUA_TASK_CHECKS = """
 local L, C, R, S = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local a = 5
+local E = tonumber(ARGV[5])
+local a = 6
 for i = 1, L do
   if redis.call('GET', KEYS[i]) ~= ARGV[a] then return {1, i} end
   a = a + 1
@@ -359,6 +364,10 @@ for j = 1, R do
   local old = redis.call('HGET', tckpt, ARGV[a])
   if behind(ARGV[a + 1], old) then return {2, C + j, old} end
   a = a + 2
+end
+if E >= 0 then
+  local last = tonumber(redis.call('HGET', tckpt, '~outputs') or '0')
+  if last ~= E then return {3, last} end
 end
 """
 
@@ -426,15 +435,18 @@ end
 """
 
 
-# One batch of a task's held outputs (exactly-once, rule 41), in the MULTI/EXEC of its
-# commit, before the STATE_COMMIT calls: the same KEYS and checks as STATE_COMMIT (so all
-# calls of the commit pass or all refuse), then the S output streams.
+# A commit's held outputs (exactly-once, rule 41), one batch, in the MULTI/EXEC of its
+# commit before the STATE_COMMIT calls: the same KEYS and checks as STATE_COMMIT (E is -1),
+# then the S output streams (a key may come more than once: one per held producer).
 # ARGV after the checks' part: the batch's sequence number, then per stream: n, then n
 # (message, key) pairs (key '-': none; '=' and the key's bytes).
 # -> {0} appended; {0, 1} appended by an earlier call (a retry after a lost reply: the
 # task's field '~outputs' of tckpt already holds this batch's number); {1, i} / {2, j,
 # stored} as STATE_COMMIT; {3, stored}: the task's last batch is not the one before this
-# (another owner appended since).
+# (another owner appended since); {4, s, type}: output stream s holds a key of another type
+# (checked before anything is written: an XADD that failed there would leave the entries
+# before it). The STATE_COMMIT calls after it expect this batch (E), so a refused batch
+# refuses the whole commit.
 OUTPUT_COMMIT = (
     _LUA_CMP
     + _LUA_TASK_CHECKS
@@ -445,6 +457,10 @@ a = a + 1
 local last = tonumber(redis.call('HGET', tckpt, '~outputs') or '0')
 if last == seq then return {0, 1} end
 if last ~= seq - 1 then return {3, last} end
+for s = 1, S do
+  local t = redis.call('TYPE', KEYS[L + C + 1 + s])['ok']
+  if t ~= 'stream' and t ~= 'none' then return {4, s, t} end
+end
 """
     + _lua_append("S", "KEYS[L + C + 1 + s]")
     + """redis.call('HSET', tckpt, '~outputs', seq)

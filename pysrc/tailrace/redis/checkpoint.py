@@ -721,7 +721,7 @@ class RedisCheckpointStore(CheckpointStore):
             store_keys, store_args = calls[0]
             return [
                 self._scripts.state_commit(
-                    keys=keys + store_keys, args=[*head, len(store_keys) // 2, *tail, *store_args]
+                    keys=keys + store_keys, args=[*head, len(store_keys) // 2, -1, *tail, *store_args]
                 )
             ]
         pipe = self.client.pipeline(transaction=True)
@@ -735,6 +735,7 @@ class RedisCheckpointStore(CheckpointStore):
                 *store_keys,
                 *head,
                 len(store_keys) // 2,
+                -1,  # no outputs: none expected
                 *tail,
                 *store_args,
             )
@@ -743,6 +744,16 @@ class RedisCheckpointStore(CheckpointStore):
     def _finish_write(self, tw: _TaskWrite, replies: list[Any]) -> None:
         """A task's write done: what it committed noted, or FencedError for a refusal."""
         job, task_name, a = tw.job, tw.task, tw.layout.anchor
+        for i, r in enumerate(replies):
+            if isinstance(r, Exception):  # a script that failed inside the MULTI/EXEC
+                raise CheckpointError(f"task {task_name!r}: Redis at {self.where} refused its commit: {r}")
+            if int(r[0]) == 4:  # (only an OUTPUT_COMMIT call, the first ones: i indexes tw.outs)
+                key = text(tw.outs[i][1][int(r[1]) - 1])
+                raise CheckpointError(
+                    f"task {task_name!r}: Redis key {key} holds a {text(r[2])}, not a stream, so its "
+                    f"outputs cannot be appended there; nothing of the commit was written (Redis at "
+                    f"{self.where}: delete or rename that key, or send to another stream)"
+                )
         reply = next((r for r in replies if int(r[0]) != 0), replies[0])
         code = int(reply[0])
         if code == 0:
@@ -816,10 +827,11 @@ class RedisCheckpointStore(CheckpointStore):
     def _output_calls(
         self, job: str, task_name: str, layout: _TaskLayout, records: list[Any]
     ) -> list[tuple[int, list[bytes], int, bytes]]:
-        """A commit's held outputs as OUTPUT_COMMIT calls, one per held batch (``(stream
-        keys, argument count, encoded arguments)``, ``_resp.Batch.take_body``): (batch
-        number, stream keys, argument count, arguments), numbered on from the task's last
-        appended batch (read from Redis once per task and lease)."""
+        """A commit's held outputs (one batch per held producer: ``(stream keys, argument
+        count, encoded arguments)``, ``_resp.Batch.take_body``) as one OUTPUT_COMMIT call:
+        (batch number, stream keys, argument count, arguments), numbered on from the task's
+        last appended batch (read from Redis once per task and lease). One call, so that it
+        checks every stream before it appends to any."""
         if not records:
             return []
         held = (task_name, self._values.get(layout.anchor, ""))
@@ -834,8 +846,18 @@ class RedisCheckpointStore(CheckpointStore):
             except connection_errors() as e:
                 raise CheckpointError(f"task {task_name!r}: Redis at {self.where} is unreachable: {e}") from e
             self._output_seq[held] = 0 if raw is None else int(text(raw))
-        seq = self._output_seq[held]
-        return [(seq + i + 1, keys, nargs, body) for i, (keys, nargs, body) in enumerate(records)]
+        seq = self._output_seq[held] + 1
+        if len(records) == 1:
+            keys, nargs, body = records[0]
+            return [(seq, keys, nargs, body)]
+        return [
+            (
+                seq,
+                [k for keys, _, _ in records for k in keys],
+                sum(nargs for _, nargs, _ in records),
+                b"".join(body for _, _, body in records),
+            )
+        ]
 
     def _transaction(self, writes: list[_TaskWrite]) -> list[list[Any]]:
         """One MULTI/EXEC of every write's OUTPUT_COMMIT calls, then its STATE_COMMIT calls,
@@ -846,6 +868,7 @@ class RedisCheckpointStore(CheckpointStore):
         commands = [pack(("MULTI",))]
         for tw in writes:
             keys, head, tail = tw.keys, tw.head, tw.tail
+            expect = tw.outs[-1][0] if tw.outs else -1  # the state calls run only after the outputs
             for seq, stream_keys, nargs, body in tw.outs:
                 prefix = (
                     "EVAL",
@@ -855,6 +878,7 @@ class RedisCheckpointStore(CheckpointStore):
                     *stream_keys,
                     *head,
                     len(stream_keys),
+                    -1,  # (its own batch number follows the checks)
                     *tail,
                     seq,
                 )
@@ -872,6 +896,7 @@ class RedisCheckpointStore(CheckpointStore):
                             *store_keys,
                             *head,
                             len(store_keys) // 2,
+                            expect,
                             *tail,
                             *store_args,
                         )
