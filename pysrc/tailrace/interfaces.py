@@ -168,7 +168,8 @@ class HeldProducer(Producer):
     readers until the task's commit. ``take`` (loop thread, at the commit's snapshot, nothing
     outstanding) takes what was held and returns its publication: a function that, given
     the commit's write, makes the records durable and visible together with it (``None``:
-    nothing held). The publication runs on the commit writer's thread. Once the held
+    nothing held); a ``HandedRecords`` where the store's write itself appends them. The
+    publication runs on the commit writer's thread. Once the held
     records pass the system's bound, ``on_full`` is called (once per commit): the engine
     makes the task's commit fall due (an early commit, docs/outputs.md)."""
 
