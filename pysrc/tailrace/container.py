@@ -517,18 +517,14 @@ class CommitWriter:
         ready: list[tuple[_Commit, StateChanges | None]] = []
         writes: list[StoreWrite] = []
         for commit in group:
+            failed = self._failed.get(commit.task.name)
+            if failed is not None:  # a later commit of a task whose earlier one failed: unwritten
+                self._finish(commit, failed)
+                continue
             try:
-                failed = self._failed.get(commit.task.name)
-                if failed is not None:
-                    raise failed
-                try:
-                    state = self._state(commit)
-                except TailraceError:
-                    raise
-                except Exception as e:
-                    raise TaskError(commit.task.name, original=e, phase="commit") from e
+                state = self._state(commit)
             except BaseException as e:  # noqa: BLE001 - recorded for the loop thread
-                self._finish(commit, e)
+                self._finish(commit, _commit_error(commit.task.name, e))
                 continue
             outputs = CommitOutputs()
             for publication in commit.publications:
@@ -550,9 +546,7 @@ class CommitWriter:
         except BaseException as e:  # noqa: BLE001 - every commit of the call failed
             errors = [e] * len(writes)
         for (commit, state), error in zip(ready, errors):
-            if error is not None and not isinstance(error, TailraceError):
-                error = TaskError(commit.task.name, original=error, phase="commit")
-            self._finish(commit, error, state)
+            self._finish(commit, None if error is None else _commit_error(commit.task.name, error), state)
 
     def _finish(
         self,
@@ -571,6 +565,17 @@ class CommitWriter:
             if stores:
                 stores.end_commit(error is None)
             commit.done.set()
+
+
+def _commit_error(task_name: str, error: BaseException) -> BaseException:
+    """A commit's failure as its waiter raises it: an error of tailrace's own (or a
+    BaseException such as KeyboardInterrupt) as it is, anything else as a TaskError naming
+    the task (as ``CommitWriter._write`` raises it)."""
+    if isinstance(error, TailraceError) or not isinstance(error, Exception):
+        return error
+    wrapped = TaskError(task_name, original=error, phase="commit")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _groupable(commit: _Commit) -> bool:

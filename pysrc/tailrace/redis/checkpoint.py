@@ -81,36 +81,22 @@ class _TaskLayout:
     tckpt: str
 
 
+@dataclass(frozen=True)
 class _TaskWrite:
     """A task's commit prepared as calls of one MULTI/EXEC (``RedisCheckpointStore._prepare``):
-    the keys and arguments its calls share, its STATE_COMMIT calls, its OUTPUT_COMMIT calls,
-    the leases it checks and the ids it writes, in the order its replies name them."""
+    the keys and arguments its calls share, its STATE_COMMIT calls, its OUTPUT_COMMIT call (at
+    most one), the leases it checks and the ids it writes, in the order its replies name them."""
 
-    __slots__ = ("calls", "head", "ids", "job", "keys", "layout", "leases", "outs", "tail", "task")
-
-    def __init__(
-        self,
-        job: str,
-        task: str,
-        layout: _TaskLayout,
-        keys: list[str],
-        head: list[Any],
-        tail: list[Any],
-        calls: list[tuple[list[str], list[Any]]],
-        outs: list[tuple[int, list[bytes], int, bytes]],
-        leases: list[SystemStreamPartition],
-        ids: list[tuple[SystemStreamPartition, str]],
-    ) -> None:
-        self.job = job
-        self.task = task
-        self.layout = layout
-        self.keys = keys
-        self.head = head
-        self.tail = tail
-        self.calls = calls
-        self.outs = outs
-        self.leases = leases
-        self.ids = ids
+    job: str
+    task: str
+    layout: _TaskLayout
+    keys: list[str]
+    head: list[Any]
+    tail: list[Any]
+    calls: list[tuple[list[str], list[Any]]]
+    outs: list[tuple[int, list[bytes], int, bytes]]
+    leases: list[SystemStreamPartition]
+    ids: list[tuple[SystemStreamPartition, str]]
 
 
 class Leases:
