@@ -14,13 +14,20 @@ cimport cython
 from cpython.bytearray cimport PyByteArray_FromObject
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsLongLongAndOverflow
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyTypeObject
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.unicode cimport PyUnicode_AsUTF8String
 
 
 cdef extern from "Python.h":
+    ctypedef struct PyMethodDef:
+        pass
+    ctypedef struct PyMethodDescrObject:
+        PyMethodDef *d_method
+    object PyDescr_NewMethod(PyTypeObject *tp, PyMethodDef *meth)
+    Py_hash_t PyObject_Hash(object o)  # -1: an error is set (checked by the caller)
+    void PyErr_Clear()
     bint PyUnicode_IS_ASCII(object o)
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL  # borrowed
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
@@ -291,25 +298,32 @@ cdef class StoreCore:
             self._trusted_types[self._n_trusted] = <PyObject*>t
             self._n_trusted += 1
 
+    cdef int _refuse_unhashable(self, object key) except -1:
+        """Raise the store's TypeError for a key whose hash just failed (its error is set):
+        the hot paths check the hash first, so that they need no ``try``."""
+        PyErr_Clear()
+        try:
+            hash(key)
+        except TypeError as e:
+            raise self._unhashable(key, e) from None
+        return 0  # its hash works now: go on
+
     cdef inline object _lookup(self, object key):
         """The cached value of ``key`` (loaded through on a miss), made most recent once the
         cache is half full (``_lru_at``). Lock held."""
         cdef dict entries = self._entries
+        if type(key) is not str and PyObject_Hash(key) == -1:
+            self._refuse_unhashable(key)
+        # (no try on this path: each one saves and restores the thread's exception state)
         if len(entries) < self._lru_at:
             # a cache under half full keeps no recency order on hits (a hit is then one
             # lookup, not a pop and an insert): nothing is evicted before the cache fills,
             # and from half full on every hit moves its key to the end
-            try:
-                value = entries.get(key, _MISSING)
-            except TypeError as e:
-                raise self._unhashable(key, e) from None
+            value = entries.get(key, _MISSING)
             if value is not _MISSING:
                 return value
         else:
-            try:
-                value = entries.pop(key, _MISSING)
-            except TypeError as e:
-                raise self._unhashable(key, e) from None
+            value = entries.pop(key, _MISSING)
         if value is _MISSING:
             if (
                 self._complete
@@ -410,14 +424,14 @@ cdef class StoreCore:
         cdef StoreLock lock = self._lock
         cdef dict entries = self._entries
         cdef Py_ssize_t size
-        cdef PyObject *jp = tr_journal_get()
+        cdef PyObject *jp
+        if type(key) is not str and PyObject_Hash(key) == -1:
+            self._refuse_unhashable(key)
+        jp = tr_journal_get()
         lock.acquire_()
         try:
             if jp is not NULL:
-                try:
-                    self._note(<Journal>jp, key)
-                except TypeError:
-                    pass  # an unhashable key: refused below, naming the store
+                self._note(<Journal>jp, key)
             elif self._jkey is not None:
                 self._jkey = None  # a write unrecorded: what a get found is stale now
                 self._jentry = None
@@ -425,10 +439,7 @@ cdef class StoreCore:
             # one dict operation on a hit: a new key shows as a grown dict, and is taken
             # out again until _new_key accepted it (checked, room made)
             size = len(entries)
-            try:
-                entries[key] = value
-            except TypeError as e:
-                raise self._unhashable(key, e) from None
+            entries[key] = value
             if len(entries) != size:
                 del entries[key]
                 self._new_key(key)
@@ -448,6 +459,29 @@ cdef class StoreCore:
     def __delitem__(self, key):
         if not self.delete(key):
             raise KeyError(key)
+
+
+def own_methods(type cls, names):
+    """Give ``cls``, a Python subclass of :class:`StoreCore`, method descriptors of its own
+    for StoreCore's compiled methods ``names`` (the same C functions).
+
+    The interpreter specializes a call of a method descriptor only when the instance is
+    of the descriptor's exact type: ``store.get(k)`` on an instance of a subclass takes the
+    generic call path instead (a vectorcall through the descriptor, a subtype check along
+    the MRO). With its own descriptor the subclass's instances take the specialized one,
+    as a dict's ``get`` does; instances of a further subclass take the generic path, as
+    before (bench/README.md, "State stores")."""
+    if not issubclass(cls, StoreCore):
+        raise TypeError(f"{cls.__name__} is not a subclass of StoreCore")
+    cdef PyMethodDef *meth
+    own = StoreCore.__dict__
+    method_descriptor = type(own["get"])
+    for name in names:
+        d = own[name]
+        if type(d) is not method_descriptor:
+            raise TypeError(f"StoreCore.{name} is not a method descriptor ({type(d).__name__})")
+        meth = (<PyMethodDescrObject *><PyObject *>d).d_method
+        setattr(cls, name, PyDescr_NewMethod(<PyTypeObject *>cls, meth))
 
 
 cdef inline bytes _int_bytes(object value):

@@ -178,6 +178,7 @@ try:
     from ._stores import StoreLock as _StoreLock
     from ._stores import encode_changes as _encode_changes_c
     from ._stores import evict_clean as _evict_clean
+    from ._stores import own_methods as _own_methods
     from ._stores import scan_overlay as _scan_overlay_c
     from ._stores import split_changes as _split_changes_c
 except ImportError:  # pragma: no cover - a build without the compiled store path
@@ -682,6 +683,11 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
             elif len(self._entries) > self._cache_size:
                 self._evict_at = self._cache_size
                 self._evict()
+
+
+if COMPILED:
+    # store.get / store.put as fast as a dict's get: a call the interpreter specializes
+    _own_methods(KeyValueStore, ("get", "put"))
 
 
 class _PyPaths:

@@ -563,3 +563,68 @@ def test_the_undo_journal_puts_back_what_an_invocation_wrote(backend: Checkpoint
         "other": None,
         "gone": 9,
     }
+
+
+def test_unhashable_keys_refused_on_every_path_with_a_journal_bound(backend: CheckpointStore) -> None:
+    # the compiled hot paths check a key's hash before any dict operation (they have no
+    # try): an unhashable key gets the store's TypeError on each of them, with or without
+    # an undo journal bound, and a __hash__ that raises something else is not renamed
+    from tailrace.stores import Journal, journal_bind
+
+    class BadHash:
+        def __hash__(self) -> int:
+            raise ValueError("no hash today")
+
+    backend.open("job")
+    _, j = _store_named(backend, "j")
+    j["ok"] = 1
+    for journal in (None, Journal()):
+        journal_bind(journal)
+        try:
+            with pytest.raises(TypeError, match=r"store 'j'.*hashable"):
+                j.get(["list"])
+            with pytest.raises(TypeError, match=r"store 'j'.*hashable"):
+                j.put(["list"], 1)
+            with pytest.raises(TypeError, match=r"store 'j'.*hashable"):
+                j[{"a": 1}] = 1
+            with pytest.raises(TypeError, match=r"store 'j'.*hashable"):
+                j[["list"]]
+            with pytest.raises(TypeError, match=r"store 'j'.*hashable"):
+                ["list"] in j  # noqa: B015 - the check is the point
+            with pytest.raises(ValueError, match="no hash today"):
+                j.get(BadHash())
+            with pytest.raises(ValueError, match="no hash today"):
+                j[BadHash()] = 2
+            if journal is not None:
+                assert len(journal) == 0  # nothing refused was recorded
+        finally:
+            journal_bind(None)
+    assert dict(j.items()) == {"ok": 1}  # the lock was released each time, nothing written
+    j["ok"] = 3
+    assert j["ok"] == 3
+    backend.close()
+
+
+def test_store_methods_are_the_subclass_own_and_a_further_subclass_works(backend: CheckpointStore) -> None:
+    # KeyValueStore has its own descriptors of the compiled get/put (the interpreter
+    # specializes calls of a method descriptor only for its exact type); a subclass of
+    # KeyValueStore still gets the same methods through the generic call path
+    if _impl[0] is KeyValueStore and COMPILED:
+        for name in ("get", "put"):
+            d = KeyValueStore.__dict__[name]
+            assert type(d).__name__ == "method_descriptor"
+            assert d.__objclass__ is KeyValueStore
+            assert d.__doc__
+    sub = type("SubStore", (_impl[0],), {})
+    backend.open("job")
+    stores = TaskStores("Partition 0", {"s": StoreSpec(key_serde="str", value_serde="int")}, backend, sub)
+    s = stores.get("s")
+    assert type(s) is sub
+    s.put("a", 1)
+    s["b"] = s.get("a", 0) + 1
+    assert (s.get("a"), s["b"], s.get("c", 7)) == (1, 2, 7)
+    with pytest.raises(TypeError, match=r"store 's'.*hashable"):
+        s.get(["list"])
+    _commit(backend, stores)
+    assert backend.state_get("Partition 0", "s", b"b") is not None
+    backend.close()
