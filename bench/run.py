@@ -308,14 +308,15 @@ def target_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
             at_least=True,
         )
     )
-    # state stores (issue 12): the same counting job with a store instead of a dict
+    # state stores (issue 12 asked 2x, issue 34 1.5x): the same counting job with a store
+    # instead of a dict
     checks.append(
         _check(
-            "c on sync_state_16tasks_store within 2x per message of sync_state_16tasks",
+            "c on sync_state_16tasks_store within 1.5x per message of sync_state_16tasks",
             _ratio(
                 _rate(results, "sync_state_16tasks", "c"), _rate(results, "sync_state_16tasks_store", "c")
             ),
-            2.0,
+            1.5,
             at_least=False,
         )
     )

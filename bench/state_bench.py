@@ -11,7 +11,8 @@ the compared variants alternating so that machine noise hits both alike:
    ``sync_state_16tasks``) with a dict against ``sync_state_16tasks_store`` (a store),
    per message.
 3. ``flush``: one commit writing N dirty keys (str keys, int values) with the offsets
-   into SQLite (``begin_commit`` + ``write`` + ``end_commit``), keys per second.
+   into SQLite as the commit writer makes it (``snapshot``, ``encode`` into the rows of a
+   store that ``takes_rows``, ``write``, ``end_commit``), keys per second.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def bench_flush(keys: int, rounds: int) -> tuple[float, float]:
             ssp = SystemStreamPartition("mem", "in", 0)
             gc.collect()
             t0 = time.perf_counter()
-            state = stores.begin_commit()
+            # as the commit writer does it (tailrace.container.CommitWriter._state)
+            state = stores.encode(stores.snapshot(), rows=backend.takes_rows)
             backend.write("Partition 0", {ssp: keys}, state)
             stores.end_commit(True)
             seconds = time.perf_counter() - t0
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\ntargets:")
     for ok, text in (
         (pair["store"] <= 300, f"get+put pair on a cache hit <= 300 ns: {pair['store']:.0f} ns"),
-        (ratio <= 2.0, f"sync_state_16tasks with a store within 2x of a dict: {ratio:.2f}x"),
+        (ratio <= 1.5, f"sync_state_16tasks with a store within 1.5x of a dict (issue 34): {ratio:.2f}x"),
         (flush >= 200_000, f"commit flush >= 200,000 keys/s: {flush:,.0f}"),
     ):
         print(f"  {'PASS' if ok else 'MISS'}  {text}")

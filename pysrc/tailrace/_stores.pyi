@@ -52,6 +52,15 @@ def encode_changes(
 def evict_clean(
     entries: dict[Any, Any], dirty: dict[Any, Any], committing: dict[Any, Any], excess: int
 ) -> int: ...
+def encode_rows(
+    entries: dict[Any, Any],
+    dirty: dict[Any, Any],
+    kenc: Callable[[Any], bytes],
+    venc: Callable[[Any], bytes],
+    key_serde: str,
+    value_serde: str,
+    yield_gil: bool = False,
+) -> tuple[list[bytearray], list[bytearray]]: ...
 def own_methods(cls: type, names: Iterable[str]) -> None: ...
 def split_changes(
     changes: Mapping[bytes, bytes | None], yield_gil: bool = False

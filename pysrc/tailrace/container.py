@@ -503,7 +503,11 @@ class CommitWriter:
         for sync in commit.syncs:
             sync()
         stores = commit.task.stores
-        state = stores.encode(commit.snapshots, yield_gil=True) if stores and commit.snapshots else None
+        state = (
+            stores.encode(commit.snapshots, yield_gil=True, rows=self._store.takes_rows)
+            if stores and commit.snapshots
+            else None
+        )
         return _merge_state(state, commit.event_time)
 
     def _written(self, commit: _Commit, state: StateChanges | None) -> None:

@@ -222,6 +222,45 @@ StateChanges = Mapping[str, Mapping[bytes, "bytes | None"]]
 value, or None to delete the key (rule 26)."""
 
 
+class EncodedRows(Mapping[bytes, "bytes | None"]):
+    """One store's changes at a commit, encoded straight into the rows a table takes:
+    ``puts`` a flat list ``[key, value, key, value, ...]`` and ``deletes`` the deleted keys,
+    every one a bytearray. The commit writer hands a store's changes so to a checkpoint
+    store that ``takes_rows`` (one pass over the dirty keys, no dict of encoded keys
+    between: tailrace._stores.encode_rows). As a Mapping (encoded key -> encoded value,
+    None: deleted, a later row of one key winning) it is what any other reader expects,
+    made on first use."""
+
+    __slots__ = ("_map", "deletes", "puts")
+
+    def __init__(self, puts: list[bytearray], deletes: list[bytearray]) -> None:
+        self.puts = puts
+        self.deletes = deletes
+        self._map: dict[bytes, bytes | None] | None = None
+
+    def _mapping(self) -> dict[bytes, bytes | None]:
+        m = self._map
+        if m is None:
+            puts = self.puts
+            m = {bytes(puts[i]): bytes(puts[i + 1]) for i in range(0, len(puts), 2)}
+            for key in self.deletes:
+                m[bytes(key)] = None
+            self._map = m
+        return m
+
+    def __getitem__(self, key: bytes) -> bytes | None:
+        return self._mapping()[key]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._mapping())
+
+    def __len__(self) -> int:
+        return len(self.puts) // 2 + len(self.deletes)
+
+    def __repr__(self) -> str:
+        return f"EncodedRows({len(self.puts) // 2} puts, {len(self.deletes)} deletes)"
+
+
 class CheckpointStore(ABC):
     """Durable committed offsets and state of one job.
 
@@ -259,6 +298,10 @@ class CheckpointStore(ABC):
     #: in one round trip. Only commits whose publications are all ``HandedRecords`` are
     #: grouped, at most one of each task.
     groups_writes: bool = False
+    #: ``write`` is handed each store's changes as ``EncodedRows`` by the commit writer (any
+    #: other Mapping may still come from elsewhere): for a store that writes them as table
+    #: rows, so that they are encoded once, straight into its statements' parameters.
+    takes_rows: bool = False
 
     @abstractmethod
     def open(self, job_name: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any, Final, Generic, TypeVar
 
 from .config import StoreSpec
 from .errors import ConfigError
-from .interfaces import CheckpointStore, StateChanges
+from .interfaces import CheckpointStore, EncodedRows, StateChanges
 from .serdes import Serde, SerdeError, serde
 
 __all__ = ["KeyValueStore", "TaskStores", "split_changes"]
@@ -177,6 +177,7 @@ try:
     from ._stores import StoreCore as _StoreCore
     from ._stores import StoreLock as _StoreLock
     from ._stores import encode_changes as _encode_changes_c
+    from ._stores import encode_rows as _encode_rows_c
     from ._stores import evict_clean as _evict_clean
     from ._stores import own_methods as _own_methods
     from ._stores import scan_overlay as _scan_overlay_c
@@ -188,6 +189,7 @@ except ImportError:  # pragma: no cover - a build without the compiled store pat
     _StoreCore = _PyStoreCore  # type: ignore[assignment, misc]
     _StoreLock = threading.Lock  # type: ignore[assignment, misc]
     _encode_changes_c = None  # type: ignore[assignment]
+    _encode_rows_c = None  # type: ignore[assignment]
     _scan_overlay_c = None  # type: ignore[assignment]
     _split_changes_c = None  # type: ignore[assignment]
     _evict_clean = _py_evict_clean
@@ -331,6 +333,9 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
     # the commit's encoding of the common serdes in C (tailrace._stores.encode_changes)
     _compiled_encode: Callable[..., dict[bytes, bytes | None]] | None = (
         None if _encode_changes_c is None else staticmethod(_encode_changes_c)
+    )
+    _compiled_rows: Callable[..., tuple[list[bytearray], list[bytearray]]] | None = (
+        None if _encode_rows_c is None else staticmethod(_encode_rows_c)
     )
     _compiled_overlay: Callable[..., list[tuple[bytes, Any, Any]]] | None = (
         None if _scan_overlay_c is None else staticmethod(_scan_overlay_c)
@@ -651,6 +656,25 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
         except Exception:  # noqa: BLE001 - cannot happen (put checked them); say which
             return self._encode_changes(snapshot, self._encode_key, self._encode_value)
 
+    def _encode_rows(self, snapshot: dict[Any, Any], yield_gil: bool = False) -> EncodedRows:
+        """``_encode`` as the rows of a table (``EncodedRows``): compiled in one pass where
+        built, else split from ``_encode``'s dict."""
+        if self._compiled_rows is not None:
+            try:
+                puts, deletes = self._compiled_rows(
+                    snapshot,
+                    snapshot,
+                    self._kserde._encode,
+                    self._vserde._encode,
+                    self.spec.key_serde,
+                    self.spec.value_serde,
+                    yield_gil,
+                )
+                return EncodedRows(puts, deletes)
+            except Exception:  # noqa: BLE001 - cannot happen (put checked them): _encode says which
+                pass
+        return EncodedRows(*split_changes(self._encode(snapshot, yield_gil), yield_gil))
+
     def _encode_value(self, value: Any) -> bytes:
         try:
             return self._vserde.encode(value)
@@ -695,6 +719,7 @@ class _PyPaths:
 
     _compiled_encode: Callable[..., dict[bytes, bytes | None]] | None = None
     _compiled_overlay: Callable[..., list[tuple[bytes, Any, Any]]] | None = None
+    _compiled_rows: Callable[..., tuple[list[bytearray], list[bytearray]]] | None = None
     _evict_pass = staticmethod(_py_evict_clean)
 
 
@@ -762,8 +787,16 @@ class TaskStores:
                 snapshots[name] = snapshot
         return snapshots
 
-    def encode(self, snapshots: Mapping[str, dict[Any, Any]], yield_gil: bool = False) -> StateChanges:
-        """The encoded state of ``begin_commit``'s snapshots (any thread)."""
+    def encode(
+        self, snapshots: Mapping[str, dict[Any, Any]], yield_gil: bool = False, rows: bool = False
+    ) -> StateChanges:
+        """The encoded state of ``begin_commit``'s snapshots (any thread); ``rows``: each
+        store's as ``EncodedRows`` (for a checkpoint store that ``takes_rows``)."""
+        if rows:
+            return {
+                name: self.stores[name]._encode_rows(snapshot, yield_gil)
+                for name, snapshot in snapshots.items()
+            }
         return {name: self.stores[name]._encode(snapshot, yield_gil) for name, snapshot in snapshots.items()}
 
     def end_commit(self, ok: bool) -> None:

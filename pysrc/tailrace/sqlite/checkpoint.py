@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import options_checked
 from ..errors import CheckpointError
-from ..interfaces import CheckpointStore, CommitOutputs, StateChanges
+from ..interfaces import CheckpointStore, CommitOutputs, EncodedRows, StateChanges
 from ..stores import split_changes
 from ..types import Offset, Offsets, SystemStreamPartition
 from .database import _OUTPUT_SCHEMA, _STATE_SCHEMA, _access_hint, _bump_generation, _open_checked, connect
@@ -59,6 +59,8 @@ class SqliteCheckpointStore(CheckpointStore):
 
     # a write waits on fsync (synchronous=FULL): commits are written off the loop thread
     background_writes = True
+    # a store's changes come encoded straight into the rows of the state table's statements
+    takes_rows = True
 
     @options_checked
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -404,7 +406,10 @@ class SqliteCheckpointStore(CheckpointStore):
                     raise sqlite3.DatabaseError(f"state scope of store {store!r} vanished")
             if self._scopes.get((task_name, store)) != scope:
                 self._new_scopes[task_name, store] = scope  # cached once the transaction commits
-            puts, deletes = split_changes(changes, yield_gil=True)
+            if isinstance(changes, EncodedRows):  # the commit writer's (takes_rows)
+                puts, deletes = changes.puts, changes.deletes
+            else:
+                puts, deletes = split_changes(changes, yield_gil=True)
             # as few statements as SQLite allows (thousands of rows a statement), so that
             # the sqlite3 module takes the GIL once per statement, not once per row: it lets
             # the GIL go around each step, and on the commit writer's thread each take back
