@@ -22,6 +22,7 @@
 #     the C loop outlives any callback that can still call into it.
 
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.method cimport PyMethod_Check, PyMethod_GET_FUNCTION, PyMethod_GET_SELF
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 import threading as _threading
@@ -36,6 +37,28 @@ import functools as _functools
 
 # an envelope whose input could not be read (rule 39): never handed to process
 cdef object _BAD_INPUT = _BadInputType
+
+cdef extern from *:
+    """
+    /* A sync task's process(envelope, collector, coordinator), its bound method unpacked
+       once a run (func and self borrowed from it): no count taken or dropped around the
+       call, where Cython's own unpacking of the method takes one and drops it at once
+       (a store-forwarding stall on 3.12+: see tr_handover in _types.pxi). */
+    static CYTHON_INLINE PyObject *tr_call_process(PyObject *func, PyObject *self, PyObject *env,
+                                                   PyObject *collector, PyObject *coord) {
+        PyObject *args[5] = {NULL, self, env, collector, coord};
+        PyObject **at = self != NULL ? args + 1 : args + 2;
+        size_t nargsf = self != NULL ? 4 : (3 | PY_VECTORCALL_ARGUMENTS_OFFSET);
+        vectorcallfunc call = PyVectorcall_Function(func);  /* a Python function's: direct */
+        if (call != NULL)
+            return call(func, at, nargsf, NULL);
+        return PyObject_Vectorcall(func, at, nargsf, NULL);
+    }
+    """
+    object _call_process "tr_call_process"(PyObject *func, PyObject *self, object env,
+                                           object collector, object coord)
+    # a borrowed item of a borrowed list (Cython's PyList_GET_ITEM counts the list)
+    PyObject *_list_item "PyList_GET_ITEM"(PyObject *lst, Py_ssize_t i)
 
 
 def _retry_sync(process, Envelope env, collector, Coordinator coord):
@@ -248,23 +271,23 @@ cdef inline Envelope _take_item(uint64_t item, _TaskSlot slot):
     (_refill_range): the envelope is built now, from the reader's lists, so it
     is made and freed while warm instead of waiting cold in the ring.
     """
-    cdef Envelope env
-    cdef _PartState ps
+    cdef PyObject *ps  # borrowed from slot.parts (no count taken: see tr_handover)
     cdef Py_ssize_t off
     if item & 1:
-        ps = <_PartState>slot.parts[capi.tr_lazy_partition(item)]
+        ps = _list_item(<PyObject *>slot.parts, capi.tr_lazy_partition(item))
         off = <Py_ssize_t>capi.tr_lazy_offset(item)
-        env = new_envelope_at(ps.system, ps.stream, ps.partition, off,
-                              ps.range_keys[off] if ps.range_keyed else None, ps.range_messages[off])
-        if slot.timestamps is None:
-            env._ts = ps.read_ms  # ingestion time
-            return env
+        if slot.timestamps is None:  # stamped with its ingestion time
+            return new_envelope_at_ts(
+                (<_PartState>ps).system, (<_PartState>ps).stream, (<_PartState>ps).partition, off,
+                (<_PartState>ps).range_keys[off] if (<_PartState>ps).range_keyed else None,
+                (<_PartState>ps).range_messages[off], (<_PartState>ps).read_ms)
         # a tracking task's (its watermark follows the messages handed to it, rule 33): read
         # now, or a bad message in its place (rule 39)
-        return slot.timestamps.stamp(env)
-    env = <Envelope><PyObject *>item  # new reference ...
-    Py_DECREF(env)  # ... so drop the pin _refill took: env now holds it alone
-    return env
+        return slot.timestamps.stamp(new_envelope_at(
+            (<_PartState>ps).system, (<_PartState>ps).stream, (<_PartState>ps).partition, off,
+            (<_PartState>ps).range_keys[off] if (<_PartState>ps).range_keyed else None,
+            (<_PartState>ps).range_messages[off]))
+    return _handover_envelope(<PyObject *>item)  # the pin _refill took is now the caller's
 
 
 cdef int _batch_trampoline(void *ctx, capi.tr_loop *loop) noexcept with gil:
@@ -587,7 +610,7 @@ cdef class LoopRunner:
                         if slot.journal is not None:
                             self._jbind(slot.journal)
                         try:
-                            if type(env.message) is _BAD_INPUT:
+                            if _type_of(<PyObject *>env.message) == <PyObject *>_BAD_INPUT:
                                 raise (<object>env.message).error
                             slot.process(env, slot.collector, coord)
                         except Exception as e:
@@ -619,7 +642,7 @@ cdef class LoopRunner:
                                 cb._late_after = _time.monotonic() + self._cb_timeout_s
                             self._calling = cb
                             try:
-                                if type(env.message) is _BAD_INPUT:
+                                if _type_of(<PyObject *>env.message) == <PyObject *>_BAD_INPUT:
                                     raise (<object>env.message).error
                                 slot.process(env, slot.collector, cb._coordinator, cb)
                             except Exception as e:
@@ -694,7 +717,14 @@ cdef class LoopRunner:
         cdef int verdict
         cdef bint track = slot.et_track
         cdef bint et_due = False
+        cdef PyObject *pfunc  # process, its bound method unpacked once a run (_call_process)
+        cdef PyObject *pself = NULL
         process = slot.process
+        if PyMethod_Check(process):
+            pfunc = PyMethod_GET_FUNCTION(process)
+            pself = PyMethod_GET_SELF(process)
+        else:
+            pfunc = <PyObject *>process
         collector = slot.collector
         if journal is not None:
             self._jbind(journal)
@@ -719,9 +749,9 @@ cdef class LoopRunner:
                         calling = True
                         if journal is not None:
                             mark = len(journal)
-                        if type(env.message) is _BAD_INPUT:
+                        if _type_of(<PyObject *>env.message) == <PyObject *>_BAD_INPUT:
                             raise (<object>env.message).error
-                        process(env, collector, coord)
+                        _call_process(pfunc, pself, env, collector, coord)
                         calling = False  # (its call is counted done by run_done)
                         if self._after_call(slot, env, coord, t0, timed):
                             break
@@ -808,7 +838,7 @@ cdef class LoopRunner:
                     cb._late_after = _time.monotonic() + self._cb_timeout_s
                     invoked_ns = self._loop_now()
                 try:
-                    if type(env.message) is _BAD_INPUT:
+                    if _type_of(<PyObject *>env.message) == <PyObject *>_BAD_INPUT:
                         raise (<object>env.message).error
                     process(env, collector, cb._coordinator, cb)
                 except Exception as e:
@@ -977,7 +1007,7 @@ cdef class LoopRunner:
                 journal = self._journal_type()
                 self._jbind(journal)
             try:
-                if type(env.message) is _BAD_INPUT:
+                if _type_of(<PyObject *>env.message) == <PyObject *>_BAD_INPUT:
                     raise (<object>env.message).error
                 slot.process(env, slot.collector, coord)
             except Exception as e:
