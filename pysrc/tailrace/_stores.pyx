@@ -503,6 +503,16 @@ cdef inline bytes _int_bytes(object value):
 cdef Py_ssize_t _YIELD_EVERY = 4096  # keys encoded between two GIL hand-overs (~1-2 ms)
 
 
+cdef inline void _yield_now_and_then(bint yield_gil, Py_ssize_t *n) noexcept:
+    """With ``yield_gil``, every ``_YIELD_EVERY``-th call lets the GIL go for a moment (see
+    ``encode_changes``); ``n`` counts the calls."""
+    if yield_gil:
+        n[0] += 1
+        if n[0] % _YIELD_EVERY == 0:
+            with nogil:
+                usleep(20)
+
+
 def encode_changes(
     dict entries, dict dirty, kenc, venc, str key_serde, str value_serde, bint yield_gil=False
 ):
@@ -527,11 +537,7 @@ def encode_changes(
     cdef object t
     cdef Py_ssize_t n = 0
     for key in dirty:
-        if yield_gil:
-            n += 1
-            if n % _YIELD_EVERY == 0:
-                with nogil:
-                    usleep(20)
+        _yield_now_and_then(yield_gil, &n)
         if str_keys and type(key) is str:
             kb = PyUnicode_AsUTF8String(key)
         else:
@@ -578,11 +584,7 @@ def encode_rows(
     cdef Py_ssize_t n = 0
     cdef unsigned char buf[8]
     for key in dirty:
-        if yield_gil:
-            n += 1
-            if n % _YIELD_EVERY == 0:
-                with nogil:
-                    usleep(20)
+        _yield_now_and_then(yield_gil, &n)
         if str_keys and type(key) is str:
             p = PyUnicode_AsUTF8AndSize(key, &size)  # the str's own UTF-8 (kept with it)
             kb = PyByteArray_FromStringAndSize(p, size)
@@ -638,11 +640,7 @@ def split_changes(dict changes, bint yield_gil=False):
     cdef list deletes = []
     cdef Py_ssize_t n = 0
     for key, value in changes.items():
-        if yield_gil:
-            n += 1
-            if n % _YIELD_EVERY == 0:  # (three copies a key: as often as encode_changes)
-                with nogil:
-                    usleep(20)
+        _yield_now_and_then(yield_gil, &n)  # (three copies a key: as often as encode_changes)
         # bytearray copies (stores.split_changes says why)
         if value is None:
             deletes.append(PyByteArray_FromObject(key))

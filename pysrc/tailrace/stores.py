@@ -643,34 +643,30 @@ class KeyValueStore(_StoreCore, Generic[K, V]):
             return {}
         try:
             if self._compiled_encode is not None:
-                return self._compiled_encode(
-                    snapshot,
-                    snapshot,
-                    self._kserde._encode,
-                    self._vserde._encode,
-                    self.spec.key_serde,
-                    self.spec.value_serde,
-                    yield_gil,
-                )
+                return self._compiled_encode(*self._compiled_args(snapshot, yield_gil))
             return self._encode_changes(snapshot, self._kserde._encode, self._vserde._encode)
         except Exception:  # noqa: BLE001 - cannot happen (put checked them); say which
             return self._encode_changes(snapshot, self._encode_key, self._encode_value)
+
+    def _compiled_args(self, snapshot: dict[Any, Any], yield_gil: bool) -> tuple[Any, ...]:
+        """The arguments of the compiled encodings (``encode_changes``, ``encode_rows``)."""
+        kser, vser = self._kserde, self._vserde
+        return (
+            snapshot,
+            snapshot,
+            kser._encode,
+            vser._encode,
+            self.spec.key_serde,
+            self.spec.value_serde,
+            yield_gil,
+        )
 
     def _encode_rows(self, snapshot: dict[Any, Any], yield_gil: bool = False) -> EncodedRows:
         """``_encode`` as the rows of a table (``EncodedRows``): compiled in one pass where
         built, else split from ``_encode``'s dict."""
         if self._compiled_rows is not None:
             try:
-                puts, deletes = self._compiled_rows(
-                    snapshot,
-                    snapshot,
-                    self._kserde._encode,
-                    self._vserde._encode,
-                    self.spec.key_serde,
-                    self.spec.value_serde,
-                    yield_gil,
-                )
-                return EncodedRows(puts, deletes)
+                return EncodedRows(*self._compiled_rows(*self._compiled_args(snapshot, yield_gil)))
             except Exception:  # noqa: BLE001 - cannot happen (put checked them): _encode says which
                 pass
         return EncodedRows(*split_changes(self._encode(snapshot, yield_gil), yield_gil))
