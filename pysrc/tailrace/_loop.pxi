@@ -717,7 +717,9 @@ cdef class LoopRunner:
         cdef int verdict
         cdef bint track = slot.et_track
         cdef bint et_due = False
-        cdef PyObject *pfunc  # process, its bound method unpacked once a run (_call_process)
+        # process, its bound method unpacked once a run (_call_process): both borrowed from
+        # the bound method, which the local ``process`` keeps alive for the whole run
+        cdef PyObject *pfunc
         cdef PyObject *pself = NULL
         process = slot.process
         if PyMethod_Check(process):

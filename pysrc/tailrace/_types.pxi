@@ -43,10 +43,11 @@ cdef extern from "<stdint.h>":
 cdef extern from *:
     """
     static CYTHON_INLINE PyObject *tr_handover(PyObject *owned) { return owned; }
-    static CYTHON_INLINE PyObject *tr_new_raw(PyTypeObject *t, PyObject *no_args) {
+    static CYTHON_INLINE PyObject *tr_new_raw(PyObject *type, PyObject *no_args) {
+        PyTypeObject *t = (PyTypeObject *)type;
         return t->tp_new(t, no_args, NULL);
     }
-    static CYTHON_INLINE PyTypeObject *tr_type_of(PyObject *o) { return Py_TYPE(o); }
+    static CYTHON_INLINE PyObject *tr_type_of(PyObject *o) { return (PyObject *)Py_TYPE(o); }
     """
     # a new object of type t (an owned reference, NULL on error): t's tp_new, without __init__
     PyObject *_new_raw "tr_new_raw"(PyObject *t, PyObject *no_args) except NULL
